@@ -1,0 +1,1 @@
+"""Export: trace a trained SMSO checkpoint to a verified ONNX file with its model card."""

@@ -1,0 +1,1 @@
+"""The inference service: FastAPI on onnxruntime, /classify and /embed. Never imports torch."""

@@ -1,0 +1,1 @@
+"""Training: SMSO pooling, the paper's baselines and backbones, and the models built from them."""

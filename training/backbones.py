@@ -1,0 +1,244 @@
+"""The backbone registry: convolutional trunks that give the last feature map ``(B, C, h, w)``.
+
+=========== ============================================== ======= ======== =============
+name        what it is                                     C       stride   input
+=========== ============================================== ======= ======== =============
+vgg16       VGG-D truncated after conv5_3's ReLU           512     16       RGB
+resnet50    ResNet-50 without global pooling and FC        2,048   32       RGB
+resnet18    ResNet-18 without global pooling and FC        512     32       RGB
+small_cnn   5 conv layers for 28x28 single-channel images  128     4        grey, 28 px
+=========== ============================================== ======= ======== =============
+
+Pretrained weights: ``pretrained="imagenet"`` takes torchvision's ImageNet weights (from the torch
+hub cache, downloading them when there is a network); ``pretrained=PATH`` loads a local file that
+holds either the full torchvision model's state dict or the truncated backbone's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+__all__ = [
+    "BACKBONES",
+    "Backbone",
+    "BackboneSpec",
+    "PretrainedWeightsError",
+    "UnknownBackboneError",
+    "backbone_spec",
+    "create_backbone",
+]
+
+log = logging.getLogger(__name__)
+
+
+class UnknownBackboneError(ValueError):
+    """A backbone name that is not registered."""
+
+
+class PretrainedWeightsError(RuntimeError):
+    """Pretrained weights were asked for but cannot be had or do not fit the backbone."""
+
+
+class Backbone(nn.Module):
+    """A convolutional trunk: ``(B, in_channels, H, W)`` -> ``(B, out_channels, H/stride, W/stride)``."""
+
+    def __init__(self, body: nn.Module, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.body = body
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.stride = stride
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+
+
+def _vgg16_body(model: nn.Module) -> nn.Module:
+    # features[29] is conv5_3's ReLU; features[30], the last max-pool, is dropped.
+    return model.features[:30]
+
+
+def _resnet_body(model: nn.Module) -> nn.Module:
+    return nn.Sequential(
+        model.conv1, model.bn1, model.relu, model.maxpool,
+        model.layer1, model.layer2, model.layer3, model.layer4,
+    )  # fmt: skip
+
+
+def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True)]
+
+
+class SmallCNN(nn.Sequential):
+    """Five 3x3 conv-BN-ReLU layers and two 2x2 max-pools: ``(B, 1, 28, 28)`` -> ``(B, 128, 7, 7)``.
+
+    Small enough to train on Fashion-MNIST in minutes on a laptop CPU; ``n = 49`` positions feed the
+    second-order head.
+    """
+
+    def __init__(self, in_channels: int = 1) -> None:
+        super().__init__(
+            *_conv_bn_relu(in_channels, 32), *_conv_bn_relu(32, 32), nn.MaxPool2d(2),
+            *_conv_bn_relu(32, 64), *_conv_bn_relu(64, 64), nn.MaxPool2d(2),
+            *_conv_bn_relu(64, 128),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """How to build one backbone."""
+
+    model: Callable[[], nn.Module]  # the full model, random weights
+    body: Callable[[nn.Module], nn.Module]  # the full model -> the truncated trunk
+    out_channels: int  # C of the output feature map
+    stride: int  # input size / feature map size
+    in_channels: int  # image channels the model is made for
+    imagenet: Any  # torchvision weights enum entry, or None
+    summary: str
+
+
+def _tv(name: str) -> Callable[[], nn.Module]:
+    return lambda: getattr(torchvision.models, name)(weights=None)
+
+
+BACKBONES: dict[str, BackboneSpec] = {
+    "vgg16": BackboneSpec(
+        _tv("vgg16"), _vgg16_body, 512, 16, 3,
+        torchvision.models.VGG16_Weights.IMAGENET1K_V1, "VGG-D to conv5_3's ReLU",
+    ),
+    "resnet50": BackboneSpec(
+        _tv("resnet50"), _resnet_body, 2048, 32, 3,
+        torchvision.models.ResNet50_Weights.IMAGENET1K_V1, "ResNet-50 without pooling and FC",
+    ),
+    "resnet18": BackboneSpec(
+        _tv("resnet18"), _resnet_body, 512, 32, 3,
+        torchvision.models.ResNet18_Weights.IMAGENET1K_V1, "ResNet-18 without pooling and FC",
+    ),
+    "small_cnn": BackboneSpec(
+        SmallCNN, lambda m: m, 128, 4, 1, None, "5-layer CNN for 28x28 grey images",
+    ),
+}  # fmt: skip
+
+
+def backbone_spec(name: str) -> BackboneSpec:
+    """The registry entry for ``name``; ``UnknownBackboneError`` lists the valid names."""
+    try:
+        return BACKBONES[name]
+    except KeyError:
+        raise UnknownBackboneError(
+            f"unknown backbone {name!r}; valid backbones: {', '.join(sorted(BACKBONES))}"
+        ) from None
+
+
+def create_backbone(
+    name: str, pretrained: str | os.PathLike[str] | None = None, in_channels: int | None = None
+) -> Backbone:
+    """Build the backbone ``name``.
+
+    Args:
+        name: a key of ``BACKBONES``.
+        pretrained: None (random init), ``"imagenet"`` (torchvision's weights) or a path to a local
+            weights file (the full torchvision model's state dict or the backbone's own).
+        in_channels: image channels; defaults to the backbone's own (3, or 1 for ``small_cnn``).
+            When it differs, the first convolution is adapted: pretrained RGB filters are summed
+            for one channel, or cycled and rescaled for others.
+
+    Raises:
+        UnknownBackboneError: ``name`` is not registered; the message lists the valid names.
+        PretrainedWeightsError: weights asked for but unavailable, or not matching the model.
+    """
+    spec = backbone_spec(name)
+    model = spec.model()
+    body = spec.body(model)
+    if pretrained is not None:
+        state = _pretrained_state(name, spec, pretrained)
+        _load_into(name, model, body, state, str(pretrained))
+    in_channels = spec.in_channels if in_channels is None else in_channels
+    if in_channels != spec.in_channels:
+        _adapt_first_conv(body, in_channels)
+    return Backbone(body, in_channels, spec.out_channels, spec.stride)
+
+
+def _pretrained_state(
+    name: str, spec: BackboneSpec, pretrained: str | os.PathLike[str]
+) -> dict[str, Tensor]:
+    if str(pretrained) == "imagenet":
+        if spec.imagenet is None:
+            raise PretrainedWeightsError(
+                f"backbone {name!r} has no ImageNet weights; pass a local weights file instead"
+            )
+        try:
+            return spec.imagenet.get_state_dict(progress=False)
+        except (OSError, RuntimeError) as exc:  # URLError is an OSError
+            cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(spec.imagenet.url).name
+            raise PretrainedWeightsError(
+                f"cannot get torchvision's ImageNet weights for {name!r} ({exc}). Download "
+                f"{spec.imagenet.url} to {cache}, or pass a local weights file as pretrained"
+            ) from exc
+    path = Path(pretrained)
+    if not path.is_file():
+        raise PretrainedWeightsError(
+            f"pretrained weights file {path} does not exist; pass 'imagenet' or a file path"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a corrupt file
+        raise PretrainedWeightsError(f"cannot read pretrained weights from {path}: {exc}") from exc
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise PretrainedWeightsError(f"{path} does not hold a state dict")
+    return state
+
+
+def _load_into(
+    name: str, model: nn.Module, body: nn.Module, state: dict[str, Tensor], source: str
+) -> None:
+    """Load ``state`` into the full model, or else into the truncated body; strict either way."""
+    errors = []
+    for target in (model, body) if model is not body else (body,):
+        try:
+            target.load_state_dict(state, strict=True)
+            log.info("loaded %s weights for %s", source, name)
+            return
+        except RuntimeError as exc:
+            errors.append(str(exc).splitlines()[0])
+    raise PretrainedWeightsError(
+        f"weights from {source} do not fit backbone {name!r}: {'; '.join(errors)}"
+    )
+
+
+@torch.no_grad()
+def _adapt_first_conv(body: nn.Module, in_channels: int) -> None:
+    """Replace the first Conv2d by one taking ``in_channels``, keeping its filters' response."""
+    parent, attr, conv = _first_conv(body)
+    new = nn.Conv2d(
+        in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+        conv.dilation, conv.groups, conv.bias is not None,
+    )  # fmt: skip
+    w = conv.weight  # (out, cin, k, k)
+    if in_channels == 1:
+        new.weight.copy_(w.sum(dim=1, keepdim=True))
+    else:
+        reps = -(-in_channels // w.shape[1])
+        new.weight.copy_(w.repeat(1, reps, 1, 1)[:, :in_channels] * w.shape[1] / in_channels)
+    if conv.bias is not None:
+        new.bias.copy_(conv.bias)
+    setattr(parent, attr, new)
+
+
+def _first_conv(module: nn.Module) -> tuple[nn.Module, str, nn.Conv2d]:
+    for parent in module.modules():
+        for attr, child in parent.named_children():
+            if isinstance(child, nn.Conv2d):
+                return parent, attr, child
+    raise ValueError("backbone has no Conv2d layer")

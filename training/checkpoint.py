@@ -1,0 +1,97 @@
+"""Checkpoints that rebuild their own model: the model config travels with the weights.
+
+A checkpoint is a ``torch.save`` dict::
+
+    {"format": "smso-checkpoint", "version": 1,
+     "model_config": ModelConfig.to_dict(), "model_state": state_dict, **extra}
+
+``extra`` holds what training adds (optimizer, scheduler, epoch, RNG states, metrics). Files are
+written to a temporary name and renamed, so an interrupted save never leaves a half-written file.
+They are read with ``weights_only=True``: loading never runs code from the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.model import ModelConfig, SecondOrderNet
+
+__all__ = ["CheckpointError", "load_checkpoint", "load_model", "save_checkpoint"]
+
+FORMAT = "smso-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, corrupt, or does not match the model it describes."""
+
+
+def save_checkpoint(path: str | os.PathLike[str], model: SecondOrderNet, **extra: Any) -> Path:
+    """Write ``model`` (config and weights) and ``extra`` to ``path`` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_config": model.config.to_dict(),
+        "model_state": state,
+        **extra,
+    }
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> dict[str, Any]:
+    """Read and validate a checkpoint dict; ``CheckpointError`` says what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # zipfile, pickle and EOF errors all mean "not a valid file"
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint (corrupt or truncated?): {exc}"
+        ) from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an SMSO checkpoint (no '{FORMAT}' format marker)")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint version {payload.get('version')}, this code reads {VERSION}"
+        )
+    for key in ("model_config", "model_state"):
+        if not isinstance(payload.get(key), dict):
+            raise CheckpointError(f"{path} lacks its {key!r} entry")
+    return payload
+
+
+def load_model(
+    path: str | os.PathLike[str], map_location: str = "cpu"
+) -> tuple[SecondOrderNet, dict[str, Any]]:
+    """Rebuild the model a checkpoint describes and load its weights; returns (model, payload).
+
+    The model is returned in eval mode on ``map_location``.
+    """
+    payload = load_checkpoint(path, map_location)
+    try:
+        config = ModelConfig.from_dict(payload["model_config"])
+        model = SecondOrderNet(config, load_pretrained=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path} holds an invalid model config: {exc}") from exc
+    try:
+        model.load_state_dict(payload["model_state"], strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()
+        raise CheckpointError(
+            f"{path}: weights do not match the model its config describes: {' '.join(first[:3])}"
+        ) from exc
+    return model.to(map_location).eval(), payload

@@ -1,0 +1,65 @@
+"""What every pooling head shares: input checks, float32 compute, BP's normalisation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from training.second_order import at_least_float32
+
+__all__ = ["Head", "check_feature_map", "signed_sqrt_l2"]
+
+
+def check_feature_map(x: Tensor, in_channels: int, name: str) -> None:
+    """Raise ``ValueError`` unless ``x`` is a ``(B, in_channels, h, w)`` feature map."""
+    if x.dim() != 4:
+        raise ValueError(f"{name} expects a feature map (B, c, h, w), got shape {tuple(x.shape)}")
+    if x.shape[1] != in_channels:
+        raise ValueError(f"{name} was built for {in_channels} channels, got {x.shape[1]}")
+
+
+class Head(nn.Module):
+    """A pooling head: ``(B, c, h, w)`` feature map -> ``(B, output_dim)`` embedding.
+
+    Subclasses implement ``pool``; ``forward`` checks the input and runs ``pool`` in float32 with
+    autocast disabled, because second-order statistics lose their small terms in fp16/bf16 and sums
+    of squares over hundreds of positions overflow fp16.
+
+    Attributes:
+        in_channels: ``c``.
+        output_dim: size of the embedding.
+        scores_classes: True when the head's output already is the class scores (LRBP), so the
+            model adds no classifier after it.
+        preferred_loss: the loss the head was designed for: ``"cross_entropy"`` or ``"hinge"``.
+    """
+
+    scores_classes: bool = False
+    preferred_loss: str = "cross_entropy"
+
+    def __init__(self, in_channels: int, output_dim: int) -> None:
+        super().__init__()
+        if in_channels < 1:
+            raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+        self.in_channels = in_channels
+        self.output_dim = output_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, c, h, w)`` -> ``(B, output_dim)``, float32 (float64 for float64 input)."""
+        check_feature_map(x, self.in_channels, type(self).__name__)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self.pool(at_least_float32(x))
+
+    def pool(self, x: Tensor) -> Tensor:
+        """The head's computation on a float32 (or float64) feature map ``(B, c, h, w)``."""
+        raise NotImplementedError
+
+
+def signed_sqrt_l2(z: Tensor, eps: float = 1e-8) -> Tensor:
+    """BP's normalisation: ``y = sign(z) (sqrt(|z| + eps) - sqrt(eps))``, then ``y / ||y||_2``.
+
+    ``(B, d)`` -> ``(B, d)``. Subtracting ``sqrt(eps)`` keeps the map continuous at 0, and ``eps``
+    bounds its slope there by ``1 / (2 sqrt(eps))``, so a blank image has finite gradients.
+    """
+    y = torch.sign(z) * (torch.sqrt(z.abs() + eps) - eps**0.5)
+    return F.normalize(y, dim=1, eps=1e-12)
