@@ -1,0 +1,12 @@
+# Development image: the full environment (training, export, serving, tests) on the CPU.
+# The serving and training images arrive with the service (see the README's roadmap).
+FROM python:3.11-slim
+RUN apt-get update && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+# Dependencies first, so that a code change does not reinstall them.
+COPY pyproject.toml README.md ./
+RUN mkdir training export service && touch training/__init__.py export/__init__.py service/__init__.py \
+    && python -m pip install --no-cache-dir -e '.[dev]'
+COPY . .
+CMD ["python", "-m", "pytest"]

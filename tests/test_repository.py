@@ -1,0 +1,79 @@
+"""The repository's promises: layout, packaging groups, the service's import rule, CI."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN_IN_SERVICE = ("torch", "torchvision", "training")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["training", "export", "service", "docker", "tests", "docker-compose.yml", "pyproject.toml",
+     "README.md", "Makefile", ".ci/run"],
+)  # fmt: skip
+def test_layout(path: str) -> None:
+    assert (ROOT / path).exists()
+
+
+def test_packages_import() -> None:
+    import export
+    import service
+    import training
+
+    assert all(m.__doc__ for m in (export, service, training))
+
+
+def test_service_never_imports_torch_or_training() -> None:
+    """Statically (every import statement under service/) and at run time (sys.modules)."""
+    for path in (ROOT / "service").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in FORBIDDEN_IN_SERVICE, f"{path}: imports {name}"
+    code = (
+        "import pkgutil, sys, service\n"
+        "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
+        "    __import__(m.name)\n"
+        f"print(sorted(m for m in {FORBIDDEN_IN_SERVICE!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_dependency_groups() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = project["optional-dependencies"]
+
+    def names(group: str) -> set[str]:
+        return {Requirement(dep).name for dep in groups[group]}
+
+    assert {"onnxruntime-gpu", "fastapi", "uvicorn", "pydantic", "pillow", "numpy"} <= names(
+        "serving"
+    )
+    assert not {"torch", "torchvision"} & names("serving")
+    assert "torch==2.14.1" in groups["training"]
+    assert "torchvision==0.29.1" in groups["training"]
+    assert {"pytest", "ruff"} <= names("dev")
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme.split("\n## ")[0]  # in the README's opening lines
+    assert "make test" in ci
+    assert "set -e" in ci  # a failing step fails CI
