@@ -8,7 +8,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["at_least_float32", "covariance", "gram"]
+__all__ = ["at_least_float32", "check_feature_map", "covariance", "gram"]
+
+
+def check_feature_map(x: Tensor, in_channels: int, name: str) -> None:
+    """Raise ``ValueError`` unless ``x`` is a ``(B, in_channels, h, w)`` feature map."""
+    if x.dim() != 4:
+        raise ValueError(f"{name} expects a feature map (B, c, h, w), got shape {tuple(x.shape)}")
+    if x.shape[1] != in_channels:
+        raise ValueError(f"{name} was built for {in_channels} channels, got {x.shape[1]}")
 
 
 def at_least_float32(x: Tensor) -> Tensor:

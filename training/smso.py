@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training.chi2_transforms import TRANSFORMS, chi2_to_normal
-from training.second_order import at_least_float32, covariance
+from training.second_order import at_least_float32, check_feature_map, covariance
 
 __all__ = ["AFFINES", "FORMS", "SMSOPooling"]
 
@@ -185,19 +185,14 @@ class SMSOPooling(nn.Module):
     def _update_running_cov(self, batch_cov: Tensor) -> None:
         """Move ``running_cov`` towards the batch's pooled covariance ``(c, c)``."""
         self.num_batches_tracked += 1
-        cumulative = 1.0 / float(self.num_batches_tracked)
-        factor = cumulative if self.momentum is None else self.momentum
+        # Only the cumulative average reads the counter back (a GPU sync on every step).
+        momentum = self.momentum
+        factor = momentum if momentum is not None else 1.0 / float(self.num_batches_tracked)
         self.running_cov.lerp_(batch_cov, factor)
 
     def _check_input(self, x: Tensor) -> int:
-        if x.dim() != 4:
-            raise ValueError(
-                f"SMSOPooling expects a feature map (B, c, h, w), got shape {tuple(x.shape)}"
-            )
-        if x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"SMSOPooling was built for {self.in_channels} channels, got {x.shape[1]}"
-            )
+        """Raise ``ValueError`` unless ``x`` is ``(B, c, h, w)`` with ``h * w >= 2``; return n."""
+        check_feature_map(x, self.in_channels, "SMSOPooling")
         n = x.shape[-2] * x.shape[-1]
         if n < 2:
             raise ValueError(

@@ -6,17 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.second_order import at_least_float32
+from training.second_order import at_least_float32, check_feature_map
 
-__all__ = ["Head", "check_feature_map", "signed_sqrt_l2"]
-
-
-def check_feature_map(x: Tensor, in_channels: int, name: str) -> None:
-    """Raise ``ValueError`` unless ``x`` is a ``(B, in_channels, h, w)`` feature map."""
-    if x.dim() != 4:
-        raise ValueError(f"{name} expects a feature map (B, c, h, w), got shape {tuple(x.shape)}")
-    if x.shape[1] != in_channels:
-        raise ValueError(f"{name} was built for {in_channels} channels, got {x.shape[1]}")
+__all__ = ["Head", "signed_sqrt_l2"]
 
 
 class Head(nn.Module):
