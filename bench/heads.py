@@ -1,0 +1,480 @@
+"""Benchmark every registered pooling head at the paper's settings.
+
+For each head in ``training.heads.HEADS`` (batch 8, float32) at ``n = 196`` (14x14) and
+``n = 784`` (28x28) positions, with ``c = HEADS[name].paper_channels`` input channels (256 where
+the registry gives None, i.e. for ``gap``), this measures:
+
+* forward time: eval mode under ``torch.no_grad()``, median wall time of one call;
+* forward+backward time: train mode, input with ``requires_grad``, ``output.sum().backward()``
+  (parameter and input gradients cleared before each call), median wall time;
+* peak memory of one forward+backward: the peak of live tensor bytes above what was resident
+  before the call (the input and the head's parameters and buffers). On CPU it is read from the
+  allocator events that ``torch.profiler.profile(profile_memory=True)`` records (allocations and
+  frees, summed in time order); on CUDA it is ``torch.cuda.max_memory_allocated`` minus
+  ``torch.cuda.memory_allocated`` before the call. Library-internal workspaces that bypass
+  PyTorch's allocator (oneDNN/MKL scratch, FFT plans) are not counted on CPU;
+* the output dimension (``head.output_dim``) and the number of trainable parameters.
+
+SMSO is measured for ``p = 64`` and ``p = 2048`` in both of its forms (``"conv"``: 1x1 conv + l2
+pool, and ``"covariance"``); LRBP gets ``num_classes = 67`` (MIT-Indoor). Each timing starts with
+one or two warm-up calls; the number of timed calls adapts to the cost of one call (up to
+``--repeats``, about ``--budget`` seconds per measurement, 1-3 calls when one call takes over 1 s).
+
+After the markdown table the script evaluates, from the measured numbers, the two claims of
+``shared/SMSO.md``: (1) SMSO p=64 is at least 5x faster than MPN and than BP; (2) the conv form is
+cheaper than the covariance form exactly where ``p (n - c) < n c``. Everything, with the machine
+and the settings, is written as JSON to ``bench/results/heads.json``.
+
+Run from the repository root::
+
+    python bench/heads.py                  # full run, CPU (a few minutes on 2 cores)
+    python bench/heads.py --quick          # smoke test: n = 196 only, few repeats
+    python bench/heads.py --device cuda    # on a GPU
+    python bench/heads.py --heads smso mpn bp --sides 28 --threads 2 --json /tmp/heads.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The generic machinery (timing, memory, tables, machine) lives in bench/benchlib.py. Run as a
+# script (`python bench/heads.py`) this file has no package and Python puts bench/ on sys.path,
+# so benchlib is a top-level module; imported as `bench.heads` (tests, `python -m bench.heads`)
+# it is the sibling module `bench.benchlib`. Deciding on __package__ rather than catching an
+# ImportError cannot hide a real import failure. benchlib must come before torch: it sets
+# KINETO_LOG_LEVEL, which torch reads when it is loaded, to keep the profiler quiet.
+if __package__:
+    from . import benchlib
+else:
+    import benchlib
+
+import torch
+from torch import Tensor, nn
+
+from training.heads import HEADS, create_head
+from training.smso import FORMS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+log = logging.getLogger("bench.heads")
+
+BATCH = 8
+DEFAULT_CHANNELS = 256  # c for heads the registry leaves at the backbone's width (gap)
+SIDES = (14, 28)  # n = 196 and n = 784
+SMSO_DIMS = (64, 2048)
+LRBP_CLASSES = 67  # MIT-Indoor
+SPEEDUP_CLAIM = 5.0  # check 1: SMSO p=64 at least this much faster than MPN and BP
+REFERENCE = ("smso", "conv", 64)  # the row the ratio column divides by
+DEFAULT_JSON = ROOT / "bench" / "results" / "heads.json"
+MEMORY_OF = "one fwd+bwd"  # what the memory column measures, for benchlib.memory_note
+
+
+@dataclass(frozen=True)
+class Config:
+    """One head at one setting."""
+
+    head: str
+    channels: int  # c
+    side: int  # h = w
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def positions(self) -> int:
+        """``n = h * w``."""
+        return self.side * self.side
+
+    @property
+    def form(self) -> str:
+        """SMSO's form, ``"-"`` for the other heads."""
+        return str(self.options.get("form", "-"))
+
+    @property
+    def dim(self) -> int | None:
+        """SMSO's ``p`` (option ``dim``), None for the other heads."""
+        return self.options.get("dim") if self.head == "smso" else None
+
+    def label(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.head}({extra}) c={self.channels} n={self.positions}"
+
+
+@dataclass(frozen=True)
+class Result:
+    """The measurements of one configuration (one table row)."""
+
+    head: str
+    form: str
+    channels: int
+    positions: int
+    setting: str  # "p=64", "d=8192", "K=67" or "-"
+    options: dict[str, Any]
+    output_dim: int
+    trainable_params: int
+    forward_ms: float
+    forward_repeats: int
+    train_ms: float
+    train_repeats: int
+    memory_mib: float
+
+
+def configs(head_names: Sequence[str], sides: Sequence[int]) -> list[Config]:
+    """Every head at every side, in registry order; SMSO for each ``p`` in both forms."""
+    out: list[Config] = []
+    for side in sides:
+        for name in head_names:
+            channels = HEADS[name].paper_channels or DEFAULT_CHANNELS
+            if name == "smso":
+                out += [
+                    Config(name, channels, side, {"dim": p, "form": form})
+                    for p in SMSO_DIMS
+                    for form in FORMS
+                ]
+            elif name == "lrbp":
+                out.append(Config(name, channels, side, {"num_classes": LRBP_CLASSES}))
+            else:
+                out.append(Config(name, channels, side))
+    return out
+
+
+def setting_label(config: Config, head: nn.Module) -> str:
+    """The head's size knob for the table: SMSO's p, CBP's d, LRBP's number of classes."""
+    if config.head == "smso":
+        return f"p={config.dim}"
+    if config.head in ("cbp_ts", "cbp_rm"):
+        return f"d={head.output_dim}"
+    if config.head == "lrbp":
+        return f"K={config.options['num_classes']}"
+    return "-"
+
+
+def trainable_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def clear_grads(head: nn.Module, x: Tensor) -> None:
+    head.zero_grad(set_to_none=True)
+    x.grad = None
+
+
+def measure(config: Config, device: torch.device, policy: benchlib.TimingPolicy) -> Result:
+    """Build the head for ``config`` and take all its measurements."""
+    torch.manual_seed(0)
+    head = create_head(config.head, config.channels, **config.options).to(device)
+    shape = (BATCH, config.channels, config.side, config.side)
+    x_eval = torch.randn(shape, device=device)
+    x_train = x_eval.clone().requires_grad_(True)
+
+    def forward() -> None:
+        with torch.no_grad():
+            head(x_eval)
+
+    def forward_backward() -> None:
+        head(x_train).sum().backward()
+
+    def train_step() -> None:
+        clear_grads(head, x_train)
+        forward_backward()
+
+    head.eval()
+    fwd = benchlib.measure_time(forward, device, policy)
+    head.train()
+    train = benchlib.measure_time(train_step, device, policy)
+
+    clear_grads(head, x_train)
+    gc.collect()
+    peak = benchlib.peak_bytes(forward_backward, device)
+
+    return Result(
+        head=config.head,
+        form=config.form,
+        channels=config.channels,
+        positions=config.positions,
+        setting=setting_label(config, head),
+        options=dict(config.options),
+        output_dim=int(head.output_dim),
+        trainable_params=trainable_parameters(head),
+        forward_ms=fwd.median_ms,
+        forward_repeats=fwd.repeats,
+        train_ms=train.median_ms,
+        train_repeats=train.repeats,
+        memory_mib=peak / benchlib.MIB,
+    )
+
+
+def reference_row(results: Sequence[Result], positions: int) -> Result | None:
+    """The SMSO p=64 conv-form row at ``positions``, the ratio column's denominator."""
+    head, form, dim = REFERENCE
+    return find(results, head, positions, form=form, dim=dim)
+
+
+def find(
+    results: Sequence[Result], head: str, positions: int, form: str = "-", dim: int | None = None
+) -> Result | None:
+    for r in results:
+        if (r.head, r.positions, r.form) == (head, positions, form) and (
+            dim is None or r.options.get("dim") == dim
+        ):
+            return r
+    return None
+
+
+def results_table(results: Sequence[Result], device: torch.device) -> str:
+    header = [
+        "head",
+        "form",
+        "c",
+        "n",
+        "p/d",
+        "output dim",
+        "trainable params",
+        "forward ms",
+        "fwd+bwd ms",
+        "memory MiB",
+        "fwd+bwd / SMSO p=64 conv",
+    ]
+    rows = []
+    for r in results:
+        ref = reference_row(results, r.positions)
+        ratio = None if ref is None else r.train_ms / ref.train_ms
+        rows.append(
+            [
+                r.head,
+                r.form,
+                str(r.channels),
+                str(r.positions),
+                r.setting,
+                f"{r.output_dim:,}",
+                f"{r.trainable_params:,}",
+                benchlib.format_ms(r.forward_ms),
+                benchlib.format_ms(r.train_ms),
+                f"{r.memory_mib:,.1f}",
+                benchlib.format_ratio(ratio),
+            ]
+        )
+    note = (
+        f"memory MiB: {benchlib.memory_note(device, MEMORY_OF)}; "
+        f"times: median wall time of one call, batch {BATCH}"
+    )
+    return f"{benchlib.markdown_table(header, rows)}\n\n{note}"
+
+
+def speedup_check(results: Sequence[Result]) -> dict[str, Any]:
+    """Check 1: SMSO p=64 (conv form) at least 5x faster than MPN and than BP, per n."""
+    per_n: list[dict[str, Any]] = []
+    for positions in sorted({r.positions for r in results}):
+        smso = reference_row(results, positions)
+        if smso is None:
+            continue
+        for name in ("mpn", "bp"):
+            other = find(results, name, positions)
+            if other is None:
+                continue
+            fwd = other.forward_ms / smso.forward_ms
+            train = other.train_ms / smso.train_ms
+            per_n.append(
+                {
+                    "n": positions,
+                    "baseline": name,
+                    "forward_ratio": fwd,
+                    "fwd_bwd_ratio": train,
+                    "holds": fwd >= SPEEDUP_CLAIM and train >= SPEEDUP_CLAIM,
+                }
+            )
+    verdict = None if not per_n else all(row["holds"] for row in per_n)
+    return {
+        "claim": f"SMSO p=64 at least {SPEEDUP_CLAIM:g}x faster than MPN and than BP",
+        "rows": per_n,
+        "confirmed": verdict,
+    }
+
+
+def form_check(results: Sequence[Result]) -> dict[str, Any]:
+    """Check 2: the conv form is cheaper than the covariance form exactly where p(n-c) < nc."""
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        if r.head != "smso" or r.form != "conv":
+            continue
+        p, n, c = r.options["dim"], r.positions, r.channels
+        cov = find(results, "smso", n, form="covariance", dim=p)
+        if cov is None:
+            continue
+        predicted = "conv" if p * (n - c) < n * c else "covariance"
+        measured = "conv" if r.forward_ms < cov.forward_ms else "covariance"
+        measured_train = "conv" if r.train_ms < cov.train_ms else "covariance"
+        rows.append(
+            {
+                "n": n,
+                "p": p,
+                "c": c,
+                "p(n-c)": p * (n - c),
+                "nc": n * c,
+                "predicted": predicted,
+                "conv_forward_ms": r.forward_ms,
+                "covariance_forward_ms": cov.forward_ms,
+                "measured_forward": measured,
+                "conv_fwd_bwd_ms": r.train_ms,
+                "covariance_fwd_bwd_ms": cov.train_ms,
+                "measured_fwd_bwd": measured_train,
+                "agree": predicted == measured,
+            }
+        )
+    verdict = None if not rows else all(row["agree"] for row in rows)
+    return {
+        "claim": "conv form cheaper than covariance form exactly where p(n-c) < nc",
+        "rows": rows,
+        "confirmed": verdict,
+    }
+
+
+def verdict_word(verdict: bool | None) -> str:
+    return {True: "confirmed", False: "refuted", None: "not measured"}[verdict]
+
+
+def speedup_report(check: dict[str, Any]) -> str:
+    lines = [f"Check 1: {check['claim']}"]
+    for row in check["rows"]:
+        lines.append(
+            f"- n={row['n']}: {row['baseline'].upper()} / SMSO p=64: "
+            f"forward {row['forward_ratio']:.1f}x, fwd+bwd {row['fwd_bwd_ratio']:.1f}x"
+            f" -> {'holds' if row['holds'] else 'fails'}"
+        )
+    lines.append(f"=> {verdict_word(check['confirmed'])}")
+    return "\n".join(lines)
+
+
+def form_report(check: dict[str, Any]) -> str:
+    header = [
+        "n",
+        "p",
+        "p(n-c)",
+        "nc",
+        "predicted",
+        "conv fwd ms",
+        "cov fwd ms",
+        "measured (fwd)",
+        "agree",
+        "measured (fwd+bwd)",
+    ]
+    rows = [
+        [
+            str(row["n"]),
+            str(row["p"]),
+            f"{row['p(n-c)']:,}",
+            f"{row['nc']:,}",
+            row["predicted"],
+            benchlib.format_ms(row["conv_forward_ms"]),
+            benchlib.format_ms(row["covariance_forward_ms"]),
+            row["measured_forward"],
+            "yes" if row["agree"] else "NO",
+            row["measured_fwd_bwd"],
+        ]
+        for row in check["rows"]
+    ]
+    table = benchlib.markdown_table(header, rows) if rows else "(SMSO not measured)"
+    return (
+        f"Check 2: {check['claim']} (cheaper = faster forward, eval mode)\n\n{table}\n\n"
+        f"=> {verdict_word(check['confirmed'])}"
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Time and size every registered pooling head at the paper's settings.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    parser.add_argument(
+        "--heads", nargs="+", choices=list(HEADS), default=list(HEADS), help="heads to measure"
+    )
+    parser.add_argument(
+        "--sides", nargs="+", type=int, default=None, help="feature-map sides h = w (n = side^2)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="most timed calls per measurement (15; quick: 2)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="target seconds of timed calls per measurement (1.5; quick: 0.2)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: n = 196 only, few repeats"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results")
+    args = parser.parse_args(argv)
+    args.sides = args.sides or ([SIDES[0]] if args.quick else list(SIDES))
+    args.repeats = args.repeats or (2 if args.quick else 15)
+    args.budget = args.budget if args.budget is not None else (0.2 if args.quick else 1.5)
+    if args.repeats < 1 or args.budget < 0 or min(args.sides) < 2:
+        parser.error("--repeats must be >= 1, --budget >= 0, --sides >= 2")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    device = benchlib.resolve_device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    policy = benchlib.TimingPolicy(
+        max_repeats=args.repeats, budget_s=args.budget, warmups=1 if args.quick else 2
+    )
+
+    start = time.perf_counter()
+    results: list[Result] = []
+    todo = configs(args.heads, args.sides)
+    for i, config in enumerate(todo, 1):
+        log.info("[%d/%d] %s", i, len(todo), config.label())
+        results.append(measure(config, device, policy))
+        gc.collect()
+    total_s = time.perf_counter() - start
+
+    speedup = speedup_check(results)
+    forms = form_check(results)
+    print(results_table(results, device))
+    print()
+    print(speedup_report(speedup))
+    print()
+    print(form_report(forms))
+    print()
+    print(f"Total measurement time: {total_s:.0f} s ({device}, {torch.get_num_threads()} threads)")
+
+    report = {
+        "machine": benchlib.machine_info(device),
+        "settings": {
+            "batch": BATCH,
+            "dtype": "float32",
+            "sides": args.sides,
+            "positions": [s * s for s in args.sides],
+            "heads": args.heads,
+            "smso_dims": list(SMSO_DIMS),
+            "smso_forms": list(FORMS),
+            "lrbp_num_classes": LRBP_CLASSES,
+            "max_repeats": args.repeats,
+            "budget_s": args.budget,
+            "quick": args.quick,
+            "timing": "median wall time of one call after warm-up (time.perf_counter)",
+            "forward": "eval mode, torch.no_grad()",
+            "fwd_bwd": "train mode, input requires grad, output.sum().backward()",
+            "memory": benchlib.memory_note(device, MEMORY_OF),
+        },
+        "results": [asdict(r) for r in results],
+        "checks": {"speedup": speedup, "forms": forms},
+        "total_seconds": total_s,
+    }
+    benchlib.write_json(args.json, report)
+    print(f"Results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
