@@ -1,0 +1,49 @@
+"""Datasets in their published layouts, with the paper's presets.
+
+``load_splits(name, root, preset, ...)`` returns the train / validation / test splits of one
+dataset, already transformed by the preset; ``DATASETS`` lists the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from training.datasets.base import DatasetLayoutError, Splits
+from training.datasets.fashion_mnist import fashion_mnist
+from training.datasets.presets import PRESETS, Preset
+
+__all__ = ["DATASETS", "PRESETS", "DatasetLayoutError", "Preset", "Splits", "load_splits"]
+
+
+def _fashion_mnist(
+    root: Path | None, preset: Preset, partition: int, val_size: int, seed: int
+) -> Splits:
+    return fashion_mnist(root, preset.train_transform(), preset.eval_transform(), val_size, seed)
+
+
+#: name -> builder(root, preset, partition, val_size, seed) -> Splits
+DATASETS: dict[str, Callable[[Path | None, Preset, int, int, int], Splits]] = {
+    "fashion_mnist": _fashion_mnist,
+}
+
+
+def load_splits(
+    name: str,
+    root: str | Path | None,
+    preset: Preset | None = None,
+    partition: int = 1,
+    val_size: int = 5000,
+    seed: int = 0,
+) -> tuple[Splits, Preset]:
+    """The splits of dataset ``name`` under ``root`` and the preset that transformed them.
+
+    Raises:
+        ValueError: unknown dataset name (the message lists the valid ones).
+        DatasetLayoutError: the root or a file of the layout is missing; the message names it.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(sorted(DATASETS))}")
+    preset = preset or PRESETS[name]
+    root_path = None if root is None else Path(root)
+    return DATASETS[name](root_path, preset, partition, val_size, seed), preset

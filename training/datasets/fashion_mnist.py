@@ -1,0 +1,156 @@
+"""Fashion-MNIST (Xiao et al. 2017) read from its idx files.
+
+Looks for ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte`` and
+``t10k-labels-idx1-ubyte`` (each optionally ``.gz``) in the root, or in ``root/FashionMNIST/raw``
+(torchvision's download layout). Debian's package ``dataset-fashion-mnist`` installs them in
+``/usr/share/datasets/fashion-mnist``, the default root.
+
+Splits: ``val_size`` images (5,000 by default) are held out of the 60,000 training images by a
+seeded permutation; the 10,000 test images are only for the reported accuracy.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from training.datasets.base import DatasetLayoutError, Splits
+
+__all__ = ["CLASSES", "DEFAULT_ROOT", "TensorImages", "fashion_mnist", "read_idx"]
+
+DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
+#: Class names as the dataset names them, in label order.
+CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]  # fmt: skip
+_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000),
+}
+_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an idx file (LeCun's MNIST format), gzip-compressed or not, into an array.
+
+    Header: two zero bytes, a type code, the number of dimensions d, then d big-endian uint32
+    sizes; the data follows in C order.
+    """
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _DTYPES:
+        raise DatasetLayoutError(f"{path} is not an idx file (bad magic number)")
+    ndim = raw[3]
+    shape = tuple(int(s) for s in np.frombuffer(raw, ">u4", count=ndim, offset=4))
+    dtype = np.dtype(_DTYPES[raw[2]])
+    expected = int(np.prod(shape)) * dtype.itemsize
+    data = raw[4 + 4 * ndim :]
+    if len(data) != expected:
+        raise DatasetLayoutError(
+            f"{path} is truncated or padded: header says {shape} ({expected} bytes), "
+            f"file has {len(data)} bytes of data"
+        )
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+def _find(root: Path, name: str) -> Path:
+    for folder in (root, root / "FashionMNIST" / "raw"):
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise DatasetLayoutError(
+        f"expected Fashion-MNIST file {name}[.gz] in {root} or {root / 'FashionMNIST' / 'raw'}; "
+        "install Debian's dataset-fashion-mnist (make data) or pass --data-root"
+    )
+
+
+def load_arrays(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``(N, 28, 28)`` uint8 and labels ``(N,)`` of the ``train`` or ``test`` files."""
+    images_name, labels_name, _ = _FILES[split]
+    images, labels = read_idx(_find(root, images_name)), read_idx(_find(root, labels_name))
+    if images.ndim != 3 or labels.shape != (images.shape[0],):
+        raise DatasetLayoutError(
+            f"Fashion-MNIST {split} files in {root} disagree: images {images.shape}, "
+            f"labels {labels.shape}"
+        )
+    if labels.max(initial=0) >= len(CLASSES):
+        raise DatasetLayoutError(f"Fashion-MNIST labels in {root} exceed the 10 classes")
+    return images, labels.astype(np.int64)
+
+
+class TensorImages(Dataset):
+    """In-memory grey images: item ``i`` is ``(transform(images[i] as (1, H, W) uint8), label)``."""
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        classes: list[str],
+        transform: Callable[[Tensor], Any] | None = None,
+    ) -> None:
+        self.images = torch.from_numpy(np.array(images, copy=True))  # (N, H, W) uint8
+        self.labels = torch.from_numpy(np.array(labels, copy=True))  # (N,) int64
+        self.classes = classes
+        self.transform = transform
+
+    @property
+    def targets(self) -> list[int]:
+        return self.labels.tolist()
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image = self.images[index][None]  # (1, H, W)
+        return (self.transform(image) if self.transform else image), int(self.labels[index])
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, int]]:
+        """A batch at once (the data loader's fast path): one batched transform when it has one."""
+        batch_fn = getattr(self.transform, "batch", None)
+        if batch_fn is None:
+            return [self[i] for i in indices]
+        index = torch.as_tensor(indices)
+        images = batch_fn(self.images[index][:, None])  # (B, 1, S, S)
+        return list(zip(images, self.labels[index].tolist(), strict=True))
+
+
+def fashion_mnist(
+    root: str | Path | None = None,
+    train_transform: Callable[[Tensor], Any] | None = None,
+    eval_transform: Callable[[Tensor], Any] | None = None,
+    val_size: int = 5000,
+    seed: int = 0,
+    download: bool = False,
+) -> Splits:
+    """Fashion-MNIST's train (60,000 - val_size), validation (val_size) and test (10,000) splits.
+
+    ``download=True`` fetches the files with torchvision when they are missing (needs internet).
+    """
+    root = Path(root) if root is not None else DEFAULT_ROOT
+    if download:
+        try:
+            _find(root, _FILES["test"][0])
+        except DatasetLayoutError:
+            import torchvision
+
+            torchvision.datasets.FashionMNIST(str(root), train=True, download=True)
+            torchvision.datasets.FashionMNIST(str(root), train=False, download=True)
+    images, labels = load_arrays(root, "train")
+    if not 0 < val_size < len(labels):
+        raise ValueError(f"val_size must be in (0, {len(labels)}), got {val_size}")
+    order = np.random.default_rng(seed).permutation(len(labels))
+    val_idx, train_idx = np.sort(order[:val_size]), np.sort(order[val_size:])
+    test_images, test_labels = load_arrays(root, "test")
+    return Splits(
+        train=TensorImages(images[train_idx], labels[train_idx], CLASSES, train_transform),
+        val=TensorImages(images[val_idx], labels[val_idx], CLASSES, eval_transform),
+        test=TensorImages(test_images, test_labels, CLASSES, eval_transform),
+        classes=list(CLASSES),
+    )

@@ -1,0 +1,119 @@
+"""Per-dataset input presets: size, resize and crop policy, normalisation, augmentation.
+
+Training follows Lin et al. (B-CNN), as the paper does: resize the shorter side, take a random
+crop of the input size and flip horizontally. Evaluation resizes the same way and takes the centre
+crop. The same policy is written into the exported model card so the service preprocesses alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Preset"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How images of one dataset are fed to the model."""
+
+    image_size: int  # side of the square crop the model sees
+    resize: int | None  # shorter side is resized to this first; None: no resize
+    channels: int  # 3 (RGB) or 1 (grey)
+    mean: tuple[float, ...]  # per-channel mean after scaling to [0, 1]
+    std: tuple[float, ...]  # per-channel standard deviation
+    pad: int = 0  # zero padding before the random crop (small images)
+    flip: bool = True  # random horizontal flip in training
+
+    def with_size(self, image_size: int) -> Preset:
+        """The same policy at another input size (resize scaled in proportion)."""
+        resize = None if self.resize is None else round(self.resize * image_size / self.image_size)
+        return dataclasses.replace(self, image_size=image_size, resize=resize)
+
+    def _resize(self) -> list[v2.Transform]:
+        return [] if self.resize is None else [v2.Resize(self.resize, antialias=True)]
+
+    def _finish(self) -> list[v2.Transform]:
+        return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
+
+    def train_transform(self) -> v2.Compose | SmallImageTransform:
+        """PIL image or uint8 tensor -> normalised float tensor ``(C, S, S)``, augmented.
+
+        Without a resize (small images such as Fashion-MNIST's) this is ``SmallImageAugment``,
+        the same operations written on whole batches of tensors: torchvision's per-image pipeline
+        would cost about a third of the small model's training step.
+        """
+        if self.resize is None:
+            return SmallImageTransform(self, train=True)
+        ops: list[v2.Transform] = [v2.ToImage(), *self._resize()]
+        ops.append(v2.RandomCrop(self.image_size, padding=self.pad or None, pad_if_needed=True))
+        if self.flip:
+            ops.append(v2.RandomHorizontalFlip())
+        return v2.Compose(ops + self._finish())
+
+    def eval_transform(self) -> v2.Compose | SmallImageTransform:
+        """PIL image or uint8 tensor -> normalised float tensor ``(C, S, S)``, centre crop."""
+        if self.resize is None:
+            return SmallImageTransform(self, train=False)
+        ops = [v2.ToImage(), *self._resize(), v2.CenterCrop(self.image_size)]
+        return v2.Compose(ops + self._finish())
+
+
+class SmallImageTransform:
+    """Pad, random crop and random flip (training) or centre crop (eval), then normalise.
+
+    For small images without a resize step, written on whole batches: ``batch`` maps
+    ``(B, C, H, W)`` uint8 -> ``(B, C, S, S)`` float32 in a few tensor operations, and a single
+    image ``(C, H, W)`` (tensor or PIL) goes through the same code. Randomness comes from torch's
+    global generator, so it follows ``torch.manual_seed`` and the data loader's worker seeds.
+    """
+
+    def __init__(self, preset: Preset, train: bool) -> None:
+        self.preset = preset
+        self.train = train
+        self.mean = torch.tensor(preset.mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(preset.std).view(1, -1, 1, 1)
+
+    def __call__(self, image: torch.Tensor | Image.Image) -> torch.Tensor:
+        x = image if isinstance(image, torch.Tensor) else v2.functional.pil_to_tensor(image)
+        return self.batch(x[None])[0]
+
+    def batch(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` uint8 -> ``(B, C, S, S)`` float32, normalised."""
+        size = self.preset.image_size
+        pad = self.preset.pad if self.train else 0
+        h, w = x.shape[-2:]
+        extra_h, extra_w = max(0, size - h - 2 * pad), max(0, size - w - 2 * pad)
+        x = torch.nn.functional.pad(x, (pad, pad + extra_w, pad, pad + extra_h))  # (B, C, H', W')
+        b, _, h, w = x.shape
+        if self.train:
+            top = torch.randint(h - size + 1, (b, 1, 1))
+            left = torch.randint(w - size + 1, (b, 1, 1))
+        else:
+            top = torch.full((b, 1, 1), (h - size) // 2)
+            left = torch.full((b, 1, 1), (w - size) // 2)
+        rows = top + torch.arange(size).view(1, -1, 1)  # (B, S, 1)
+        cols = left + torch.arange(size).view(1, 1, -1)  # (B, 1, S)
+        if self.train and self.preset.flip:
+            flip = torch.rand(b, 1, 1) < 0.5
+            cols = torch.where(flip, 2 * left + size - 1 - cols, cols)
+        x = x[torch.arange(b).view(-1, 1, 1), :, rows, cols]  # (B, S, S, C)
+        x = x.permute(0, 3, 1, 2).float() / 255.0  # (B, C, S, S)
+        return (x - self.mean) / self.std
+
+
+PRESETS: dict[str, Preset] = {
+    "dtd": Preset(448, 512, 3, IMAGENET_MEAN, IMAGENET_STD),
+    "mit_indoor": Preset(448, 512, 3, IMAGENET_MEAN, IMAGENET_STD),
+    "cub200": Preset(448, 512, 3, IMAGENET_MEAN, IMAGENET_STD),
+    "minc2500": Preset(224, 256, 3, IMAGENET_MEAN, IMAGENET_STD),
+    "image_folder": Preset(224, 256, 3, IMAGENET_MEAN, IMAGENET_STD),
+    "fashion_mnist": Preset(28, None, 1, (0.2860,), (0.3530,), pad=2),
+}

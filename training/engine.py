@@ -1,0 +1,128 @@
+"""One training epoch and one evaluation pass: the loops, with AMP and distributed reduction."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from training.runtime import Runtime
+
+__all__ = ["EpochStats", "EvalResult", "evaluate", "train_one_epoch"]
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one training epoch measured (over all processes)."""
+
+    loss: float
+    accuracy: float
+    images_per_second: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Loss, top-1 accuracy and confusion matrix (rows: true class, columns: predicted)."""
+
+    loss: float
+    accuracy: float
+    confusion: Tensor  # (K, K) int64
+    count: int
+
+
+def _autocast(runtime: Runtime) -> contextlib.AbstractContextManager:
+    if runtime.amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=runtime.device.type, dtype=runtime.amp_dtype)
+
+
+def _to_device(images: Tensor, labels: Tensor, runtime: Runtime, channels_last: bool):
+    images = images.to(runtime.device, non_blocking=True)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, labels.to(runtime.device, non_blocking=True)
+
+
+def _all_reduce(values: Tensor, runtime: Runtime) -> Tensor:
+    if runtime.distributed:
+        dist.all_reduce(values)
+    return values
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: Iterable[tuple[Tensor, Tensor]],
+    criterion: Callable[[Tensor, Tensor], Tensor],
+    optimizer: torch.optim.Optimizer,
+    runtime: Runtime,
+    scaler: torch.amp.GradScaler,
+    step_scheduler: Callable[[], None] | None = None,
+    channels_last: bool = False,
+    description: str = "train",
+) -> EpochStats:
+    """One pass over ``loader``; ``step_scheduler`` is called after every optimiser step."""
+    model.train()
+    sums = torch.zeros(3, dtype=torch.float64, device=runtime.device)  # loss, correct, count
+    start = time.perf_counter()
+    bar = tqdm(loader, desc=description, leave=False, disable=not runtime.is_main, unit="batch")
+    for images, labels in bar:
+        images, labels = _to_device(images, labels, runtime, channels_last)
+        with _autocast(runtime):
+            logits, _ = model(images)
+        loss = criterion(logits.float(), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        if step_scheduler is not None:
+            step_scheduler()
+        batch = labels.shape[0]
+        sums += torch.stack(
+            [loss.detach() * batch, (logits.argmax(1) == labels).sum(), torch.tensor(batch)]
+        ).to(sums)
+        if runtime.is_main and bar.n % 20 == 0:
+            bar.set_postfix(loss=f"{sums[0].item() / sums[2].item():.3f}")
+    seconds = time.perf_counter() - start
+    loss_sum, correct, count = _all_reduce(sums, runtime).tolist()
+    return EpochStats(loss_sum / count, correct / count, count / seconds, seconds)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable[tuple[Tensor, Tensor]],
+    criterion: Callable[[Tensor, Tensor], Tensor],
+    num_classes: int,
+    runtime: Runtime,
+    channels_last: bool = False,
+    description: str = "eval",
+) -> EvalResult:
+    """Loss, accuracy and confusion matrix of ``model`` in eval mode over ``loader``.
+
+    Under DDP each process evaluates its shard and the sums are all-reduced.
+    """
+    model.eval()
+    confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=runtime.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
+    bar = tqdm(loader, desc=description, leave=False, disable=not runtime.is_main, unit="batch")
+    for images, labels in bar:
+        images, labels = _to_device(images, labels, runtime, channels_last)
+        with _autocast(runtime):
+            logits, _ = model(images)
+        loss_sum += criterion(logits.float(), labels).double() * labels.shape[0]
+        confusion += torch.bincount(
+            labels * num_classes + logits.argmax(1), minlength=num_classes * num_classes
+        )
+    _all_reduce(confusion, runtime)
+    _all_reduce(loss_sum, runtime)
+    confusion = confusion.view(num_classes, num_classes).cpu()
+    count = int(confusion.sum())
+    accuracy = float(confusion.diag().sum()) / max(count, 1)
+    return EvalResult(loss_sum.item() / max(count, 1), accuracy, confusion, count)

@@ -1,0 +1,310 @@
+"""``smso-train``: train a model with the paper's recipe; checkpoints, resume, metrics.
+
+A run folder holds ``config.json`` (the resolved settings), ``metrics.jsonl`` (a line per epoch),
+``last.pt`` (written every epoch, for ``--resume``), ``best.pt`` (best validation accuracy) and, at
+the end, ``test.json`` (the best checkpoint's test accuracy and confusion matrix).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Subset
+from tqdm import tqdm
+
+from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from training.config import ConfigError, TrainConfig, parse_train_config
+from training.datasets import PRESETS, DatasetLayoutError, Splits, load_splits
+from training.engine import EvalResult, evaluate, train_one_epoch
+from training.model import SecondOrderNet, build_model
+from training.runtime import Runtime, setup_runtime, teardown_runtime
+
+__all__ = ["RunResult", "fit", "main"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished (or stopped) run reports."""
+
+    out: Path
+    epochs_run: int
+    best_val_accuracy: float
+    test: EvalResult | None
+
+
+def _criterion(loss: str, label_smoothing: float) -> nn.Module:
+    if loss == "hinge":
+        return nn.MultiMarginLoss()
+    return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+
+def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Backbone at ``lr``, new layers at ``lr * new_layer_lr_mult``; no decay on 1-d tensors."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            key = (not name.startswith("backbone."), param.ndim > 1)
+            groups.setdefault(key, []).append(param)
+    return [
+        {
+            "params": params,
+            "lr": cfg.lr * (cfg.new_layer_lr_mult if new else 1.0),
+            "weight_decay": cfg.weight_decay if decay else 0.0,
+        }
+        for (new, decay), params in sorted(groups.items())
+    ]
+
+
+def _rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (name, torch.from_numpy(keys.copy()), pos, has_gauss, cached),  # weights_only-safe
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy(), pos, has_gauss, cached))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _train_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime, epoch: int) -> DataLoader:
+    """A loader whose order depends only on (seed, epoch), so a resumed run sees the same data."""
+    generator = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
+    if runtime.distributed:
+        sampler = DistributedSampler(dataset, runtime.world_size, runtime.rank, seed=cfg.seed)
+        sampler.set_epoch(epoch)
+    else:
+        sampler = RandomSampler(dataset, generator=generator)
+    return DataLoader(
+        dataset, cfg.batch_size, sampler=sampler, num_workers=cfg.workers, generator=generator,
+        pin_memory=runtime.device.type == "cuda", drop_last=len(dataset) > cfg.batch_size,
+    )  # fmt: skip
+
+
+def _eval_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime) -> DataLoader:
+    if runtime.distributed:  # every image exactly once over all ranks
+        dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
+    return DataLoader(dataset, cfg.batch_size * 2, num_workers=cfg.workers)
+
+
+def _metrics_lines(path: Path, upto_epoch: int) -> list[str]:
+    """Existing metrics lines up to ``upto_epoch`` (a resumed run drops the lines after it)."""
+    if not path.exists():
+        return []
+    return [
+        line for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["epoch"] <= upto_epoch
+    ]  # fmt: skip
+
+
+class _Run:
+    """The state of one training run, between ``fit``'s steps."""
+
+    def __init__(self, cfg: TrainConfig, runtime: Runtime) -> None:
+        self.runtime = runtime
+        preset = PRESETS.get(cfg.dataset)
+        if preset is not None and cfg.image_size is not None:
+            preset = preset.with_size(cfg.image_size)
+        self.splits: Splits
+        self.splits, self.preset = load_splits(
+            cfg.dataset, cfg.data_root, preset, cfg.partition, cfg.val_size, cfg.seed
+        )
+        torch.manual_seed(cfg.seed)
+        model_config = cfg.model_config(len(self.splits.classes), self.preset.channels)
+        self.model = build_model(model_config).to(runtime.device)
+        self.cfg = cfg.resolve(getattr(self.model.head, "preferred_loss", "cross_entropy"))
+        if self.cfg.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.criterion = _criterion(self.cfg.loss, self.cfg.label_smoothing)
+        self.optimizer = torch.optim.SGD(
+            _param_groups(self.model, self.cfg), lr=self.cfg.lr, momentum=self.cfg.momentum
+        )
+        self.scaler = torch.amp.GradScaler(
+            runtime.device.type, enabled=runtime.amp_dtype == torch.float16
+        )
+        steps = max(1, len(self.splits.train) // (self.cfg.batch_size * runtime.world_size))
+        if self.cfg.schedule == "cosine":
+            self.scheduler: Any = torch.optim.lr_scheduler.CosineAnnealingLR(
+                self.optimizer, T_max=self.cfg.epochs * steps
+            )
+        else:
+            self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, factor=self.cfg.plateau_factor,
+                patience=self.cfg.plateau_patience,
+            )  # fmt: skip
+        self.trained: nn.Module = self.model
+        if runtime.distributed:
+            ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+            self.trained = DistributedDataParallel(self.model, device_ids=ids)
+        self.out = Path(self.cfg.out)
+        self.start_epoch = 1
+        self.best_accuracy = -1.0
+
+    def resume(self) -> None:
+        payload = load_checkpoint(self.out / "last.pt", map_location=str(self.runtime.device))
+        if payload.get("model_config") != self.model.config.to_dict():
+            raise CheckpointError(
+                f"{self.out / 'last.pt'} was written for another model: "
+                f"{payload.get('model_config')} vs {self.model.config.to_dict()}"
+            )
+        try:
+            self.model.load_state_dict(payload["model_state"])
+            self.optimizer.load_state_dict(payload["optimizer"])
+            self.scheduler.load_state_dict(payload["scheduler"])
+            self.scaler.load_state_dict(payload["scaler"])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{self.out / 'last.pt'} cannot be resumed: {exc}") from exc
+        _set_rng_state(payload["rng"])
+        self.start_epoch = int(payload["epoch"]) + 1
+        self.best_accuracy = float(payload["best_val_accuracy"])
+
+    def sync_buffers(self) -> None:
+        """Give every rank rank 0's running statistics (BatchNorm, SMSO's Sigma)."""
+        if self.runtime.distributed:
+            for buffer in self.model.buffers():
+                dist.broadcast(buffer, 0)
+
+    def save(self, epoch: int, val: EvalResult, is_best: bool) -> None:
+        extra = {
+            "train_config": self.cfg.to_dict(),
+            "classes": self.splits.classes,
+            "preset": self.preset.__dict__,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": epoch,
+            "val_accuracy": val.accuracy,
+            "best_val_accuracy": self.best_accuracy,
+            "rng": _rng_state(),
+        }
+        save_checkpoint(self.out / "last.pt", self.model, **extra)
+        if is_best:
+            save_checkpoint(self.out / "best.pt", self.model, **extra)
+
+
+def fit(cfg: TrainConfig) -> RunResult:
+    """Train (or resume) the run ``cfg`` describes; returns its best validation and test accuracy."""
+    runtime = setup_runtime(cfg.device, cfg.amp)
+    try:
+        return _fit(cfg, runtime)
+    finally:
+        teardown_runtime(runtime)
+
+
+def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
+    run = _Run(cfg, runtime)
+    cfg, out = run.cfg, run.out
+    if cfg.resume:
+        run.resume()
+    elif (out / "last.pt").exists():
+        raise ConfigError(f"{out} already holds a run; pass --resume or choose another --out")
+    metrics_path = out / "metrics.jsonl"
+    if runtime.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        kept = _metrics_lines(metrics_path, run.start_epoch - 1)
+        metrics_path.write_text("".join(line + "\n" for line in kept))
+    val_loader = _eval_loader(run.splits.val, cfg, runtime)
+    step = run.scheduler.step if cfg.schedule == "cosine" else None
+    last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
+    epochs = range(run.start_epoch, last + 1)
+    for epoch in tqdm(epochs, desc="epochs", disable=not runtime.is_main, unit="epoch"):
+        lr = run.optimizer.param_groups[0]["lr"]
+        train = train_one_epoch(
+            run.trained, _train_loader(run.splits.train, cfg, runtime, epoch), run.criterion,
+            run.optimizer, runtime, run.scaler, step, cfg.channels_last, f"epoch {epoch}",
+        )  # fmt: skip
+        run.sync_buffers()
+        val = evaluate(
+            run.model, val_loader, run.criterion, len(run.splits.classes), runtime,
+            cfg.channels_last, "val",
+        )  # fmt: skip
+        if cfg.schedule == "plateau":
+            run.scheduler.step(val.loss)
+        is_best = val.accuracy > run.best_accuracy
+        run.best_accuracy = max(run.best_accuracy, val.accuracy)
+        if runtime.is_main:
+            record = {
+                "epoch": epoch, "train_loss": train.loss, "train_accuracy": train.accuracy,
+                "val_loss": val.loss, "val_accuracy": val.accuracy, "lr": lr,
+                "images_per_second": train.images_per_second, "seconds": train.seconds,
+                "time": time.time(),
+            }  # fmt: skip
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            run.save(epoch, val, is_best)
+            log.info(
+                "epoch %d: val accuracy %.4f (best %.4f)", epoch, val.accuracy, run.best_accuracy
+            )
+    test = None
+    if cfg.eval_test and last == cfg.epochs:
+        test = _test_best(run, runtime)
+    return RunResult(out, last - run.start_epoch + 1, run.best_accuracy, test)
+
+
+def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
+    """Evaluate ``best.pt`` on the test split and write ``test.json``."""
+    if runtime.distributed:
+        dist.barrier()  # rank 0 has written best.pt
+    payload = load_checkpoint(run.out / "best.pt", map_location=str(runtime.device))
+    run.model.load_state_dict(payload["model_state"])
+    result = evaluate(
+        run.model, _eval_loader(run.splits.test, run.cfg, runtime), run.criterion,
+        len(run.splits.classes), runtime, run.cfg.channels_last, "test",
+    )  # fmt: skip
+    if runtime.is_main:
+        report = {
+            "checkpoint": str(run.out / "best.pt"), "epoch": payload["epoch"],
+            "val_accuracy": payload["val_accuracy"], "test_accuracy": result.accuracy,
+            "test_loss": result.loss, "test_images": result.count,
+            "classes": run.splits.classes, "confusion": result.confusion.tolist(),
+        }  # fmt: skip
+        (run.out / "test.json").write_text(json.dumps(report, indent=2) + "\n")
+    return result
+
+
+USER_ERRORS = (ConfigError, DatasetLayoutError, CheckpointError, ValueError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``smso-train``; a user's mistake prints one error line and exits 2."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        result = fit(parse_train_config(argv))
+    except USER_ERRORS as exc:
+        print(f"smso-train: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run: {result.out}  epochs: {result.epochs_run}  best val: {result.best_val_accuracy:.4f}"
+    )
+    if result.test is not None:
+        print(f"test accuracy: {result.test.accuracy:.4f} on {result.test.count} images")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
