@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from training.runtime import Runtime
 
-__all__ = ["EpochStats", "EvalResult", "evaluate", "train_one_epoch"]
+__all__ = ["EpochStats", "EvalResult", "evaluate", "make_criterion", "train_one_epoch"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,13 @@ class EvalResult:
     accuracy: float
     confusion: Tensor  # (K, K) int64
     count: int
+
+
+def make_criterion(loss: str, label_smoothing: float = 0.0) -> nn.Module:
+    """``"cross_entropy"`` (softmax classifier) or ``"hinge"`` (LRBP's multi-class hinge)."""
+    if loss == "hinge":
+        return nn.MultiMarginLoss()
+    return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
 
 def _autocast(runtime: Runtime) -> contextlib.AbstractContextManager:

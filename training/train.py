@@ -28,7 +28,7 @@ from tqdm import tqdm
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import PRESETS, DatasetLayoutError, Splits, load_splits
-from training.engine import EvalResult, evaluate, train_one_epoch
+from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
 from training.model import SecondOrderNet, build_model
 from training.runtime import Runtime, setup_runtime, teardown_runtime
 
@@ -45,12 +45,7 @@ class RunResult:
     epochs_run: int
     best_val_accuracy: float
     test: EvalResult | None
-
-
-def _criterion(loss: str, label_smoothing: float) -> nn.Module:
-    if loss == "hinge":
-        return nn.MultiMarginLoss()
-    return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    model: SecondOrderNet  # as it ended (best.pt's weights when the test split was evaluated)
 
 
 def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -139,7 +134,7 @@ class _Run:
         self.cfg = cfg.resolve(getattr(self.model.head, "preferred_loss", "cross_entropy"))
         if self.cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.criterion = _criterion(self.cfg.loss, self.cfg.label_smoothing)
+        self.criterion = make_criterion(self.cfg.loss, self.cfg.label_smoothing)
         self.optimizer = torch.optim.SGD(
             _param_groups(self.model, self.cfg), lr=self.cfg.lr, momentum=self.cfg.momentum
         )
@@ -192,7 +187,7 @@ class _Run:
         extra = {
             "train_config": self.cfg.to_dict(),
             "classes": self.splits.classes,
-            "preset": self.preset.__dict__,
+            "preset": self.preset.to_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -263,7 +258,7 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
     test = None
     if cfg.eval_test and last == cfg.epochs:
         test = _test_best(run, runtime)
-    return RunResult(out, last - run.start_epoch + 1, run.best_accuracy, test)
+    return RunResult(out, last - run.start_epoch + 1, run.best_accuracy, test, run.model)
 
 
 def _test_best(run: _Run, runtime: Runtime) -> EvalResult:

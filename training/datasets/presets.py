@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from PIL import Image
@@ -31,6 +32,15 @@ class Preset:
     std: tuple[float, ...]  # per-channel standard deviation
     pad: int = 0  # zero padding before the random crop (small images)
     flip: bool = True  # random horizontal flip in training
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for checkpoints and the model card."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Preset:
+        """Inverse of ``to_dict`` (lists read back from JSON become tuples)."""
+        return cls(**{**data, "mean": tuple(data["mean"]), "std": tuple(data["std"])})
 
     def with_size(self, image_size: int) -> Preset:
         """The same policy at another input size (resize scaled in proportion)."""

@@ -1,0 +1,168 @@
+"""smso-train and smso-eval end to end on a tiny model and a tiny Fashion-MNIST."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoint import CheckpointError, load_checkpoint, load_model
+from training.config import ConfigError, TrainConfig, parse_train_config
+from training.evaluate import main as eval_main
+from training.train import fit
+from training.train import main as train_main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_config(data_root: Path, out: Path, **overrides) -> TrainConfig:
+    fields = {
+        "dataset": "fashion_mnist", "data_root": str(data_root), "val_size": 40,
+        "backbone": "small_cnn", "head": "smso", "head_options": {"dim": 4}, "reduce_dim": 8,
+        "epochs": 2, "batch_size": 32, "lr": 0.05, "workers": 0, "out": str(out),
+        "schedule": "cosine", "channels_last": False,
+    }  # fmt: skip
+    fields.update(overrides)
+    return TrainConfig(**fields)
+
+
+def test_a_run_writes_its_config_metrics_checkpoints_and_test_report(tiny_fashion_mnist, tmp_path):
+    out = tmp_path / "run"
+    result = fit(tiny_config(tiny_fashion_mnist, out))
+    assert result.epochs_run == 2
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["lr"] == 0.05
+    assert saved["loss"] == "cross_entropy"  # resolved from the head
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [1, 2]
+    keys = {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "images_per_second"}
+    assert keys <= set(lines[0])
+    model, payload = load_model(out / "best.pt")
+    assert payload["classes"][0] == "T-shirt/top"
+    assert model.config.head_options == {"dim": 4}
+    report = json.loads((out / "test.json").read_text())
+    assert report["test_images"] == 60
+    assert sum(map(sum, report["confusion"])) == 60
+    assert report["test_accuracy"] == pytest.approx(result.test.accuracy)
+
+
+def test_resumed_run_ends_with_the_same_weights(tiny_fashion_mnist, tmp_path):
+    fit(tiny_config(tiny_fashion_mnist, tmp_path / "straight", epochs=3))
+    stopped = tiny_config(tiny_fashion_mnist, tmp_path / "resumed", epochs=3, stop_after=1)
+    assert fit(stopped).epochs_run == 1
+    assert fit(dataclasses.replace(stopped, stop_after=None, resume=True)).epochs_run == 2
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
+    assert a["model_state"].keys() == b["model_state"].keys()
+    for key, value in a["model_state"].items():
+        assert torch.equal(value, b["model_state"][key]), key
+    metrics = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in metrics] == [1, 2, 3]
+
+
+def test_an_existing_run_is_not_overwritten(tiny_fashion_mnist, tmp_path):
+    cfg = tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=1)
+    fit(cfg)
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
+        fit(cfg)
+
+
+def test_resume_with_another_model_is_refused(tiny_fashion_mnist, tmp_path):
+    fit(tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=1))
+    other = tiny_config(tiny_fashion_mnist, tmp_path / "run", head_options={"dim": 5}, resume=True)
+    with pytest.raises(CheckpointError, match="was written for another model"):
+        fit(other)
+
+
+def test_resume_from_a_corrupt_checkpoint_is_refused(tiny_fashion_mnist, tmp_path):
+    fit(tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=1))
+    (tmp_path / "run" / "last.pt").write_bytes(b"truncated")
+    cfg = tiny_config(tiny_fashion_mnist, tmp_path / "run", resume=True)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        fit(cfg)
+
+
+def test_config_file_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('epochs = 4\nhead = "mpn"\nhead_options = { iterations = 3 }\nlr = 0.1\n')
+    cfg = parse_train_config(["--config", str(path), "--lr", "0.2", "--no-channels-last"])
+    assert (cfg.epochs, cfg.head, cfg.head_options, cfg.lr) == (4, "mpn", {"iterations": 3}, 0.2)
+    assert cfg.channels_last is False
+    assert cfg.resolve().lr == 0.2
+    assert TrainConfig(backbone="vgg16").resolve().lr == 0.001  # the paper's recipe
+    assert TrainConfig(backbone="resnet50").resolve().lr == 0.01
+    assert TrainConfig(head="lrbp").resolve("hinge").loss == "hinge"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("epochs = 'ten'\n", "setting epochs must be int"),
+        ("colour = 'red'\n", "unknown setting.s.: colour; valid settings: amp, backbone"),
+        ("epochs = 0\n", "epochs must be >= 1"),
+        ("schedule = 'step'\n", "schedule must be one of plateau, cosine"),
+        ("epochs = [\n", "cannot parse config file"),
+    ],
+)
+def test_bad_settings_are_named(tmp_path, content: str, message: str):
+    path = tmp_path / "run.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        parse_train_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data-root", "/nonexistent/fmnist"], "expected Fashion-MNIST file train-images"),
+        (["--head", "fisher"], "unknown head 'fisher'; valid heads"),
+        (["--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
+    ],
+)
+def test_cli_reports_user_errors_in_one_line(tmp_path, capsys, args, message):
+    assert train_main([*args, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("smso-train: error:")
+    assert message in err
+    assert "\n" not in err
+
+
+def test_smso_eval_reports_accuracy_and_confusion(tiny_fashion_mnist, tmp_path, capsys):
+    out = tmp_path / "run"
+    fit(tiny_config(tiny_fashion_mnist, out, epochs=1))
+    report = tmp_path / "eval.json"
+    assert eval_main([str(out / "best.pt"), "--split", "test", "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "top-1 accuracy on test" in printed
+    assert "Ankle boot" in printed
+    data = json.loads(report.read_text())
+    assert data["images"] == 60
+    assert data["accuracy"] == pytest.approx(
+        json.loads((out / "test.json").read_text())["test_accuracy"]
+    )
+    assert eval_main([str(tmp_path / "missing.pt")]) == 2
+
+
+def test_two_cpu_processes_with_gloo_end_with_identical_weights(tiny_fashion_mnist, tmp_path):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(ROOT / "tests" / "training" / "ddp_worker.py"), str(tiny_fashion_mnist), str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys()
+    for key, value in ranks[0].items():
+        assert torch.equal(value, ranks[1][key]), key
+    initial = torch.load(out / "initial.pt", weights_only=True)
+    assert any(not torch.equal(initial[k], ranks[0][k]) for k in initial)  # it did train
+    metrics = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 2

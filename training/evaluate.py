@@ -1,0 +1,106 @@
+"""``smso-eval``: top-1 accuracy and confusion matrix of a checkpoint on one split of its dataset.
+
+The checkpoint carries its model config, its training config (dataset, root, partition, seed) and
+its preset, so ``smso-eval runs/x/best.pt --split test`` needs nothing else; ``--data-root``
+points at the dataset where it lives on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from training.checkpoint import CheckpointError, load_model
+from training.config import ConfigError, TrainConfig
+from training.datasets import DatasetLayoutError, Preset, load_splits
+from training.engine import EvalResult, evaluate, make_criterion
+from training.runtime import setup_runtime
+
+__all__ = ["evaluate_checkpoint", "format_confusion", "main"]
+
+SPLITS = ("train", "val", "test")
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    split: str = "test",
+    data_root: str | None = None,
+    batch_size: int = 256,
+    device: str = "auto",
+    workers: int = 2,
+) -> tuple[EvalResult, list[str]]:
+    """Evaluate ``checkpoint`` on ``split``; returns the result and the class names."""
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    runtime = setup_runtime(device, "off")
+    model, payload = load_model(checkpoint, map_location=str(runtime.device))
+    if "train_config" not in payload or "preset" not in payload:
+        raise CheckpointError(f"{checkpoint} was not written by smso-train (no training config)")
+    cfg = TrainConfig.from_dict(payload["train_config"])
+    preset = Preset.from_dict(payload["preset"])
+    splits, _ = load_splits(
+        cfg.dataset, data_root or cfg.data_root, preset, cfg.partition, cfg.val_size, cfg.seed
+    )
+    if splits.classes != payload.get("classes", splits.classes):
+        raise CheckpointError(
+            f"{checkpoint} was trained on classes {payload['classes']}, the dataset has "
+            f"{splits.classes}"
+        )
+    loader = DataLoader(getattr(splits, split), batch_size, num_workers=workers)
+    criterion = make_criterion(cfg.loss)
+    with torch.inference_mode():
+        result = evaluate(model, loader, criterion, len(splits.classes), runtime, description=split)
+    return result, splits.classes
+
+
+def format_confusion(confusion: torch.Tensor, classes: Sequence[str]) -> str:
+    """The confusion matrix as an aligned text table (rows: true class, columns: predicted)."""
+    width = max(5, *(len(str(int(v))) for v in confusion.flatten()))
+    label_width = max(len(c) for c in classes)
+    header = " " * label_width + " " + " ".join(f"{i:>{width}}" for i in range(len(classes)))
+    rows = [
+        f"{name:<{label_width}} " + " ".join(f"{int(v):>{width}}" for v in row) + f"  [{i}]"
+        for i, (name, row) in enumerate(zip(classes, confusion, strict=True))
+    ]
+    return "\n".join([header, *rows])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``smso-eval``; a user's mistake prints one error line and exits 2."""
+    parser = argparse.ArgumentParser(prog="smso-eval", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
+    parser.add_argument("--split", default="test", choices=SPLITS)
+    parser.add_argument("--data-root", help="the dataset's folder on this machine")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        result, classes = evaluate_checkpoint(
+            args.checkpoint, args.split, args.data_root, args.batch_size, args.device, args.workers
+        )
+    except (CheckpointError, ConfigError, DatasetLayoutError, ValueError) as exc:
+        print(f"smso-eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.checkpoint}: top-1 accuracy on {args.split}: {result.accuracy:.4f} "
+          f"({result.count} images)")  # fmt: skip
+    print(format_confusion(result.confusion, classes))
+    if args.json:
+        report = {
+            "checkpoint": str(args.checkpoint), "split": args.split,
+            "accuracy": result.accuracy, "loss": result.loss, "images": result.count,
+            "classes": classes, "confusion": result.confusion.tolist(),
+        }  # fmt: skip
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
