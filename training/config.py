@@ -40,7 +40,7 @@ class TrainConfig:
 
     # data
     dataset: str = "fashion_mnist"  # key of training.datasets.DATASETS
-    data_root: str | None = None  # dataset folder; None: the dataset's default location
+    data_root: str | None = None  # dataset folder; None: Debian's Fashion-MNIST (others need one)
     partition: int = 1  # DTD's partition 1-10, MINC-2500's split 1-5
     val_size: int = 5000  # Fashion-MNIST: images held out of the training set for validation
     image_size: int | None = None  # input crop side; None: the dataset preset's

@@ -1,7 +1,10 @@
 """Datasets in their published layouts, with the paper's presets.
 
 ``load_splits(name, root, preset, ...)`` returns the train / validation / test splits of one
-dataset, already transformed by the preset; ``DATASETS`` lists the names.
+dataset, already transformed by the preset; ``DATASETS`` lists the names. The image datasets
+(DTD, MINC-2500, MIT-Indoor, CUB-200-2011, an ImageFolder tree) have no default location and
+need a root; only Fashion-MNIST reads ``val_size``, and only DTD (1-10) and MINC-2500 (1-5) have
+more than one ``partition``.
 """
 
 from __future__ import annotations
@@ -10,7 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from training.datasets.base import DatasetLayoutError, Splits
+from training.datasets.cub import cub200
+from training.datasets.dtd import dtd
 from training.datasets.fashion_mnist import fashion_mnist
+from training.datasets.folder import image_folder
+from training.datasets.minc import minc2500
+from training.datasets.mit_indoor import mit_indoor
 from training.datasets.presets import PRESETS, Preset
 
 __all__ = ["DATASETS", "PRESETS", "DatasetLayoutError", "Preset", "Splits", "load_splits"]
@@ -24,6 +32,11 @@ def _fashion_mnist(
 
 #: name -> builder(root, preset, partition, val_size, seed) -> Splits
 DATASETS: dict[str, Callable[[Path | None, Preset, int, int, int], Splits]] = {
+    "dtd": dtd,
+    "minc2500": minc2500,
+    "mit_indoor": mit_indoor,
+    "cub200": cub200,
+    "image_folder": image_folder,
     "fashion_mnist": _fashion_mnist,
 }
 

@@ -1,16 +1,45 @@
-"""What every dataset layout shares: the layout error, and a dataset of labelled image files."""
+"""What every dataset layout shares: the layout error, finding the root, reading split lists, the
+seeded validation hold-out, and a dataset of labelled image files."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
 
+import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-__all__ = ["DatasetLayoutError", "ImageList", "Splits", "read_lines", "require"]
+from training.datasets.presets import Preset
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "VAL_FRACTION",
+    "DatasetLayoutError",
+    "ImageList",
+    "Splits",
+    "check_partition",
+    "class_folders",
+    "image_splits",
+    "locate",
+    "need_root",
+    "numbered_lines",
+    "read_image_list",
+    "read_lines",
+    "require",
+    "stratified_holdout",
+]
+
+T = TypeVar("T")
+
+#: Share of each class's training images held out for validation where a dataset has no
+#: validation split of its own (MIT-Indoor, CUB-200-2011, an ImageFolder tree without val/).
+VAL_FRACTION = 0.1
+#: File name endings read as images (case-insensitive) in ImageFolder trees.
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
 
 class DatasetLayoutError(FileNotFoundError):
@@ -20,16 +49,126 @@ class DatasetLayoutError(FileNotFoundError):
     """
 
 
-def require(path: Path, what: str) -> Path:
-    """Return ``path`` if it exists, else raise ``DatasetLayoutError`` naming it and ``what``."""
+def require(path: Path, what: str, kind: str | None = None) -> Path:
+    """Return ``path`` if it exists, else raise ``DatasetLayoutError`` naming it and ``what``.
+
+    ``kind`` ``"file"`` or ``"folder"`` also requires that kind of entry.
+    """
     if not path.exists():
         raise DatasetLayoutError(f"expected {what} at {path}, but it does not exist")
+    if (kind == "file" and not path.is_file()) or (kind == "folder" and not path.is_dir()):
+        raise DatasetLayoutError(f"expected {what} at {path} to be a {kind}, but it is not")
     return path
+
+
+def need_root(root: Path | None, dataset: str) -> Path:
+    """The dataset's root folder: it has no default location, so it must be given and exist."""
+    if root is None:
+        raise DatasetLayoutError(
+            f"{dataset} has no default location; pass the folder holding it with --data-root"
+        )
+    return require(Path(root), f"the {dataset} dataset folder (--data-root)", "folder")
+
+
+def locate(root: Path, candidates: Sequence[Path], markers: Sequence[str], dataset: str) -> Path:
+    """The first of ``candidates`` that holds any of ``markers`` (the dataset's own entries)."""
+    for folder in candidates:
+        if any((folder / marker).exists() for marker in markers):
+            return folder
+    names = " and ".join(markers)
+    places = ", ".join(str(c) for c in candidates)
+    raise DatasetLayoutError(f"expected {dataset}'s {names} in one of: {places}; none found")
+
+
+def check_partition(partition: int, count: int, dataset: str) -> None:
+    """Raise ``ValueError`` unless ``1 <= partition <= count``."""
+    if count == 1 and partition != 1:
+        raise ValueError(f"{dataset} has a single partition: partition must be 1, got {partition}")
+    if not 1 <= partition <= count:
+        raise ValueError(f"{dataset} partition must be in 1..{count}, got {partition}")
 
 
 def read_lines(path: Path, what: str) -> list[str]:
     """The non-empty, stripped lines of a required text file."""
-    return [line.strip() for line in require(path, what).read_text().splitlines() if line.strip()]
+    return [line for _, line in numbered_lines(path, what)]
+
+
+def numbered_lines(path: Path, what: str) -> list[tuple[int, str]]:
+    """``(line number from 1, stripped line)`` for the non-empty lines of a required text file."""
+    text = require(path, what, "file").read_text()
+    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def class_folders(folder: Path, what: str) -> list[str]:
+    """Sorted names of the (non-hidden) subfolders of a required folder; at least one."""
+    names = sorted(
+        p.name for p in require(folder, what, "folder").iterdir() if p.is_dir() and p.name[0] != "."
+    )
+    if not names:
+        raise DatasetLayoutError(f"expected one subfolder per class in {folder}, found none")
+    return names
+
+
+def read_image_list(
+    list_file: Path,
+    what: str,
+    base: Path,
+    class_index: Mapping[str, int],
+    classes_from: str,
+    class_part: int = 0,
+) -> list[tuple[Path, int]]:
+    """The labelled images a split list names, one path relative to ``base`` per line.
+
+    An image's class is component ``class_part`` of its path (``brick`` in
+    ``images/brick/brick_000001.jpg`` with ``class_part=1``). A line whose class is not in
+    ``class_index`` (read from ``classes_from``, named in the message) or whose image is missing
+    raises ``DatasetLayoutError`` with its line number.
+    """
+    samples = []
+    for number, line in numbered_lines(list_file, what):
+        where = f"{list_file}, line {number}"
+        parts = PurePosixPath(line).parts
+        if len(parts) <= class_part + 1:
+            raise DatasetLayoutError(
+                f"{where}: expected an image path with its class as folder {class_part + 1}, "
+                f"got {line!r}"
+            )
+        name = parts[class_part]
+        if name not in class_index:
+            raise DatasetLayoutError(
+                f"{where}: class {name!r} of {line!r} is not one of the {len(class_index)} "
+                f"classes in {classes_from}"
+            )
+        path = base.joinpath(*parts)
+        if not path.is_file():
+            raise DatasetLayoutError(f"{where}: image {path} does not exist")
+        samples.append((path, class_index[name]))
+    return samples
+
+
+def stratified_holdout(
+    samples: Sequence[tuple[T, int]], fraction: float = VAL_FRACTION, seed: int = 0
+) -> tuple[list[tuple[T, int]], list[tuple[T, int]]]:
+    """Split ``(item, label)`` pairs into ``(train, val)``, ``fraction`` of each class to val.
+
+    Per class of n samples, ``round(n * fraction)`` go to val, but at least one when n >= 2 and
+    never all of them (a class of one sample stays in train). Which ones is drawn by a generator
+    seeded with ``seed``, so the same samples and seed give the same split; both lists keep the
+    input order.
+    """
+    by_label: dict[int, list[int]] = defaultdict(list)
+    for index, (_, label) in enumerate(samples):
+        by_label[label].append(index)
+    rng = np.random.default_rng(seed)
+    held: set[int] = set()
+    for label in sorted(by_label):
+        indices = by_label[label]
+        n = len(indices)
+        k = min(max(round(n * fraction), 1), n - 1) if n >= 2 else 0
+        held.update(indices[i] for i in rng.permutation(n)[:k])
+    train = [s for i, s in enumerate(samples) if i not in held]
+    val = [s for i, s in enumerate(samples) if i in held]
+    return train, val
 
 
 class ImageList(Dataset):
@@ -77,3 +216,21 @@ class Splits:
     val: Dataset
     test: Dataset
     classes: list[str]
+
+
+def image_splits(
+    train: Sequence[tuple[Path, int]],
+    val: Sequence[tuple[Path, int]],
+    test: Sequence[tuple[Path, int]],
+    classes: Sequence[str],
+    preset: Preset,
+) -> Splits:
+    """RGB ``ImageList`` splits: train with the preset's training transform, val and test with
+    its evaluation transform."""
+    train_tf, eval_tf = preset.train_transform(), preset.eval_transform()
+    return Splits(
+        train=ImageList(train, classes, train_tf),
+        val=ImageList(val, classes, eval_tf),
+        test=ImageList(test, classes, eval_tf),
+        classes=list(classes),
+    )
