@@ -3,7 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint format bench clean
+.PHONY: install data test lint format bench model fmnist-table clean
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+FMNIST := /usr/share/datasets/fashion-mnist
+MODEL_RUN := runs/fashion-mnist-smso
+MODEL_DIR := models/fashion-mnist-smso
 
 # The full development environment (training, export, serving and test tools).
 $(VENV)/.installed-dev: pyproject.toml
@@ -14,7 +19,14 @@ $(VENV)/.installed-dev: pyproject.toml
 
 install: $(VENV)/.installed-dev
 
-test: $(VENV)/.installed-dev
+# Fashion-MNIST's idx files from Debian's package (the only real dataset reachable offline).
+$(FMNIST)/t10k-labels-idx1-ubyte.gz:
+	$(SUDO) apt-get install -y -q dataset-fashion-mnist || \
+	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q dataset-fashion-mnist; }
+
+data: $(FMNIST)/t10k-labels-idx1-ubyte.gz
+
+test: $(VENV)/.installed-dev data
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-dev
@@ -28,6 +40,20 @@ format: $(VENV)/.installed-dev
 # The head benchmark of issue 2: prints a markdown table, writes bench/results/heads.json.
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/heads.py
+
+# The shipped model: train from scratch on the CPU, then keep the checkpoint, curves and Fig. 2.
+model: $(VENV)/.installed-dev data
+	rm -rf $(MODEL_RUN)
+	$(BIN)/smso-train --config configs/fashion-mnist-smso.toml --out $(MODEL_RUN)
+	$(BIN)/smso-figure fig3 $(MODEL_RUN) --labels "SMSO p=64" --out $(MODEL_RUN)/fig3-loss.png
+	$(BIN)/smso-figure fig2 $(MODEL_RUN)/best.pt --out $(MODEL_RUN)/fig2-histograms.png
+	$(BIN)/python -m training.ship $(MODEL_RUN) $(MODEL_DIR)
+
+# docs/results/fashion-mnist.md: every head of the comparison with one fixed budget.
+fmnist-table: $(VENV)/.installed-dev data
+	rm -rf runs/fmnist-table
+	$(BIN)/smso-experiment run fmnist --out runs/fmnist-table
+	$(BIN)/smso-experiment report fmnist --out runs/fmnist-table
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

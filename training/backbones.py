@@ -35,6 +35,7 @@ __all__ = [
     "UnknownBackboneError",
     "backbone_spec",
     "create_backbone",
+    "pretrained_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,10 @@ def backbone_spec(name: str) -> BackboneSpec:
 
 
 def create_backbone(
-    name: str, pretrained: str | os.PathLike[str] | None = None, in_channels: int | None = None
+    name: str,
+    pretrained: str | os.PathLike[str] | None = None,
+    in_channels: int | None = None,
+    weights: dict[str, Tensor] | None = None,
 ) -> Backbone:
     """Build the backbone ``name``.
 
@@ -151,6 +155,7 @@ def create_backbone(
         in_channels: image channels; defaults to the backbone's own (3, or 1 for ``small_cnn``).
             When it differs, the first convolution is adapted: pretrained RGB filters are summed
             for one channel, or cycled and rescaled for others.
+        weights: the state dict ``pretrained`` names, when the caller has already read it.
 
     Raises:
         UnknownBackboneError: ``name`` is not registered; the message lists the valid names.
@@ -160,7 +165,7 @@ def create_backbone(
     model = spec.model()
     body = spec.body(model)
     if pretrained is not None:
-        state = _pretrained_state(name, spec, pretrained)
+        state = weights if weights is not None else pretrained_state(name, pretrained)
         _load_into(name, model, body, state, str(pretrained))
     in_channels = spec.in_channels if in_channels is None else in_channels
     if in_channels != spec.in_channels:
@@ -168,9 +173,10 @@ def create_backbone(
     return Backbone(body, in_channels, spec.out_channels, spec.stride)
 
 
-def _pretrained_state(
-    name: str, spec: BackboneSpec, pretrained: str | os.PathLike[str]
-) -> dict[str, Tensor]:
+def pretrained_state(name: str, pretrained: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """The state dict ``pretrained`` names for backbone ``name``: torchvision's ImageNet weights
+    (``"imagenet"``) or a local file; ``PretrainedWeightsError`` says why it cannot be had."""
+    spec = backbone_spec(name)
     if str(pretrained) == "imagenet":
         if spec.imagenet is None:
             raise PretrainedWeightsError(

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from training.backbones import backbone_spec, create_backbone
+from training.backbones import backbone_spec, create_backbone, pretrained_state
 from training.heads import create_head, head_spec
 
 __all__ = ["ModelConfig", "ModelOutput", "SecondOrderNet", "build_model"]
@@ -84,7 +84,8 @@ class SecondOrderNet(nn.Module):
         super().__init__()
         self.config = config
         pretrained = config.pretrained if load_pretrained else None
-        self.backbone = create_backbone(config.backbone, pretrained, config.in_channels)
+        state = None if pretrained is None else pretrained_state(config.backbone, pretrained)
+        self.backbone = create_backbone(config.backbone, pretrained, config.in_channels, state)
         channels = self.backbone.out_channels
         if config.reduce_dim is None:
             self.reduce: nn.Module = nn.Identity()
@@ -97,6 +98,9 @@ class SecondOrderNet(nn.Module):
         if config.head == "lrbp":
             options.setdefault("num_classes", config.num_classes)
         self.head = create_head(config.head, channels, **options)
+        takes_fc = hasattr(self.head, "load_torchvision_classifier")  # VGG-D's fc6 and fc7
+        if takes_fc and state is not None and "classifier.0.weight" in state:
+            self.head.load_torchvision_classifier(state)
         self.embedding_dim: int = self.head.output_dim
         if getattr(self.head, "scores_classes", False):
             if self.head.output_dim != config.num_classes:

@@ -35,7 +35,7 @@ def test_every_table1_row_runs_and_is_reported(table1: Path) -> None:
     assert [line["row"] for line in lines] == [row.name for row in TABLES["table1"]]
     dims = {line["row"]: line["feature_dim"] for line in lines}
     assert dims == {
-        "first-order": 512, "bp": 262_144, "mpn": 32_896, "deepo2p": 262_144, "cbp-ts": 8192,
+        "first-order": 4096, "bp": 262_144, "mpn": 32_896, "deepo2p": 262_144, "cbp-ts": 8192,
         "cbp-rm": 8192, "lrbp": 3, "smso-64": 64, "smso-2048": 2048,
     }  # fmt: skip
     assert all(0 <= line["test_accuracy"] <= 1 for line in lines)

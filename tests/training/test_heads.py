@@ -17,6 +17,7 @@ from training.second_order import covariance
 # name -> (c, options, expected output_dim) at the paper's settings (shared/SMSO.md).
 PAPER_SETTINGS: dict[str, list[tuple[int, dict[str, Any], int]]] = {
     "gap": [(2048, {}, 2048)],
+    "vgg_fc": [(512, {}, 4096)],
     "bp": [(512, {}, 262_144)],
     "deepo2p": [(512, {}, 262_144)],
     "mpn": [(256, {}, 32_896)],
@@ -29,6 +30,7 @@ PAPER_SETTINGS: dict[str, list[tuple[int, dict[str, Any], int]]] = {
 # name -> (c, options) small enough for float64 gradcheck.
 SMALL: dict[str, tuple[int, dict[str, Any]]] = {
     "gap": (4, {}),
+    "vgg_fc": (4, {"hidden": 8, "pool": 2}),
     "bp": (4, {}),
     "deepo2p": (4, {}),
     "mpn": (4, {}),
@@ -84,8 +86,8 @@ def test_blank_input_gives_finite_outputs_and_gradients(name: str, value: float)
         assert param.grad is None or torch.isfinite(param.grad).all(), pname
 
 
-@pytest.mark.parametrize("name", sorted(HEADS))
-def test_autocast_runs_the_head_in_float32(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(set(HEADS) - {"vgg_fc"}))  # first-order: AMP is fine
+def test_autocast_runs_the_second_order_heads_in_float32(name: str) -> None:
     c, options = SMALL[name]
     head = create_head(name, c, **options).eval()
     x = torch.randn(2, c, 4, 4)
@@ -264,3 +266,17 @@ def test_bad_head_options_are_named(name: str, options: dict, message: str) -> N
 def test_bad_input_shape_is_named() -> None:
     with pytest.raises(ValueError, match="built for 8 channels, got 6"):
         create_head("bp", 8)(torch.randn(1, 6, 3, 3))
+
+
+def test_vgg_fc_is_pool5_fc6_fc7_and_takes_torchvision_weights() -> None:
+    head = create_head("vgg_fc", 4, hidden=8, pool=2).eval()
+    state = {
+        "classifier.0.weight": torch.randn(8, 16), "classifier.0.bias": torch.randn(8),
+        "classifier.3.weight": torch.randn(8, 8), "classifier.3.bias": torch.randn(8),
+    }  # fmt: skip
+    head.load_torchvision_classifier(state)
+    x = torch.randn(2, 4, 4, 4)
+    pooled = torch.nn.functional.max_pool2d(x, 2).flatten(1)  # 4x4 -> 2x2 = the 2x2 avg pool
+    fc6 = torch.relu(pooled @ state["classifier.0.weight"].T + state["classifier.0.bias"])
+    fc7 = torch.relu(fc6 @ state["classifier.3.weight"].T + state["classifier.3.bias"])
+    torch.testing.assert_close(head(x), fc7)

@@ -14,6 +14,7 @@ from training.heads.deepo2p import DeepO2P
 from training.heads.first_order import GlobalAvgPool
 from training.heads.lrbp import LowRankBilinear
 from training.heads.mpn import MPNCOV
+from training.heads.vgg_fc import VGGClassifierHead
 from training.smso import SMSOPooling
 
 __all__ = ["HEADS", "HeadSpec", "UnknownHeadError", "create_head", "head_spec"]
@@ -38,6 +39,7 @@ def _smso(in_channels: int, dim: int = 2048, **options: Any) -> SMSOPooling:
 
 HEADS: dict[str, HeadSpec] = {
     "gap": HeadSpec(GlobalAvgPool, None, "first-order global average pooling, c-d"),
+    "vgg_fc": HeadSpec(VGGClassifierHead, None, "first-order VGG-D: pool5, fc6, fc7, 4,096-d"),
     "bp": HeadSpec(BilinearPooling, 512, "bilinear pooling + signed sqrt + l2, c^2-d"),
     "deepo2p": HeadSpec(DeepO2P, 512, "matrix logarithm of the covariance, c^2-d"),
     "mpn": HeadSpec(MPNCOV, 256, "iSQRT-COV matrix square root, c(c+1)/2-d"),
