@@ -139,3 +139,19 @@ def test_markdown_table_pads_and_right_aligns_numbers() -> None:
 def test_repeat_count(one_call_s: float, max_repeats: int, budget_s: float, expected: int) -> None:
     policy = benchlib.TimingPolicy(max_repeats=max_repeats, budget_s=budget_s)
     assert benchlib.repeat_count(one_call_s, policy) == expected
+
+
+def test_train_step_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
+    """bench/train_step.py (a GPU benchmark) end to end on a tiny CPU setting."""
+    out = tmp_path / "train_step.json"
+    args = ["--device", "cpu", "--backbone", "resnet18", "--size", "64", "--batch", "2"]
+    args += ["--steps", "1", "--warmup", "0", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "bench/train_step.py", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [r["head"] for r in report["results"]] == ["smso p=2048", "first-order"]
+    assert all(r["images_per_second"] > 0 for r in report["results"])
+    assert "the SMSO head costs" in proc.stdout
