@@ -17,8 +17,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from training.checkpoint import CheckpointError, load_model
+from training.cli import run_cli
 from training.config import ConfigError, TrainConfig
-from training.datasets import DatasetLayoutError, Preset, load_splits
+from training.datasets import Preset, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
 from training.runtime import setup_runtime
 
@@ -82,24 +83,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         result, classes = evaluate_checkpoint(
             args.checkpoint, args.split, args.data_root, args.batch_size, args.device, args.workers
         )
-    except (CheckpointError, ConfigError, DatasetLayoutError, ValueError) as exc:
-        print(f"smso-eval: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.checkpoint}: top-1 accuracy on {args.split}: {result.accuracy:.4f} "
-          f"({result.count} images)")  # fmt: skip
-    print(format_confusion(result.confusion, classes))
-    if args.json:
-        report = {
-            "checkpoint": str(args.checkpoint), "split": args.split,
-            "accuracy": result.accuracy, "loss": result.loss, "images": result.count,
-            "classes": classes, "confusion": result.confusion.tolist(),
-        }  # fmt: skip
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+        print(f"{args.checkpoint}: top-1 accuracy on {args.split}: {result.accuracy:.4f} "
+              f"({result.count} images)")  # fmt: skip
+        print(format_confusion(result.confusion, classes))
+        if args.json:
+            report = {
+                "checkpoint": str(args.checkpoint), "split": args.split,
+                "accuracy": result.accuracy, "loss": result.loss, "images": result.count,
+                "classes": classes, "confusion": result.confusion.tolist(),
+            }  # fmt: skip
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        return 0
+
+    return run_cli("smso-eval", body)
 
 
 if __name__ == "__main__":

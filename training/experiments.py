@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.cli import run_cli
 from training.config import ConfigError, TrainConfig
 
 __all__ = ["DATASET_ORDER", "TABLES", "Row", "main", "row_config"]
@@ -220,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("table", choices=list(TABLES))
     rep.add_argument("--out", type=Path, default=Path("runs/experiments"))
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.command == "list":
             print(_list())
         elif args.command == "report":
@@ -235,10 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 line = run_row(args.table, name, args.dataset, args.out, args.scratch, **overrides)
                 print(json.dumps(line))
             print(report(args.table, args.out))
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"smso-experiment: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_cli("smso-experiment", body)
 
 
 if __name__ == "__main__":

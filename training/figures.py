@@ -29,8 +29,9 @@ from scipy import stats
 from torch.utils.data import DataLoader
 
 from training.checkpoint import CheckpointError, load_model
-from training.config import ConfigError, TrainConfig
-from training.datasets import DatasetLayoutError, Preset, load_splits
+from training.cli import run_cli
+from training.config import TrainConfig
+from training.datasets import Preset, load_splits
 from training.smso import SMSOPooling
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
@@ -191,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in (p2, p3, p4):
         p.add_argument("--out", type=Path, required=True, help="PNG file to write")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.figure == "fig3":
             fig3(args.runs, args.out, args.labels)
         elif args.figure == "fig4":
@@ -201,11 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.checkpoint, args.out, args.split, args.data_root, args.images
             )
             print(json.dumps(summary, indent=2))
-    except (CheckpointError, ConfigError, DatasetLayoutError, FileNotFoundError, ValueError) as exc:
-        print(f"smso-figure: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}")
-    return 0
+        print(f"wrote {args.out}")
+        return 0
+
+    return run_cli("smso-figure", body)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 from tqdm import tqdm
 
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from training.cli import run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
-from training.datasets import PRESETS, DatasetLayoutError, Splits, load_splits
+from training.datasets import PRESETS, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
 from training.model import SecondOrderNet, build_model
 from training.runtime import Runtime, setup_runtime, teardown_runtime
@@ -282,23 +283,19 @@ def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
     return result
 
 
-USER_ERRORS = (ConfigError, DatasetLayoutError, CheckpointError, ValueError)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-train``; a user's mistake prints one error line and exits 2."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+
+    def body() -> int:
         result = fit(parse_train_config(argv))
-    except USER_ERRORS as exc:
-        print(f"smso-train: error: {exc}", file=sys.stderr)
-        return 2
-    print(
-        f"run: {result.out}  epochs: {result.epochs_run}  best val: {result.best_val_accuracy:.4f}"
-    )
-    if result.test is not None:
-        print(f"test accuracy: {result.test.accuracy:.4f} on {result.test.count} images")
-    return 0
+        print(f"run: {result.out}  epochs: {result.epochs_run}  "
+              f"best val: {result.best_val_accuracy:.4f}")  # fmt: skip
+        if result.test is not None:
+            print(f"test accuracy: {result.test.accuracy:.4f} on {result.test.count} images")
+        return 0
+
+    return run_cli("smso-train", body)
 
 
 if __name__ == "__main__":

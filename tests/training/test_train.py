@@ -166,3 +166,12 @@ def test_two_cpu_processes_with_gloo_end_with_identical_weights(tiny_fashion_mni
     assert any(not torch.equal(initial[k], ranks[0][k]) for k in initial)  # it did train
     metrics = (out / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 2
+
+
+def test_missing_pretrained_weights_are_a_user_error(tiny_fashion_mnist, tmp_path, capsys):
+    args = ["--data-root", str(tiny_fashion_mnist), "--val-size", "40", "--backbone", "resnet18"]
+    args += ["--pretrained", "/nonexistent/resnet18.pth", "--out", str(tmp_path / "run")]
+    assert train_main(args) == 2
+    assert "pretrained weights file /nonexistent/resnet18.pth does not exist" in (
+        capsys.readouterr().err
+    )
