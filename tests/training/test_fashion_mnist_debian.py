@@ -1,0 +1,25 @@
+"""The real Fashion-MNIST, as Debian's dataset-fashion-mnist installs it (``make data``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.datasets.fashion_mnist import CLASSES, DEFAULT_ROOT, fashion_mnist
+
+pytestmark = pytest.mark.skipif(
+    not (DEFAULT_ROOT / "t10k-labels-idx1-ubyte.gz").is_file(),
+    reason="Debian's dataset-fashion-mnist is not installed (`make data` installs it)",
+)
+
+
+def test_the_real_splits() -> None:
+    splits = fashion_mnist(val_size=5000, seed=0)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (55_000, 5_000, 10_000)
+    assert splits.classes == CLASSES
+    train_and_val = np.bincount(np.concatenate([splits.train.labels, splits.val.labels]))
+    assert train_and_val.tolist() == [6000] * 10
+    assert np.bincount(splits.test.labels.numpy()).tolist() == [1000] * 10
+    image, label = splits.test[0]
+    assert tuple(image.shape) == (1, 28, 28)
+    assert label == 9  # the first test image is an ankle boot
