@@ -142,7 +142,7 @@ class _Run:
         self.scaler = torch.amp.GradScaler(
             runtime.device.type, enabled=runtime.amp_dtype == torch.float16
         )
-        steps = max(1, len(self.splits.train) // (self.cfg.batch_size * runtime.world_size))
+        steps = len(_train_loader(self.splits.train, self.cfg, runtime, 1))  # per epoch
         if self.cfg.schedule == "cosine":
             self.scheduler: Any = torch.optim.lr_scheduler.CosineAnnealingLR(
                 self.optimizer, T_max=self.cfg.epochs * steps
