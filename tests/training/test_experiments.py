@@ -97,7 +97,7 @@ def test_rows_use_the_paper_recipe(tmp_path: Path) -> None:
     resnet = row_config("table2", TABLES["table2"][0], "cub200", tmp_path)
     assert (resnet.head, resnet.reduce_dim, resnet.resolve().lr) == ("gap", None, 0.01)
     fmnist = row_config("fmnist", TABLES["fmnist"][4], None, tmp_path)
-    assert (fmnist.dataset, fmnist.backbone, fmnist.epochs) == ("fashion_mnist", "small_cnn", 4)
+    assert (fmnist.dataset, fmnist.backbone, fmnist.epochs) == ("fashion_mnist", "small_cnn", 3)
 
 
 def test_cli_lists_rows_and_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
