@@ -156,7 +156,7 @@ def test_two_cpu_processes_with_gloo_end_with_identical_weights(tiny_fashion_mni
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         str(ROOT / "tests" / "training" / "ddp_worker.py"), str(tiny_fashion_mnist), str(out),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys()
