@@ -19,13 +19,35 @@ from torch.utils.data import DataLoader
 from training.checkpoint import CheckpointError, load_model
 from training.cli import run_cli
 from training.config import ConfigError, TrainConfig
-from training.datasets import Preset, load_splits
+from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
+from training.model import SecondOrderNet
 from training.runtime import setup_runtime
 
-__all__ = ["evaluate_checkpoint", "format_confusion", "main"]
+__all__ = ["evaluate_checkpoint", "format_confusion", "load_with_splits", "main"]
 
 SPLITS = ("train", "val", "test")
+
+
+def load_with_splits(
+    checkpoint: str | Path, data_root: str | None = None, map_location: str = "cpu"
+) -> tuple[SecondOrderNet, TrainConfig, Splits]:
+    """A checkpoint written by smso-train, its training config, and its dataset's splits
+    (transformed by the checkpoint's own preset; ``data_root`` overrides the stored root)."""
+    model, payload = load_model(checkpoint, map_location=map_location)
+    if "train_config" not in payload or "preset" not in payload:
+        raise CheckpointError(f"{checkpoint} was not written by smso-train (no training config)")
+    cfg = TrainConfig.from_dict(payload["train_config"])
+    preset = Preset.from_dict(payload["preset"])
+    splits, _ = load_splits(
+        cfg.dataset, data_root or cfg.data_root, preset, cfg.partition, cfg.val_size, cfg.seed
+    )
+    if splits.classes != payload.get("classes", splits.classes):
+        raise CheckpointError(
+            f"{checkpoint} was trained on classes {payload['classes']}, the dataset has "
+            f"{splits.classes}"
+        )
+    return model, cfg, splits
 
 
 def evaluate_checkpoint(
@@ -40,19 +62,7 @@ def evaluate_checkpoint(
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     runtime = setup_runtime(device, "off")
-    model, payload = load_model(checkpoint, map_location=str(runtime.device))
-    if "train_config" not in payload or "preset" not in payload:
-        raise CheckpointError(f"{checkpoint} was not written by smso-train (no training config)")
-    cfg = TrainConfig.from_dict(payload["train_config"])
-    preset = Preset.from_dict(payload["preset"])
-    splits, _ = load_splits(
-        cfg.dataset, data_root or cfg.data_root, preset, cfg.partition, cfg.val_size, cfg.seed
-    )
-    if splits.classes != payload.get("classes", splits.classes):
-        raise CheckpointError(
-            f"{checkpoint} was trained on classes {payload['classes']}, the dataset has "
-            f"{splits.classes}"
-        )
+    model, cfg, splits = load_with_splits(checkpoint, data_root, str(runtime.device))
     loader = DataLoader(getattr(splits, split), batch_size, num_workers=workers)
     criterion = make_criterion(cfg.loss)
     with torch.inference_mode():

@@ -28,10 +28,8 @@ import torch
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from training.checkpoint import CheckpointError, load_model
 from training.cli import run_cli
-from training.config import TrainConfig
-from training.datasets import Preset, load_splits
+from training.evaluate import load_with_splits
 from training.smso import SMSOPooling
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
@@ -160,14 +158,7 @@ def fig2_from_checkpoint(
     limit: int = 2000,
 ) -> dict[str, Any]:  # fmt: skip
     """Fig. 2 for a checkpoint written by smso-train; writes ``out`` and ``out.json``."""
-    model, payload = load_model(checkpoint)
-    if "train_config" not in payload:
-        raise CheckpointError(f"{checkpoint} was not written by smso-train (no training config)")
-    cfg = TrainConfig.from_dict(payload["train_config"])
-    splits, _ = load_splits(
-        cfg.dataset, data_root or cfg.data_root, Preset.from_dict(payload["preset"]),
-        cfg.partition, cfg.val_size, cfg.seed,
-    )  # fmt: skip
+    model, _, splits = load_with_splits(checkpoint, data_root)
     loader = DataLoader(getattr(splits, split), batch_size=250, shuffle=False)
     summary = fig2(collect_stages(model, loader, limit), out)
     summary["checkpoint"], summary["split"] = str(checkpoint), split
