@@ -229,7 +229,10 @@ def cpu_model() -> str:
 
 
 def resolve_device(name: str) -> torch.device:
-    """The torch device of a ``--device`` argument; exits when it is not usable here."""
+    """The torch device of a ``--device`` argument ("auto": cuda if available); exits when it
+    is not usable here."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available here")

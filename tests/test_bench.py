@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from bench import benchlib, heads
 
@@ -155,3 +156,10 @@ def test_train_step_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
     assert [r["head"] for r in report["results"]] == ["smso p=2048", "first-order"]
     assert all(r["images_per_second"] > 0 for r in report["results"])
     assert "the SMSO head costs" in proc.stdout
+
+
+def test_resolve_device_auto_picks_cuda_only_where_there_is_one() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert benchlib.resolve_device("auto").type == expected
+    with pytest.raises(SystemExit, match="cpu or cuda"):
+        benchlib.resolve_device("meta")

@@ -86,14 +86,18 @@ def train_one_epoch(
         loss = criterion(logits.float(), labels)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        scale = scaler.get_scale()  # 1.0 without fp16; a host sync only with fp16
         scaler.step(optimizer)
         scaler.update()
-        if step_scheduler is not None:
+        # fp16: a step with inf/NaN gradients is skipped and the scale lowered; the schedule
+        # then waits too (stepping it would skip its first value and make torch warn)
+        if step_scheduler is not None and scaler.get_scale() >= scale:
             step_scheduler()
         batch = labels.shape[0]
-        sums += torch.stack(
-            [loss.detach() * batch, (logits.argmax(1) == labels).sum(), torch.tensor(batch)]
-        ).to(sums)
+        # in place on the device: no host sync per batch, no CPU tensor mixed into a CUDA one
+        sums[0] += loss.detach() * batch
+        sums[1] += (logits.argmax(1) == labels).sum()
+        sums[2] += batch
         if runtime.is_main and bar.n % 20 == 0:
             bar.set_postfix(loss=f"{sums[0].item() / sums[2].item():.3f}")
     seconds = time.perf_counter() - start

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Everything this project checks on a lent GPU, in one call (a device lease is short):
+#   1. bench/train_step.py: ResNet-50 at 448 px, SMSO p = 2,048 against the first-order head,
+#      bf16 and fp16 AMP, channels-last (issue 3: the head should cost under 5 % of the step);
+#   2. the CUDA tests (`pytest -m cuda`: autocast keeps the head in float32, AMP steps, a GPU run);
+#   3. a hyper-parameter sweep of the Fashion-MNIST recipe, run in parallel on the one GPU in
+#      float32, to choose the CPU recipe (each run is a whole `smso-train` run).
+# Usage (repository root, Python with torch on the path):
+#   FMNIST=/path/to/fashion-mnist OUT=/tmp/gpu bash bench/gpu_check.sh
+set -u
+OUT=${OUT:-/tmp/gpu-check}
+FMNIST=${FMNIST:-/usr/share/datasets/fashion-mnist}
+SWEEP_SECONDS=${SWEEP_SECONDS:-240}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+
+nvidia-smi -L
+$PY -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision',
+torchvision.__version__, torch.cuda.get_device_name())"
+
+echo "== 1. training-step cost of the SMSO head =="
+for amp in bf16 fp16; do
+  $PY bench/train_step.py --amp $amp --json "$OUT/train_step_$amp.json"
+done
+
+echo "== 2. CUDA tests and 3. Fashion-MNIST sweep (in parallel) =="
+$PY -m pytest -m cuda tests/training/test_cuda.py -q -p no:cacheprovider >"$OUT/pytest.log" 2>&1 &
+
+sweep=/tmp/sweep
+rm -rf $sweep && mkdir -p $sweep
+base=(--config configs/fashion-mnist-smso.toml --data-root "$FMNIST" --device cuda --amp off
+      --no-channels-last --workers 0)
+declare -A runs=(
+  [base-s0]="--seed 0" [base-s1]="--seed 1"
+  [ls01-s0]="--label-smoothing 0.1 --seed 0" [ls01-s1]="--label-smoothing 0.1 --seed 1"
+  [lr003]="--lr 0.03" [lr001]="--lr 0.01" [wd1e4]="--weight-decay 1e-4"
+  [wd1e3]="--weight-decay 1e-3" [p128]="--head-options {\"dim\":128}"
+  [c128]="--reduce-dim 128" [newlr10]="--new-layer-lr-mult 10" [ep20]="--epochs 20"
+)
+for name in "${!runs[@]}"; do
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 timeout "$SWEEP_SECONDS" $PY -m training.train "${base[@]}" ${runs[$name]} \
+    --out $sweep/$name >$sweep/$name.log 2>&1 &
+done
+wait
+echo "pytest: $(tail -1 "$OUT/pytest.log")"
+for name in "${!runs[@]}"; do
+  echo "$name: $(tail -1 $sweep/$name/metrics.jsonl 2>/dev/null | cut -c1-160)"
+  grep -h "test accuracy" $sweep/$name.log
+done
+tar -czf "$OUT/sweep.tgz" -C $sweep --exclude='*.pt' .
