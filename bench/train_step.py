@@ -7,14 +7,15 @@ and once with the first-order head (global average pooling, 2,048-d), and report
 second and the SMSO step's extra cost, ``1 - ips(SMSO) / ips(first-order)``. The expectation
 to check on a GPU: under 5 %.
 
-    python bench/train_step.py                         # GPU: 448 px, batch 32, 200 steps, AMP
-    python bench/train_step.py --device cpu --size 64 --batch 4 --steps 3   # a smoke run
+    python bench/train_step.py                         # GPU: 448 px, batch 32, 5 x 100 steps, AMP
+    python bench/train_step.py --device cpu --size 64 --batch 4 --steps 3 --rounds 1  # smoke
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,40 +41,66 @@ HEADS = {
 }
 
 
+class Trainer:
+    """One model, its optimiser and a fixed synthetic batch; ``time(steps)`` -> seconds."""
+
+    def __init__(
+        self, name: str, device: torch.device, args: argparse.Namespace, amp: torch.dtype | None
+    ) -> None:
+        torch.manual_seed(0)
+        config = ModelConfig(num_classes=args.classes, backbone=args.backbone, **HEADS[name])
+        self.name = name
+        self.model = build_model(config).to(device).to(memory_format=torch.channels_last).train()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+        images = torch.randn(args.batch, 3, args.size, args.size, device=device)
+        self.images = images.contiguous(memory_format=torch.channels_last)
+        self.labels = torch.randint(args.classes, (args.batch,), device=device)
+        self.device, self.amp = device, amp
+
+    def step(self) -> None:
+        amp = self.amp
+        with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits, _ = self.model(self.images)
+        loss = F.cross_entropy(logits.float(), self.labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def time(self, steps: int) -> float:
+        benchlib.synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        benchlib.synchronize(self.device)
+        return time.perf_counter() - start
+
+
 def measure(
-    name: str, device: torch.device, args: argparse.Namespace, amp: torch.dtype | None
-) -> dict[str, Any]:
-    """Images per second of ``args.steps`` timed training steps after ``args.warmup`` steps."""
-    torch.manual_seed(0)
-    config = ModelConfig(num_classes=args.classes, backbone=args.backbone, **HEADS[name])
-    model = build_model(config).to(device).to(memory_format=torch.channels_last).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    images = torch.randn(args.batch, 3, args.size, args.size, device=device)
-    images = images.contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(args.classes, (args.batch,), device=device)
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            logits, _ = model(images)
-        loss = F.cross_entropy(logits.float(), labels)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-    for _ in range(args.warmup):
-        step()
-    benchlib.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    benchlib.synchronize(device)
-    seconds = time.perf_counter() - start
-    return {
-        "head": name, "images_per_second": args.batch * args.steps / seconds,
-        "step_ms": 1000 * seconds / args.steps, "embedding_dim": model.embedding_dim,
-    }  # fmt: skip
+    device: torch.device, args: argparse.Namespace, amp: torch.dtype | None
+) -> list[dict[str, Any]]:
+    """Images per second of each head: the median of ``args.rounds`` rounds of ``args.steps``
+    steps, the heads taking turns within each round (so warm-up, clocks and neighbours' load
+    fall on both alike), after ``args.warmup`` steps each."""
+    trainers = [Trainer(name, device, args, amp) for name in HEADS]
+    for trainer in trainers:
+        log.info("warming up %s", trainer.name)
+        trainer.time(args.warmup)
+    seconds: dict[str, list[float]] = {t.name: [] for t in trainers}
+    for round_ in range(args.rounds):
+        log.info("round %d of %d", round_ + 1, args.rounds)
+        for trainer in trainers if round_ % 2 == 0 else trainers[::-1]:
+            seconds[trainer.name].append(trainer.time(args.steps))
+    results = []
+    for trainer in trainers:
+        median = statistics.median(seconds[trainer.name])
+        results.append({
+            "head": trainer.name, "images_per_second": args.batch * args.steps / median,
+            "step_ms": 1000 * median / args.steps, "embedding_dim": trainer.model.embedding_dim,
+            "round_seconds": seconds[trainer.name],
+        })  # fmt: skip
+    return results
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -82,8 +109,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--backbone", default="resnet50")
     parser.add_argument("--size", type=int, default=448, help="input side in pixels")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is reported")
+    parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--classes", type=int, default=47)
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -100,10 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         amp = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     else:
         amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
-    results = []
-    for name in HEADS:
-        log.info("measuring %s", name)
-        results.append(measure(name, device, args, amp))
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input size: let cuDNN pick its kernels
+    results = measure(device, args, amp)
     smso, first = results
     overhead = 1 - smso["images_per_second"] / first["images_per_second"]
     rows = [
@@ -112,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in results
     ]  # fmt: skip
     print(benchlib.markdown_table(["head", "embedding", "images/s", "step ms"], rows))
-    print(f"\n{args.backbone} at {args.size} px, batch {args.batch}, {args.steps} steps, "
+    print(f"\n{args.backbone} at {args.size} px, batch {args.batch}, median of {args.rounds} "
+          f"rounds of {args.steps} steps, "
           f"AMP {amp}: the SMSO head costs {100 * overhead:.1f} % of the step "
           f"(expectation on a GPU: under 5 %)")  # fmt: skip
     payload = {

@@ -146,7 +146,7 @@ def test_train_step_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
     """bench/train_step.py (a GPU benchmark) end to end on a tiny CPU setting."""
     out = tmp_path / "train_step.json"
     args = ["--device", "cpu", "--backbone", "resnet18", "--size", "64", "--batch", "2"]
-    args += ["--steps", "1", "--warmup", "0", "--json", str(out)]
+    args += ["--steps", "1", "--rounds", "2", "--warmup", "0", "--json", str(out)]
     proc = subprocess.run(
         [sys.executable, "-W", "error", "bench/train_step.py", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,

@@ -44,6 +44,7 @@ def _device(name: str, local_rank: int) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # presets crop to one size: autotune once
     return device
 
 

@@ -146,9 +146,12 @@ class SMSOPooling(nn.Module):
         if self.form == "covariance":
             return self.project(covariance(x))
         n = x.shape[-2] * x.shape[-1]
-        u = F.conv2d(x, self.weight[:, :, None, None]).flatten(2)  # (B, p, n)
-        u = u - u.mean(dim=-1, keepdim=True)
-        return u.square().sum(dim=-1) / (n - 1)  # (B, p)
+        # Centre before the conv: W (x - mean x) = u - mean u, and the c-channel map is the
+        # smaller one when p > c. Reduce over (h, w) in place of a flatten, which would copy a
+        # channels-last map; a mean of squares, not a sum, keeps the partial sums small.
+        x = x - x.mean(dim=(-2, -1), keepdim=True)  # (B, c, h, w)
+        u = F.conv2d(x, self.weight[:, :, None, None])  # (B, p, h, w), centred
+        return u.square().mean(dim=(-2, -1)) * (n / (n - 1))  # (B, p)
 
     def project(self, y: Tensor) -> Tensor:
         """Eq. 3 on covariances: ``(B, c, c)`` -> ``(B, p)``, ``z_j = w_j^T Y w_j``."""

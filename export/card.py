@@ -1,0 +1,52 @@
+"""The model card: everything a server needs to use an exported file, stored inside it.
+
+The card is one JSON document in the ONNX model's ``metadata_props`` under the key
+:data:`CARD_KEY`; onnxruntime exposes it as ``session.get_modelmeta().custom_metadata_map``. Its
+``format`` and ``version`` let a reader refuse a card it does not understand. Fields::
+
+    format, version          "smso-model-card", 1
+    classes                  class names in label order (index = logit position)
+    input                    name "image", layout "NCHW", dtype "float32", channels, height, width,
+                             dynamic_size (whether H and W may differ from height and width)
+    preprocessing            colour "L" or "RGB", resize (shorter side, or null), crop (centre crop
+                             side), scale 1/255, mean and std per channel: x = (v / 255 - mean) / std
+    outputs                  logits (N, K) and embedding (N, p)
+    model                    backbone, head, head_options, reduce_dim, embedding_dim (p), form
+    dataset                  the training dataset's name
+    metrics                  epoch, val_accuracy, test_accuracy, test_images (null when unknown)
+    checkpoint               file name and sha256 of the checkpoint the file was made from
+    export                   opset, precision ("float32" or "float16"), optimized, exported_at
+    parity                   the checks run at export (see export.parity)
+    versions                 torch, torchvision, onnx, onnxruntime, python, smso
+
+This module needs neither torch nor onnxruntime: it only builds and serialises the dictionary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CARD_FORMAT", "CARD_KEY", "CARD_VERSION", "card_json", "file_sha256"]
+
+CARD_KEY = "smso.model_card"
+CARD_FORMAT = "smso-model-card"
+CARD_VERSION = 1
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def card_json(card: dict[str, Any]) -> str:
+    """The card as compact, key-sorted JSON, with its format and version stamped in."""
+    stamped = {"format": CARD_FORMAT, "version": CARD_VERSION, **card}
+    return json.dumps(stamped, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,81 @@
+"""``smso-export``: a checkpoint written by smso-train -> a verified ONNX file with its model card.
+
+    smso-export runs/x/best.pt                      # -> runs/x/model.onnx, 1x1-conv form
+    smso-export runs/x/best.pt -o m.onnx --form covariance --opset 18
+    smso-export runs/x/best.pt --fp16               # float16 weights and compute
+
+Exit status 0 on success, 2 for a user's mistake (missing or corrupt checkpoint, a head ONNX
+cannot express, a bad option), 1 when the exported file fails its parity check (no file is
+written then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from export.onnx_export import DEFAULT_OPSET, ExportError, export_checkpoint
+from export.parity import ParityError
+from training.cli import run_cli
+
+__all__ = ["main"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="smso-export", description=__doc__.splitlines()[0].split(": ", 1)[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
+    parser.add_argument("-o", "--output", type=Path, help="ONNX file (default: CHECKPOINT's "
+                        "folder / model.onnx)")  # fmt: skip
+    parser.add_argument("--form", choices=("conv", "covariance"), default="conv",
+                        help="how the SMSO head is computed in the graph")  # fmt: skip
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version")
+    parser.add_argument("--fp16", action="store_true", help="float16 weights and compute")
+    parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
+                        help="simplify the graph with onnxruntime's offline optimisation")  # fmt: skip
+    parser.add_argument("--data-root", help="dataset folder for the parity check on real images "
+                        "(default: the one the checkpoint was trained on)")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``smso-export``."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("export").setLevel(logging.INFO)
+    args = parse_args(argv)
+    output = args.output or args.checkpoint.with_name("model.onnx")
+
+    def body() -> int:
+        if args.opset < 18:
+            raise ValueError(
+                f"--opset must be 18 or more (the exporter's minimum), got {args.opset}"
+            )
+        try:
+            result = export_checkpoint(
+                args.checkpoint, output, args.form, args.opset, args.fp16, args.optimize,
+                args.data_root,
+            )  # fmt: skip
+        except (ParityError, ExportError) as error:
+            print(f"smso-export: {error}; nothing was written", file=sys.stderr)
+            return 1
+        parity = result.parity
+        diffs = ", ".join(f"{k} {v:.2g}" for k, v in parity.max_relative_difference.items())
+        metrics = result.card["metrics"]
+        print(f"wrote {result.path} ({result.size_bytes / 2**20:.2f} MiB)")
+        print(f"parity ({parity.precision}, batch sizes {parity.batch_sizes}, inputs "
+              f"{'+'.join(parity.inputs)}): max relative difference {diffs}; top-1 agreement "
+              f"{parity.top1_agreement:.0%}")  # fmt: skip
+        if metrics["test_accuracy"] is not None:
+            print(f"test accuracy in the card: {metrics['test_accuracy']:.4f}")
+        return 0
+
+    return run_cli("smso-export", body)  # UnsupportedHeadError is a ValueError: exit 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

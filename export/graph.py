@@ -1,0 +1,120 @@
+"""The module that is traced to ONNX: a trained model in eval mode, its SMSO head folded.
+
+In eval mode SMSO's running covariance ``Sigma`` is a constant, so the per-output scale is too:
+:class:`FoldedSMSO` keeps only ``1 / (w_j^T Sigma w_j)`` (``p`` numbers) and never holds or builds a
+``c x c`` matrix in its default 1x1-conv + l2-pool form (paper Sec. 3.2, Eq. 8-11)::
+
+    x_c  = x - mean_i x_i                                  # (B, c, h, w), per-channel spatial mean
+    u    = Conv1x1(x_c; W, no bias)                        # (B, p, h, w), centred: W x_c = u - mean u
+    s_j  = sum_i u_ij^2 = n * mean_i u_ij^2                # (B, p), the l2 pool
+    q_j  = s_j / (w_j^T Sigma w_j)                         # = (n - 1) z_j / (w_j^T Sigma w_j)
+    z''  = beta + gamma * T(q, n - 1)                      # T: sqrt(2q) - sqrt(2(n-1) - 1) by default
+
+so ``alpha_j = 2 (n-1) / (w_j^T Sigma w_j)`` of Eq. 6 appears as the folded constant times the
+``n`` the graph reads from its input's shape. ``form="covariance"`` computes ``s`` through the
+per-image covariance instead (cheaper when ``p (n - c) > n c``, see ``SMSO.md``).
+
+:func:`exportable` wraps a :class:`training.model.SecondOrderNet` as ``images -> (logits,
+embedding)``; heads ONNX cannot express raise :class:`UnsupportedHeadError`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from training.chi2_transforms import chi2_to_normal
+from training.heads.deepo2p import DeepO2P
+from training.model import SecondOrderNet
+from training.second_order import covariance
+from training.smso import SMSOPooling
+
+__all__ = ["ExportForm", "ExportModel", "FoldedSMSO", "UnsupportedHeadError", "exportable"]
+
+ExportForm = Literal["conv", "covariance"]
+
+#: Heads ONNX has no operator for, and why.
+UNSUPPORTED: dict[type[nn.Module], str] = {
+    DeepO2P: (
+        "DeepO2P's matrix logarithm needs an eigen-decomposition (torch.linalg.eigh), "
+        "which ONNX has no operator for"
+    ),
+}
+
+
+class UnsupportedHeadError(ValueError):
+    """The model's head has no ONNX equivalent."""
+
+
+class FoldedSMSO(nn.Module):
+    """SMSO in eval mode with ``Sigma`` folded into ``p`` constants: ``(B, c, h, w) -> (B, p)``.
+
+    Computes exactly what ``SMSOPooling.eval()`` computes (up to float rounding), in float32.
+    """
+
+    def __init__(self, pool: SMSOPooling, form: ExportForm = "conv") -> None:
+        super().__init__()
+        if form not in ("conv", "covariance"):
+            raise ValueError(f"form must be 'conv' or 'covariance', got {form!r}")
+        self.form = form
+        self.transform = pool.transform
+        with torch.no_grad():
+            weight = pool.weight.detach().float()  # (p, c)
+            variance = pool.projected_variance().float().clamp_min(torch.finfo(torch.float32).tiny)
+            self.register_buffer("weight", weight.clone())
+            self.register_buffer("inv_variance", 1.0 / variance)  # (p,)
+            gamma = pool.gamma
+            beta = pool.beta
+            self.register_buffer("gamma", None if gamma is None else gamma.detach().float().clone())
+            self.register_buffer("beta", None if beta is None else beta.detach().float().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, c, h, w)`` -> ``(B, p)`` embedding ``z''``."""
+        x = x.float()
+        n = x.shape[-2] * x.shape[-1]
+        if self.form == "conv":
+            x = x - x.mean(dim=(-2, -1), keepdim=True)  # (B, c, h, w)
+            u = F.conv2d(x, self.weight[:, :, None, None])  # (B, p, h, w)
+            s = u.square().mean(dim=(-2, -1)) * n  # (B, p), sum of squares of the centred u
+        else:
+            y = covariance(x)  # (B, c, c)
+            s = ((y @ self.weight.T) * self.weight.T).sum(dim=1) * (n - 1)  # (B, p)
+        # k as a traced tensor: a Python number would be frozen at the traced input's size
+        k = torch.scalar_tensor(n - 1, dtype=s.dtype, device=s.device)
+        out = chi2_to_normal(s * self.inv_variance, k, self.transform)  # (B, p)
+        if self.gamma is not None:
+            out = out * self.gamma
+        if self.beta is not None:
+            out = out + self.beta
+        return out
+
+
+class ExportModel(nn.Module):
+    """``images (N, C, H, W) float32 -> (logits (N, K), embedding (N, D))``, eval mode."""
+
+    def __init__(self, model: SecondOrderNet, form: ExportForm = "conv") -> None:
+        super().__init__()
+        model = copy.deepcopy(model).float().eval()
+        head = model.head
+        for kind, reason in UNSUPPORTED.items():
+            if isinstance(head, kind):
+                raise UnsupportedHeadError(
+                    f"head {model.config.head!r} cannot be exported: {reason}"
+                )
+        self.backbone = model.backbone
+        self.reduce = model.reduce
+        self.head = FoldedSMSO(head, form) if isinstance(head, SMSOPooling) else head
+        self.classifier = model.classifier
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        embedding = self.head(self.reduce(self.backbone(images)))
+        return self.classifier(embedding), embedding
+
+
+def exportable(model: SecondOrderNet, form: ExportForm = "conv") -> ExportModel:
+    """The module to trace; raises :class:`UnsupportedHeadError` for heads ONNX cannot express."""
+    return ExportModel(model, form).eval()

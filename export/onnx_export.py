@@ -1,0 +1,280 @@
+"""Checkpoint -> verified ONNX file with its model card inside.
+
+:func:`export_checkpoint` runs the whole pipeline:
+
+1. load the checkpoint (``training.checkpoint``) and wrap it for tracing (``export.graph``: the
+   SMSO head folded, in its 1x1-conv + l2-pool form unless ``form="covariance"``);
+2. trace with ``torch.onnx.export(dynamo=True)``: input ``image`` ``(N, C, H, W)`` float32 with a
+   dynamic batch, and dynamic ``H, W`` where the model allows it (falling back to the trained size
+   where it does not); outputs ``logits (N, K)`` and ``embedding (N, p)``;
+3. optionally convert weights and compute to float16 (inputs and outputs stay float32), and
+   simplify the graph with onnxruntime's offline optimisation (the portable "basic" level:
+   constant folding and redundant-node removal, no hardware-specific fused operators);
+4. check parity with PyTorch in onnxruntime at batch sizes 1, 3 and 8 on random images and, where
+   the checkpoint's dataset is at hand, on real ones (``export.parity``);
+5. write the model card (``export.card``) into the metadata, run ``onnx.checker`` with
+   ``full_check``, and move the file into place: a failure at any step leaves no file behind (and
+   an existing file at the destination untouched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import torchvision
+
+from export.card import CARD_KEY, card_json, file_sha256
+from export.graph import ExportForm, ExportModel, exportable
+from export.parity import ParityReport, check_parity
+from training.backbones import backbone_spec
+from training.checkpoint import load_model
+from training.model import SecondOrderNet
+
+__all__ = ["DEFAULT_OPSET", "ExportError", "ExportResult", "export_checkpoint", "real_images"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 18
+MAX_SIDE = 4096  # upper bound of the dynamic H and W
+
+
+#: Float32 parity tolerances of heads whose own float32 rounding exceeds the default 1e-4.
+#: Tensor Sketch's FFT round-off (about 1e-7 of the sketch's scale) lands on entries near zero,
+#: where the signed square root's slope is 1 / (2 sqrt(eps)) = 5,000: PyTorch's own float32 output
+#: is 2.6e-4 (relative to its max) from a float64 evaluation, onnxruntime's 5.7e-4.
+HEAD_TOLERANCE = {"cbp_ts": 2e-3}
+
+
+class ExportError(RuntimeError):
+    """The model could not be traced or written (not a parity failure: see ParityError)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """Where the file went, its model card and the parity it passed."""
+
+    path: Path
+    card: dict[str, Any]
+    parity: ParityReport
+    size_bytes: int
+
+
+def _input_geometry(model: SecondOrderNet, payload: dict[str, Any]) -> tuple[int, int]:
+    """(channels, side) the model was trained on: the preset's crop, else 224."""
+    spec = backbone_spec(model.config.backbone)
+    channels = model.config.in_channels or spec.in_channels
+    side = int(payload.get("preset", {}).get("image_size", 224))
+    return channels, side
+
+
+def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int) -> onnx.ModelProto:
+    """Trace with a dynamic batch, and dynamic H, W unless the model needs its trained size."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    # n = h * w >= 4 positions after the backbone's stride: a covariance needs n >= 2
+    side_min = 2 * stride
+    size = {
+        2: torch.export.Dim("height", min=side_min, max=MAX_SIDE),
+        3: torch.export.Dim("width", min=side_min, max=MAX_SIDE),
+    }
+    errors = []
+    for dynamic in ({0: batch, **size}, {0: batch}):
+        try:
+            program = torch.onnx.export(
+                module, (example,), input_names=["image"], output_names=["logits", "embedding"],
+                dynamic_shapes={"images": dynamic}, dynamo=True, opset_version=opset,
+                verbose=False,
+            )  # fmt: skip
+        except Exception as error:  # torch.export raises many types; report them together below
+            errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            log.info("tracing with dynamic axes %s failed; trying fewer", sorted(dynamic))
+            continue
+        if program is None:
+            raise ExportError("torch.onnx.export returned no program")
+        return program.model_proto
+    raise ExportError("torch.onnx.export could not trace the model: " + " | ".join(errors))
+
+
+def _to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Float16 weights and compute, float32 inputs and outputs (onnxruntime's converter)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(proto, keep_io_types=True)
+
+
+def _optimize(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
+    """onnxruntime's offline graph optimisation at the portable "basic" level."""
+    source, target = workdir / "traced.onnx", workdir / "optimized.onnx"
+    onnx.save(proto, source)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return onnx.load(target)
+
+
+def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def real_images(checkpoint: Path, data_root: str | None, count: int = 8) -> np.ndarray | None:
+    """The first ``count`` test images of the checkpoint's dataset, preprocessed as in
+    evaluation, ``(count, C, H, W)`` float32; None when the dataset is not at hand."""
+    from training.evaluate import load_with_splits
+
+    try:
+        _, _, splits = load_with_splits(checkpoint, data_root)
+        images = [splits.test[i][0] for i in range(min(count, len(splits.test)))]
+    except (OSError, ValueError, RuntimeError, KeyError) as error:
+        log.warning("parity on real images skipped: %s", error)
+        return None
+    return torch.stack(images).numpy().astype(np.float32) if images else None
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        smso = version("smso")
+    except PackageNotFoundError:
+        smso = "unknown"
+    return {
+        "torch": torch.__version__, "torchvision": torchvision.__version__,
+        "onnx": onnx.__version__, "onnxruntime": ort.__version__,
+        "python": platform.python_version(), "smso": smso,
+    }  # fmt: skip
+
+
+def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """Validation accuracy from the checkpoint; test accuracy from its ``test.json``, if any."""
+    metrics = {
+        "epoch": payload.get("epoch"), "val_accuracy": payload.get("val_accuracy"),
+        "test_accuracy": None, "test_images": None,
+    }  # fmt: skip
+    report_path = checkpoint.parent / "test.json"
+    if report_path.is_file():
+        import json
+
+        report = json.loads(report_path.read_text())
+        if report.get("epoch") == payload.get("epoch"):  # the report is about this checkpoint
+            metrics["test_accuracy"] = report.get("test_accuracy")
+            metrics["test_images"] = report.get("test_images")
+    return metrics
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    form: ExportForm = "conv",
+    opset: int = DEFAULT_OPSET,
+    fp16: bool = False,
+    optimize: bool = True,
+    data_root: str | None = None,
+    batch_sizes: tuple[int, ...] = (1, 3, 8),
+) -> ExportResult:
+    """Export ``checkpoint`` to ``output`` (see the module docstring); returns the result.
+
+    Raises ``CheckpointError`` (bad checkpoint), ``UnsupportedHeadError`` (head ONNX cannot
+    express), :class:`ExportError` (tracing failed) or ``ParityError`` (wrong numbers).
+    """
+    checkpoint, output = Path(checkpoint), Path(output)
+    model, payload = load_model(checkpoint)
+    module = exportable(model, form)
+    channels, side = _input_geometry(model, payload)
+    stride = backbone_spec(model.config.backbone).stride
+    example = torch.randn(2, channels, side, side)
+    proto = _trace(module, example, opset, stride)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    dynamic_size = bool(dims[2].dim_param) and bool(dims[3].dim_param)
+
+    with tempfile.TemporaryDirectory(prefix="smso-export-") as tmp:
+        if fp16:
+            proto = _to_float16(proto)
+        if optimize:
+            proto = _optimize(proto, Path(tmp))
+        inputs = {"random": torch.randn(8, channels, side, side, generator=torch.Generator()
+                                        .manual_seed(0)).numpy()}  # fmt: skip
+        real = real_images(checkpoint, data_root)
+        if real is not None:
+            inputs["real"] = real
+        precision = "float16" if fp16 else "float32"
+        tolerance = None if fp16 else HEAD_TOLERANCE.get(model.config.head)
+        parity = check_parity(_session(proto), module, inputs, batch_sizes, precision, tolerance)
+        card = _card(model, payload, checkpoint, channels, side, dynamic_size, form)
+        card["export"] = {
+            "opset": opset, "precision": precision, "optimized": optimize,
+            "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }  # fmt: skip
+        card["parity"] = parity.to_dict()
+        card["versions"] = _versions()
+        del proto.metadata_props[:]
+        proto.metadata_props.add(key=CARD_KEY, value=card_json(card))
+        proto.producer_name = "smso-export"
+        proto.doc_string = (
+            f"SMSO model card in metadata_props[{CARD_KEY!r}]: {model.config.backbone} + "
+            f"{model.config.head} on {card['dataset']}"
+        )
+        onnx.checker.check_model(proto, full_check=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staged = output.with_name(f".{output.name}.tmp{os.getpid()}")
+        try:
+            onnx.save(proto, staged)
+            os.replace(staged, output)
+        finally:
+            staged.unlink(missing_ok=True)
+    return ExportResult(output, card, parity, output.stat().st_size)
+
+
+def _card(
+    model: SecondOrderNet,
+    payload: dict[str, Any],
+    checkpoint: Path,
+    channels: int,
+    side: int,
+    dynamic_size: bool,
+    form: ExportForm,
+) -> dict[str, Any]:
+    config = model.config
+    preset = payload.get("preset", {})
+    train_config = payload.get("train_config", {})
+    classes = payload.get("classes") or [str(k) for k in range(config.num_classes)]
+    return {
+        "classes": list(classes),
+        "input": {
+            "name": "image", "layout": "NCHW", "dtype": "float32", "channels": channels,
+            "height": side, "width": side, "dynamic_size": dynamic_size,
+        },
+        "preprocessing": {
+            "colour": "L" if channels == 1 else "RGB", "resize": preset.get("resize"),
+            "crop": side, "scale": 1 / 255,
+            "mean": list(preset.get("mean", [0.0] * channels)),
+            "std": list(preset.get("std", [1.0] * channels)),
+        },
+        "outputs": {
+            "logits": ["N", config.num_classes], "embedding": ["N", model.embedding_dim],
+        },
+        "model": {
+            "backbone": config.backbone, "head": config.head,
+            "head_options": dict(config.head_options), "reduce_dim": config.reduce_dim,
+            "embedding_dim": model.embedding_dim,
+            "form": form if config.head == "smso" else None,
+        },
+        "dataset": train_config.get("dataset", "unknown"),
+        "metrics": _metrics(checkpoint, payload),
+        "checkpoint": {"file": checkpoint.name, "sha256": file_sha256(checkpoint)},
+    }  # fmt: skip

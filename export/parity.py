@@ -1,0 +1,112 @@
+"""Parity of an exported file with the PyTorch model it came from, checked at every export.
+
+For each named input set and each batch size, both models run on the same float32 images and each
+output is compared by its max relative difference::
+
+    rel(out) = max |onnx - torch| / max |torch|          (over the whole output tensor)
+
+A difference relative to the output's scale, not element by element, so that entries near zero do
+not turn rounding noise into huge ratios. Top-1 classes must agree exactly. Float32 passes at
+``rel <= 1e-4``; float16 weights and compute at ``rel <= 2e-2`` (:data:`TOLERANCE`), with top-1
+disagreements allowed only where the model's own top-2 logits are within that tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["TOLERANCE", "ParityError", "ParityReport", "check_parity"]
+
+#: Max relative difference allowed per precision.
+TOLERANCE = {"float32": 1e-4, "float16": 2e-2}
+OUTPUTS = ("logits", "embedding")
+
+
+class ParityError(RuntimeError):
+    """The exported file does not compute what the PyTorch model computes."""
+
+
+@dataclass
+class ParityReport:
+    """What the checks found: the worst relative difference per output over all runs."""
+
+    precision: str
+    tolerance: float
+    batch_sizes: list[int]
+    inputs: list[str]  # names of the input sets, e.g. "random", "real"
+    max_relative_difference: dict[str, float] = field(default_factory=dict)
+    top1_agreement: float = 1.0  # fraction of images whose top-1 class agrees
+    top1_mismatches_allowed: int = 0  # float16: near-ties that may flip
+    images: int = 0
+    passed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _run_torch(module: nn.Module, images: np.ndarray) -> dict[str, np.ndarray]:
+    with torch.inference_mode():
+        logits, embedding = module(torch.from_numpy(images))
+    return {"logits": logits.float().numpy(), "embedding": embedding.float().numpy()}
+
+
+def check_parity(
+    session: Any,
+    module: nn.Module,
+    input_sets: dict[str, np.ndarray],
+    batch_sizes: Sequence[int] = (1, 3, 8),
+    precision: str = "float32",
+    tolerance: float | None = None,
+) -> ParityReport:
+    """Compare ``session`` (an onnxruntime session) with ``module`` (eval mode); raise on failure.
+
+    ``tolerance`` overrides :data:`TOLERANCE` (see ``export.onnx_export.HEAD_TOLERANCE``).
+    ``input_sets`` maps a name to float32 images ``(M, C, H, W)``; each batch size ``b`` uses the
+    first ``b`` images of each set (a set smaller than ``b`` is repeated to fill the batch).
+    Returns the :class:`ParityReport`; raises :class:`ParityError` naming every output over
+    tolerance and its max difference, or the number of top-1 disagreements.
+    """
+    tolerance = TOLERANCE[precision] if tolerance is None else tolerance
+    worst = dict.fromkeys(OUTPUTS, 0.0)
+    agree = total = allowed = 0
+    for images in input_sets.values():
+        for b in batch_sizes:
+            batch = np.ascontiguousarray(np.resize(images, (b, *images.shape[1:])), np.float32)
+            expected = _run_torch(module, batch)
+            got = dict(zip(OUTPUTS, session.run(list(OUTPUTS), {"image": batch}), strict=True))
+            for name in OUTPUTS:
+                scale = max(float(np.abs(expected[name]).max()), np.finfo(np.float32).tiny)
+                diff = float(np.abs(got[name].astype(np.float32) - expected[name]).max()) / scale
+                worst[name] = max(worst[name], diff)
+            ref_top1 = expected["logits"].argmax(1)
+            same = got["logits"].argmax(1) == ref_top1
+            agree += int(same.sum())
+            total += b
+            if precision != "float32":  # a near-tie may flip under float16 rounding
+                top2 = np.sort(expected["logits"], axis=1)[:, -2:]
+                near = (top2[:, 1] - top2[:, 0]) <= tolerance * np.abs(expected["logits"]).max()
+                allowed += int((~same & near).sum())
+    report = ParityReport(
+        precision, tolerance, list(batch_sizes), list(input_sets), worst, agree / max(total, 1),
+        allowed, total,
+    )  # fmt: skip
+    problems = [
+        f"{name}: max relative difference {diff:.3g} > {tolerance:g}"
+        for name, diff in worst.items()
+        if not diff <= tolerance  # NaN fails too
+    ]
+    mismatches = total - agree - allowed
+    if mismatches:
+        problems.append(f"top-1 class differs on {mismatches} of {total} images")
+    if problems:
+        raise ParityError(
+            f"the exported model does not match PyTorch ({precision}): " + "; ".join(problems)
+        )
+    report.passed = True
+    return report

@@ -1,0 +1,21 @@
+"""Fixtures for export tests: checkpoints of tiny models, one trained on a tiny Fashion-MNIST."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import write_fashion_mnist
+from tests.training.test_train import tiny_config
+from training.train import fit
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished smso-train run (SMSO p = 4, c = 8) on 200 synthetic Fashion-MNIST images:
+    ``best.pt``, ``test.json`` and the dataset it was trained on."""
+    root = tmp_path_factory.mktemp("export-run")
+    data = write_fashion_mnist(root / "fmnist", 200, 60)
+    fit(tiny_config(data, root / "run", epochs=1))
+    return root / "run"

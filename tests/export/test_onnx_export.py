@@ -1,0 +1,197 @@
+"""smso-export end to end: the graph, its dynamic axes, parity, the card, failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+from export import onnx_export
+from export.card import CARD_KEY, file_sha256
+from export.cli import main as export_main
+from export.onnx_export import export_checkpoint
+from export.parity import ParityError
+from training.checkpoint import load_model, save_checkpoint
+from training.model import ModelConfig, build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+C, P = 8, 4  # the tiny run's SMSO: c = 8 channels, p = 4
+
+
+def card_of(path: Path) -> dict:
+    props = {p.key: p.value for p in onnx.load(path).metadata_props}
+    return json.loads(props[CARD_KEY])
+
+
+def session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def tensor_shapes(model: onnx.ModelProto) -> list[tuple]:
+    """Shapes of every initializer and every intermediate tensor shape inference can name."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = [tuple(init.dims) for init in model.graph.initializer]
+    for value in [*inferred.graph.value_info, *inferred.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        shapes.append(tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims))
+    return shapes
+
+
+def has_c_by_c(shapes: list[tuple], c: int) -> bool:
+    return any(sum(1 for d in shape if d == c) >= 2 for shape in shapes)
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_checkpoint(trained_run / "best.pt", tmp_path_factory.mktemp("x") / "m.onnx").path
+
+
+def test_the_file_has_named_inputs_and_outputs_with_dynamic_batch_and_size(exported):
+    graph = onnx.load(exported).graph
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*graph.input, *graph.output]}  # fmt: skip
+    assert dims["image"][1] == 1
+    assert all(isinstance(d, str) for d in dims["image"][::2])
+    assert isinstance(dims["image"][3], str)
+    assert dims["logits"][1] == 10
+    assert dims["embedding"][1] == P
+    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_the_conv_form_graph_holds_no_c_by_c_tensor_and_the_covariance_form_does(
+    trained_run, exported, tmp_path
+):
+    ops = {node.op_type for node in onnx.load(exported).graph.node}
+    assert "Conv" in ops
+    assert "MatMul" not in ops
+    assert not has_c_by_c(tensor_shapes(onnx.load(exported)), C)
+    # the check can fail: the covariance form has (N, c, c) tensors, and it finds them
+    cov = export_checkpoint(trained_run / "best.pt", tmp_path / "cov.onnx", form="covariance")
+    assert has_c_by_c(tensor_shapes(onnx.load(cov.path)), C)
+    assert card_of(cov.path)["model"]["form"] == "covariance"
+
+
+@pytest.mark.parametrize(("batch", "side"), [(1, 28), (5, 28), (2, 36), (3, 20)])
+def test_onnxruntime_matches_pytorch_at_other_batch_sizes_and_image_sizes(
+    trained_run, exported, batch, side
+):
+    model, _ = load_model(trained_run / "best.pt")
+    images = torch.randn(batch, 1, side, side)
+    logits, embedding = session(exported).run(None, {"image": images.numpy()})
+    with torch.inference_mode():
+        expected = model(images)
+    np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(embedding, expected.embedding.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_model_card_says_what_a_server_needs(trained_run, exported):
+    card = card_of(exported)
+    assert card["format"] == "smso-model-card"
+    assert card["version"] == 1
+    assert card["classes"][0] == "T-shirt/top"
+    assert len(card["classes"]) == 10
+    assert card["input"] | {"channels": 1, "height": 28, "dynamic_size": True} == card["input"]
+    assert card["preprocessing"]["mean"] == pytest.approx([0.2860])
+    assert card["preprocessing"]["resize"] is None
+    assert card["preprocessing"]["crop"] == 28
+    assert card["model"] | {"head": "smso", "embedding_dim": P, "form": "conv"} == card["model"]
+    assert card["dataset"] == "fashion_mnist"
+    report = json.loads((trained_run / "test.json").read_text())
+    assert card["metrics"]["test_accuracy"] == report["test_accuracy"]
+    assert card["checkpoint"]["sha256"] == file_sha256(trained_run / "best.pt")
+    assert card["parity"]["passed"]
+    assert card["parity"]["batch_sizes"] == [1, 3, 8]
+    assert card["parity"]["inputs"] == ["random", "real"]  # the tiny dataset was at hand
+    assert card["parity"]["max_relative_difference"]["logits"] <= 1e-4
+    assert {"torch", "onnx", "onnxruntime"} <= set(card["versions"])
+
+
+def test_the_file_passes_the_full_onnx_check(exported):
+    onnx.checker.check_model(onnx.load(exported), full_check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("head", "options"),
+    [("gap", {}), ("bp", {}), ("mpn", {}), ("cbp_ts", {"dim": 32}), ("cbp_rm", {"dim": 32}),
+     ("lrbp", {"projection_dim": 4}), ("smso", {"dim": 6, "transform": "log"})],
+)  # fmt: skip
+def test_every_head_onnx_can_express_exports_with_parity(head, options, tmp_path):
+    config = ModelConfig(10, backbone="small_cnn", head=head, head_options=options, reduce_dim=8)
+    path = save_checkpoint(tmp_path / "m.pt", build_model(config).eval())
+    result = export_checkpoint(path, tmp_path / "m.onnx", data_root=str(tmp_path / "missing"))
+    assert result.parity.passed
+    assert result.parity.inputs == ["random"]
+    assert card_of(result.path)["model"]["head"] == head
+
+
+def test_float16_export_has_half_weights_float_io_and_its_own_tolerance(trained_run, tmp_path):
+    result = export_checkpoint(trained_run / "best.pt", tmp_path / "h.onnx", fp16=True)
+    model = onnx.load(result.path)
+    types = {init.data_type for init in model.graph.initializer if init.dims}
+    assert onnx.TensorProto.FLOAT16 in types
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert result.parity.precision == "float16"
+    assert result.parity.tolerance == 2e-2
+    assert card_of(result.path)["export"]["precision"] == "float16"
+
+
+def test_a_parity_failure_names_the_outputs_and_writes_nothing(trained_run, tmp_path, monkeypatch):
+    output = tmp_path / "m.onnx"
+    output.write_bytes(b"an earlier export")
+    optimize = onnx_export._optimize
+
+    def broken_optimizer(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
+        """A graph rewrite with a bug: it perturbs the classifier's bias."""
+        proto = optimize(proto, workdir)
+        for init in proto.graph.initializer:
+            if init.name == "classifier.bias":
+                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 1, init.name))
+        return proto
+
+    monkeypatch.setattr(onnx_export, "_optimize", broken_optimizer)
+    with pytest.raises(ParityError, match=r"logits: max relative difference [0-9.e-]+ > 0.0001"):
+        export_checkpoint(trained_run / "best.pt", output)
+    assert output.read_bytes() == b"an earlier export"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no half-written file beside it
+
+
+def test_cli_exports_and_reports_parity(trained_run, tmp_path, capsys):
+    assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "m.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out
+    assert "max relative difference" in out
+    assert "test accuracy" in out
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [(lambda p: None, "does not exist"), (lambda p: p.write_bytes(b"\x00garbage"), "")],
+)
+def test_cli_reports_a_missing_or_corrupt_checkpoint_in_one_line(tmp_path, make, message):
+    path = tmp_path / "x.pt"
+    make(path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "export.cli", str(path), "-o", str(tmp_path / "m.onnx")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("smso-export: error:")
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_cli_refuses_deepo2p_with_the_reason(tmp_path, capsys):
+    config = ModelConfig(10, backbone="small_cnn", head="deepo2p", reduce_dim=8)
+    path = save_checkpoint(tmp_path / "m.pt", build_model(config))
+    assert export_main([str(path)]) == 2
+    assert "eigen-decomposition" in capsys.readouterr().err
