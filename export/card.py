@@ -8,8 +8,10 @@ The card is one JSON document in the ONNX model's ``metadata_props`` under the k
     classes                  class names in label order (index = logit position)
     input                    name "image", layout "NCHW", dtype "float32", channels, height, width,
                              dynamic_size (whether H and W may differ from height and width)
-    preprocessing            colour "L" or "RGB", resize (shorter side, or null), crop (centre crop
-                             side), scale 1/255, mean and std per channel: x = (v / 255 - mean) / std
+    preprocessing            colour "L" or "RGB", resize (the shorter side is resized to this,
+                             bilinear with antialiasing; the crop side where training needed no
+                             resize), crop (centre crop side), scale 1/255, mean and std per
+                             channel: x = (v / 255 - mean) / std
     outputs                  logits (N, K) and embedding (N, p)
     model                    backbone, head, head_options, reduce_dim, embedding_dim (p), form
     dataset                  the training dataset's name

@@ -260,7 +260,9 @@ def _card(
             "height": side, "width": side, "dynamic_size": dynamic_size,
         },
         "preprocessing": {
-            "colour": "L" if channels == 1 else "RGB", "resize": preset.get("resize"),
+            # images of any size are resized first; a preset without a resize (small images
+            # already at the input size) resizes the shorter side to the crop
+            "colour": "L" if channels == 1 else "RGB", "resize": preset.get("resize") or side,
             "crop": side, "scale": 1 / 255,
             "mean": list(preset.get("mean", [0.0] * channels)),
             "std": list(preset.get("std", [1.0] * channels)),

@@ -100,7 +100,7 @@ def test_the_model_card_says_what_a_server_needs(trained_run, exported):
     assert len(card["classes"]) == 10
     assert card["input"] | {"channels": 1, "height": 28, "dynamic_size": True} == card["input"]
     assert card["preprocessing"]["mean"] == pytest.approx([0.2860])
-    assert card["preprocessing"]["resize"] is None
+    assert card["preprocessing"]["resize"] == 28  # no resize in training: the crop side
     assert card["preprocessing"]["crop"] == 28
     assert card["model"] | {"head": "smso", "embedding_dim": P, "form": "conv"} == card["model"]
     assert card["dataset"] == "fashion_mnist"

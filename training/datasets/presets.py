@@ -51,7 +51,13 @@ class Preset:
         return [] if self.resize is None else [v2.Resize(self.resize, antialias=True)]
 
     def _finish(self) -> list[v2.Transform]:
-        return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
+        # Resize and crop run before ToImage: on a PIL image they are Pillow's own resize and
+        # crop, which the service (Pillow, no torch) reproduces exactly.
+        return [
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(self.mean, self.std),
+        ]
 
     def train_transform(self) -> v2.Compose | SmallImageTransform:
         """PIL image or uint8 tensor -> normalised float tensor ``(C, S, S)``, augmented.
@@ -62,7 +68,7 @@ class Preset:
         """
         if self.resize is None:
             return SmallImageTransform(self, train=True)
-        ops: list[v2.Transform] = [v2.ToImage(), *self._resize()]
+        ops: list[v2.Transform] = [*self._resize()]
         ops.append(v2.RandomCrop(self.image_size, padding=self.pad or None, pad_if_needed=True))
         if self.flip:
             ops.append(v2.RandomHorizontalFlip())
@@ -72,7 +78,7 @@ class Preset:
         """PIL image or uint8 tensor -> normalised float tensor ``(C, S, S)``, centre crop."""
         if self.resize is None:
             return SmallImageTransform(self, train=False)
-        ops = [v2.ToImage(), *self._resize(), v2.CenterCrop(self.image_size)]
+        ops = [*self._resize(), v2.CenterCrop(self.image_size)]
         return v2.Compose(ops + self._finish())
 
 

@@ -1,0 +1,318 @@
+"""The FastAPI app: ``create_app(settings, backend=None)``.
+
+Routes: ``POST /classify`` and ``POST /embed`` (images in, predictions or p-dim embeddings out),
+``GET /healthz`` (alive), ``GET /readyz`` (model loaded and every batch size warmed up),
+``GET /metadata`` (the model card), ``GET /metrics`` (Prometheus), and the OpenAPI docs.
+
+Per request: the images are read under the upload limits (``service.inputs``), decoded and
+preprocessed in a thread pool (``service.images``), each queued in the micro-batcher
+(``service.batcher``) that runs onnxruntime in its worker thread, and awaited until the request's
+deadline. Nothing slow runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service import schemas
+from service.backend import Backend, OnnxBackend
+from service.batcher import MicroBatcher, QueueFullError
+from service.errors import ServiceError, install_error_handlers
+from service.images import ImageError, ImageTooLargeError, Preprocessor
+from service.inputs import Upload, read_uploads
+from service.metrics import Metrics, MetricsMiddleware
+from service.settings import Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("service")
+
+IMAGE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                    },
+                    "required": ["file"],
+                }
+            },
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@dataclass
+class _State:
+    settings: Settings
+    backend: Backend | None = None
+    batcher: MicroBatcher | None = None
+    preprocess: Preprocessor | None = None
+    decoder: ThreadPoolExecutor | None = None
+    metrics: Metrics | None = None
+    ready: bool = False
+    draining: bool = False
+    failed: bool = False
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max()
+    exp = np.exp(shifted)
+    return exp / exp.sum()
+
+
+async def authorize(request: Request) -> None:
+    """401 unless the request carries the API key (when one is set), compared in constant time."""
+    key = request.app.state.smso.settings.api_key
+    if key is None:
+        return
+    given = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if given is None and auth[:7].lower() == "bearer ":
+        given = auth[7:].strip()
+    expected = key.get_secret_value().encode()
+    if given is None or not hmac.compare_digest(given.encode(), expected):
+        raise ServiceError(
+            401, "unauthorized",
+            "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+
+
+def ready_state(request: Request) -> _State:
+    """The app's state once the model is warmed up; 503 before and while draining."""
+    state: _State = request.app.state.smso
+    if not state.ready:
+        raise ServiceError(503, "not_ready", "the model is loading or the server is draining",
+                           headers={"Retry-After": "1"})  # fmt: skip
+    return state
+
+
+ReadyState = Annotated[_State, Depends(ready_state)]
+
+
+def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
+    """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake)."""
+    state = _State(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The server accepts connections at once (/healthz answers, /readyz says "loading");
+        # loading and warm-up run in the background and turn /readyz ready when done.
+        state.metrics = Metrics(lambda: state.batcher.depth if state.batcher else 0)
+        state.decoder = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+        if settings.api_key is None:
+            log.warning("no API key set (SMSO_API_KEY): /classify, /embed and /metadata are "
+                        "open to anyone who can reach this server")  # fmt: skip
+        loading = asyncio.get_running_loop().create_task(_load(state), name="load-model")
+        try:
+            yield
+        finally:
+            state.ready, state.draining = False, True
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            if state.batcher is not None:
+                await state.batcher.stop()  # every queued image is answered first
+            state.decoder.shutdown(wait=True)
+
+    app = FastAPI(
+        title="SMSO inference service",
+        description="Class predictions and compact second-order (SMSO) embeddings of images.",
+        version="1",
+        lifespan=lifespan,
+    )
+    state.backend = backend
+    app.state.smso = state
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, metrics=lambda: state.metrics)
+
+    @app.get("/healthz", response_model=schemas.Status, tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Alive: the process answers."""
+        return {"status": "alive"}
+
+    @app.get("/readyz", response_model=schemas.Status, tags=["health"],
+             responses={503: {"model": schemas.ErrorResponse}})  # fmt: skip
+    async def readyz() -> Any:
+        """Ready: the model is loaded and every batch size is warmed up."""
+        if state.ready:
+            return {"status": "ready"}
+        status = "draining" if state.draining else "failed" if state.failed else "loading"
+        return JSONResponse({"status": status}, 503, headers={"Retry-After": "1"})
+
+    @app.get("/metadata", dependencies=[Depends(authorize)], tags=["model"])
+    async def metadata(s: ReadyState) -> dict[str, Any]:
+        """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
+        assert s.backend is not None
+        return {
+            "model": {"name": s.backend.card.name, "version": s.backend.card.model_version},
+            "providers": s.backend.providers, "card": s.backend.card_dict,
+        }  # fmt: skip
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus metrics."""
+        if state.metrics is None:
+            return Response(b"", media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post(
+        "/classify", response_model=schemas.ClassifyResponse, tags=["inference"],
+        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        responses=schemas.ERROR_RESPONSES,
+    )  # fmt: skip
+    async def classify(
+        request: Request,
+        s: ReadyState,
+        top_k: Annotated[
+            int, Query(ge=1, le=1000, description="classes per image, best first")
+        ] = 5,
+    ) -> dict[str, Any]:
+        """Top-k classes of each image (softmax probabilities), one result per image in order."""
+        uploads, outputs = await _infer(s, request, "/classify")
+        classes = s.backend.card.classes  # type: ignore[union-attr]
+        results = []
+        for upload, (logits, _) in zip(uploads, outputs, strict=True):
+            scores = _softmax(logits)
+            order = np.argsort(-scores, kind="stable")[: min(top_k, len(classes))]
+            results.append({
+                "filename": upload.filename,
+                "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[i])}
+                                for i in order],
+            })  # fmt: skip
+        return {"model": _model(s), "results": results}
+
+    @app.post(
+        "/embed", response_model=schemas.EmbedResponse, tags=["inference"],
+        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        responses=schemas.ERROR_RESPONSES,
+    )  # fmt: skip
+    async def embed(
+        request: Request,
+        s: ReadyState,
+        normalize: Annotated[bool, Query(description="l2-normalise each embedding")] = False,
+    ) -> dict[str, Any]:
+        """The p-dimensional SMSO embedding of each image, one result per image in order."""
+        uploads, outputs = await _infer(s, request, "/embed")
+        results = []
+        for upload, (_, embedding) in zip(uploads, outputs, strict=True):
+            vector = embedding.astype(np.float64)
+            if normalize:
+                vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+            results.append({"filename": upload.filename, "embedding": vector.tolist()})
+        dim = s.backend.card.model.embedding_dim  # type: ignore[union-attr]
+        return {"model": _model(s), "dim": dim, "results": results}
+
+    return app
+
+
+def _model(state: _State) -> dict[str, str]:
+    card = state.backend.card  # type: ignore[union-attr]
+    return {"name": card.name, "version": card.model_version}
+
+
+async def _load(state: _State) -> None:
+    """Load the model (unless given), start the batcher, warm up, then turn ready."""
+    settings = state.settings
+    try:
+        if state.backend is None:
+            state.backend = await asyncio.get_running_loop().run_in_executor(
+                None, OnnxBackend, settings.model_path, settings.providers,
+                settings.intra_op_threads,
+            )  # fmt: skip
+        backend = state.backend
+        state.preprocess = Preprocessor(backend.card.preprocessing, settings.max_pixels)
+        metrics = state.metrics
+        state.batcher = MicroBatcher(
+            backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
+            settings.queue_size, on_batch=metrics.observe_batch if metrics else None,
+        )  # fmt: skip
+        state.batcher.start()
+        await _warm_up(state)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        state.failed = True
+        log.exception("the model could not be loaded or warmed up; /readyz stays 503")
+        return
+    state.ready = True
+    card = backend.card
+    log.info("ready: %s (%s) on %s", card.name, card.model_version, ", ".join(backend.providers))
+
+
+async def _warm_up(state: _State) -> None:
+    """Run every batch size the batcher can form once, so no request pays for a first call."""
+    spec = state.backend.card.input  # type: ignore[union-attr]
+    rng = np.random.default_rng(0)
+    for size in range(1, state.settings.max_batch_size + 1):
+        images = rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
+        await state.batcher.run_direct(images)  # type: ignore[union-attr]
+
+
+async def _decode(state: _State, upload: Upload) -> np.ndarray:
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter()
+    try:
+        image = await loop.run_in_executor(state.decoder, state.preprocess, upload.data,
+                                           upload.filename)  # fmt: skip
+    except ImageTooLargeError as error:
+        raise ServiceError(413, "image_too_large", str(error)) from None
+    except ImageError as error:
+        raise ServiceError(400, "invalid_image", str(error)) from None
+    state.metrics.decode.observe(time.perf_counter() - start)  # type: ignore[union-attr]
+    return image
+
+
+async def _infer(
+    state: _State, request: Request, route: str
+) -> tuple[list[Upload], list[tuple[np.ndarray, np.ndarray]]]:
+    """Read, decode and run the request's images under its deadline."""
+    settings = state.settings
+    deadline = time.perf_counter() + settings.request_timeout_s
+    uploads = await read_uploads(
+        request, settings.max_request_bytes, settings.max_upload_bytes, settings.max_files
+    )
+    if len(uploads) > settings.max_files:
+        raise ServiceError(413, "too_many_files",
+                           f"{len(uploads)} files; at most {settings.max_files} per request")  # fmt: skip
+    images = await asyncio.gather(*(_decode(state, u) for u in uploads))
+    futures = []
+    try:
+        for image in images:
+            futures.append(state.batcher.submit(image))  # type: ignore[union-attr]
+    except QueueFullError:
+        for future in futures:
+            future.cancel()
+        raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
+                           headers={"Retry-After": "1"}) from None  # fmt: skip
+    try:
+        async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
+            outputs = await asyncio.gather(*futures)
+    except TimeoutError:
+        for future in futures:
+            future.cancel()
+        raise ServiceError(504, "deadline_exceeded",
+                           f"no answer within {settings.request_timeout_s:g} s") from None  # fmt: skip
+    except Exception as error:
+        log.error("inference failed: %s", error)
+        raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
+    state.metrics.images.labels(route).inc(len(uploads))  # type: ignore[union-attr]
+    return uploads, outputs

@@ -1,0 +1,146 @@
+"""The micro-batcher: images from many requests gathered into one onnxruntime call.
+
+A bounded ``asyncio.Queue`` of jobs (one image each, with a future); one consumer task takes the
+first job, then more until ``max_batch`` jobs or ``max_wait`` seconds have passed, stacks them,
+runs the backend in a worker thread (never on the event loop) and resolves each job's future
+with its row of the outputs. A batch's exception is delivered to every job in it. No polling:
+the consumer sleeps on the queue. A full queue raises :class:`QueueFullError` at once (the app
+answers 503 with ``Retry-After``); jobs whose caller has gone (deadline passed) are dropped
+before they reach the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["BatchStats", "MicroBatcher", "QueueFullError"]
+
+RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+class QueueFullError(RuntimeError):
+    """More images are waiting than the queue holds."""
+
+
+@dataclass
+class _Job:
+    image: np.ndarray  # (C, H, W) float32
+    future: asyncio.Future[tuple[np.ndarray, np.ndarray]]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BatchStats:
+    """What the last batch measured, for metrics: called after every batch."""
+
+    size: int
+    queue_wait_s: list[float]
+    inference_s: float
+
+
+class MicroBatcher:
+    """Gathers single images into batches of at most ``max_batch``, waiting at most ``max_wait``."""
+
+    def __init__(
+        self,
+        run: RunFn,
+        max_batch: int,
+        max_wait_s: float,
+        queue_size: int,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self._run = run
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size)
+        self._on_batch = on_batch
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        """Images waiting for inference."""
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._consume(), name="batcher")
+
+    async def stop(self) -> None:
+        """Finish every queued job, then stop the consumer and the worker thread."""
+        if self._task is not None:
+            await self._queue.join()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    def submit(self, image: np.ndarray) -> asyncio.Future[tuple[np.ndarray, np.ndarray]]:
+        """Queue one image; the future resolves to its ``(logits (K,), embedding (p,))``."""
+        future: asyncio.Future[tuple[np.ndarray, np.ndarray]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        try:
+            self._queue.put_nowait(_Job(image, future))
+        except asyncio.QueueFull:
+            raise QueueFullError(f"{self._queue.maxsize} images are already waiting") from None
+        return future
+
+    async def run_direct(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run a whole batch in the worker thread, bypassing the queue (warm-up)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, images)
+
+    async def _take_batch(self) -> list[_Job]:
+        jobs = [await self._queue.get()]
+        deadline = time.perf_counter() + self.max_wait_s
+        while len(jobs) < self.max_batch:
+            remaining = deadline - time.perf_counter()
+            try:
+                job = (
+                    self._queue.get_nowait()
+                    if remaining <= 0
+                    else await asyncio.wait_for(self._queue.get(), remaining)
+                )
+            except (asyncio.QueueEmpty, TimeoutError):
+                break
+            jobs.append(job)
+        return jobs
+
+    async def _consume(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = await self._take_batch()
+            live = [job for job in jobs if not job.future.done()]  # callers that gave up: skip
+            try:
+                if live:
+                    await self._process(loop, live)
+            finally:
+                for _ in jobs:
+                    self._queue.task_done()
+
+    async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
+        start = time.perf_counter()
+        waits = [start - job.enqueued for job in jobs]
+        try:
+            batch = np.stack([job.image for job in jobs])  # (N, C, H, W)
+            logits, embedding = await loop.run_in_executor(self._executor, self._run, batch)
+        except Exception as error:  # delivered to every caller of the batch
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(error)
+            return
+        inference = time.perf_counter() - start
+        for i, job in enumerate(jobs):
+            if not job.future.done():
+                job.future.set_result((logits[i], embedding[i]))
+        if self._on_batch is not None:
+            self._on_batch(BatchStats(len(jobs), waits, inference))

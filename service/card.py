@@ -1,0 +1,91 @@
+"""The model card the service reads from an ONNX file's metadata (written by ``smso-export``).
+
+Only the fields the service uses are typed; the rest of the card is kept as it is and served by
+``GET /metadata``. A file without a card, or with a card of another format or version, is
+refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["CARD_KEY", "CardError", "InputSpec", "ModelCard", "Preprocessing", "parse_card"]
+
+CARD_KEY = "smso.model_card"
+SUPPORTED_VERSIONS = (1,)
+
+
+class CardError(ValueError):
+    """The model file has no usable model card."""
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class InputSpec(_Part):
+    name: str = "image"
+    channels: Literal[1, 3]
+    height: int = Field(ge=1)
+    width: int = Field(ge=1)
+    dynamic_size: bool = False
+
+
+class Preprocessing(_Part):
+    colour: Literal["L", "RGB"]
+    resize: int | None = Field(None, ge=1)
+    crop: int = Field(ge=1)
+    mean: list[float]
+    std: list[float]
+
+
+class ModelInfo(_Part):
+    backbone: str
+    head: str
+    embedding_dim: int = Field(ge=1)
+
+
+class ModelCard(_Part):
+    format: Literal["smso-model-card"]
+    version: int
+    classes: list[str] = Field(min_length=1)
+    input: InputSpec
+    preprocessing: Preprocessing
+    model: ModelInfo
+    dataset: str = "unknown"
+    checkpoint: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """``<dataset>-<backbone>-<head>``, e.g. ``fashion_mnist-small_cnn-smso``."""
+        return f"{self.dataset}-{self.model.backbone}-{self.model.head}"
+
+    @property
+    def model_version(self) -> str:
+        """The first 12 hex digits of the source checkpoint's sha256."""
+        return str(self.checkpoint.get("sha256", "unknown"))[:12]
+
+
+def parse_card(metadata: dict[str, str]) -> tuple[ModelCard, dict[str, Any]]:
+    """The typed card and the full card dictionary from an ONNX file's custom metadata."""
+    if CARD_KEY not in metadata:
+        raise CardError(
+            f"the model file has no model card (metadata key {CARD_KEY!r}); "
+            "export it with smso-export"
+        )
+    try:
+        raw = json.loads(metadata[CARD_KEY])
+        card = ModelCard.model_validate(raw)
+    except (json.JSONDecodeError, ValidationError) as error:
+        raise CardError(f"the model card is malformed: {error}") from None
+    if card.version not in SUPPORTED_VERSIONS:
+        raise CardError(
+            f"model card version {card.version} is not supported (supported: {SUPPORTED_VERSIONS})"
+        )
+    channels = card.input.channels
+    if len(card.preprocessing.mean) != channels or len(card.preprocessing.std) != channels:
+        raise CardError(f"the model card's mean and std must have {channels} values")
+    return card, raw

@@ -1,0 +1,79 @@
+"""``smso-serve``: start the service with uvicorn.
+
+Every setting is a flag (``--max-batch-size 32``) or an environment variable with the prefix
+``SMSO_`` (``SMSO_MAX_BATCH_SIZE=32``); flags win. Settings are validated once, here: a wrong
+one prints one line saying what is accepted and exits with status 2. SIGTERM (or Ctrl-C) stops
+taking new connections, answers the requests in flight and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.app import create_app
+from service.backend import OnnxBackend
+from service.card import CardError
+from service.settings import Settings
+
+__all__ = ["main"]
+
+
+def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="smso-serve", description=__doc__.splitlines()[0])
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        env = "SMSO_" + name.upper()
+        help_text = f"{field.description or name} (env {env}; default: {field.default})"
+        if name == "api_key":
+            help_text = f"{field.description} (env {env}; prefer the environment for secrets)"
+        parser.add_argument(flag, dest=name, default=None, help=help_text)
+    args = parser.parse_args(argv)
+    return {k: v for k, v in vars(args).items() if v is not None}
+
+
+def _one_line(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        name = ".".join(str(p) for p in item["loc"]) or "settings"
+        parts.append(f"{name}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``smso-serve``."""
+    overrides = parse_args(argv)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        print(f"smso-serve: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        # load here, before the server starts: a bad model file is one line and exit status 2
+        backend = OnnxBackend(settings.model_path, settings.providers, settings.intra_op_threads)
+    except (CardError, ValueError) as error:
+        print(f"smso-serve: error: {error}", file=sys.stderr)
+        return 2
+    app = create_app(settings, backend)
+    try:
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level=settings.log_level,
+            timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+        )  # fmt: skip
+        server = uvicorn.Server(config)
+        server.run()
+    except OSError as error:  # the port is taken, the host does not exist
+        print(f"smso-serve: error: {error}", file=sys.stderr)
+        return 2
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

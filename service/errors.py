@@ -1,0 +1,67 @@
+"""Every error the service returns is JSON ``{"error": {"code", "message"}}`` with its status.
+
+:class:`ServiceError` carries a status, a stable machine-readable code and a message for people;
+the handlers installed by :func:`install_error_handlers` render it, FastAPI's validation errors
+(422), Starlette's HTTP errors (404, 405, ...) and, as a last resort, unexpected exceptions
+(500, logged with their traceback, never shown to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["ServiceError", "error_body", "install_error_handlers"]
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """An error with an HTTP status, a code such as ``"image_too_large"`` and a message."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"code": code, "message": message}}
+
+
+def _validation_message(error: RequestValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error as ``{"error": {"code", "message"}}``."""
+
+    @app.exception_handler(ServiceError)
+    async def _service(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body("invalid_request", _validation_message(exc)), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal_error", "the server failed; see its log"), 500)

@@ -1,0 +1,128 @@
+"""The images of a request: multipart parts named ``file``, or one image as the raw body.
+
+Limits are enforced while reading, before anything is decoded: the request body
+(``max_request_bytes``, from ``Content-Length`` when given and counted as it streams in either
+way), each file (``max_upload_bytes``) and the number of files (``max_files``). Content types
+other than images are refused with 415; an octet-stream part or a part without a type is
+accepted and judged by its bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.types import Message
+
+from service.errors import ServiceError
+
+__all__ = ["Upload", "read_uploads"]
+
+GENERIC_TYPES = {"", "application/octet-stream"}
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One encoded image and the name it came with."""
+
+    filename: str
+    data: bytes
+
+
+def _too_large(what: str, limit: int) -> ServiceError:
+    return ServiceError(413, "payload_too_large", f"{what} is larger than {limit:,} bytes")
+
+
+def _check_type(content_type: str | None, name: str) -> None:
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind not in GENERIC_TYPES and not kind.startswith("image/"):
+        raise ServiceError(
+            415, "unsupported_media_type",
+            f"{name}: content type {kind!r} is not an image; send image/* (JPEG, PNG, WebP, GIF, "
+            "BMP, TIFF) or application/octet-stream",
+        )  # fmt: skip
+
+
+def _limited(request: Request, limit: int) -> Request:
+    """The same request, whose body raises 413 once more than ``limit`` bytes have arrived."""
+    size = 0
+
+    async def receive() -> Message:
+        nonlocal size
+        message = await request.receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise _too_large("the request body", limit)
+        return message
+
+    return Request(request.scope, receive)
+
+
+async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
+    _check_type(part.content_type, name)
+    data = await part.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(f"file {name!r}", limit)
+    return data
+
+
+async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
+    """The parts named ``file``, in order, each under the upload limit."""
+    parts = [p for p in form.getlist("file") if isinstance(p, UploadFile)]
+    if not parts:
+        names = sorted(set(form.keys()))
+        raise ServiceError(
+            422, "missing_file",
+            f"no file part named 'file' (parts sent: {names or 'none'}); send each image as "
+            "a multipart part named 'file'",
+        )  # fmt: skip
+    uploads = []
+    for i, part in enumerate(parts):
+        name = part.filename or f"file[{i}]"
+        uploads.append(Upload(name, await _read_part(part, name, max_upload_bytes)))
+    return uploads
+
+
+async def read_uploads(
+    request: Request, max_request_bytes: int, max_upload_bytes: int, max_files: int
+) -> list[Upload]:
+    """The request's images, in order; raises :class:`ServiceError` for what is wrong."""
+    content_type = request.headers.get("content-type", "")
+    kind = content_type.split(";")[0].strip().lower()
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_request_bytes:
+        raise _too_large("the request body", max_request_bytes)
+    request = _limited(request, max_request_bytes)
+    if kind == "multipart/form-data":
+        try:
+            form = await request.form(max_files=max_files, max_fields=max_files)
+        except (MultiPartException, HTTPException) as error:  # Starlette wraps the former
+            detail = str(getattr(error, "detail", error))
+            if "too many files" in detail.lower():
+                raise ServiceError(
+                    413, "too_many_files", f"more than {max_files} files; send at most {max_files}"
+                ) from None
+            message = f"malformed multipart body: {detail}"
+            raise ServiceError(400, "invalid_multipart", message) from None
+        try:
+            return await _read_form(form, max_upload_bytes)
+        finally:
+            await form.close()  # the parts' spooled temporary files
+    if kind.startswith("image/") or kind == "application/octet-stream":
+        if declared is not None and declared.isdigit() and int(declared) > max_upload_bytes:
+            raise _too_large("the image", max_upload_bytes)
+        data = await request.body()
+        if len(data) > max_upload_bytes:
+            raise _too_large("the image", max_upload_bytes)
+        if not data:
+            raise ServiceError(400, "empty_image", "the request body is empty; send an image")
+        return [Upload("body", data)]
+    raise ServiceError(
+        415, "unsupported_media_type",
+        f"content type {kind or 'none'!r} is not accepted; send multipart/form-data with parts "
+        "named 'file', or one image as the body with an image/* content type",
+    )  # fmt: skip

@@ -1,0 +1,96 @@
+"""Prometheus metrics of one app, in its own registry (a fresh app per test, no global state).
+
+Requests are labelled by route template (``/classify``, never a raw path) and status; health
+checks and scrapes (``/healthz``, ``/readyz``, ``/metrics``) are not counted. Names end in
+``_total`` or ``_seconds`` (or name a plain quantity: batch size, queue depth).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.batcher import BatchStats
+
+__all__ = ["NOT_COUNTED", "Metrics", "MetricsMiddleware"]
+
+NOT_COUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """The service's metrics in their own registry."""
+
+    def __init__(self, queue_depth: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "smso_http_requests_total", "HTTP requests by route template and status",
+            ["method", "route", "status"], registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "smso_http_request_duration_seconds", "Request latency, first byte in to last out",
+            ["method", "route"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.images = Counter(
+            "smso_images_total", "Images answered, by route", ["route"], registry=r
+        )
+        self.decode = Histogram(
+            "smso_decode_seconds", "Decoding and preprocessing one image",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "smso_queue_wait_seconds", "Time an image waited in the batcher's queue",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inference = Histogram(
+            "smso_inference_seconds", "One onnxruntime call on a batch",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_size = Histogram(
+            "smso_batch_size", "Images per onnxruntime call",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference", registry=r)
+        self.queue_depth.set_function(queue_depth)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_size.observe(stats.size)
+        self.inference.observe(stats.inference_s)
+        for wait in stats.queue_wait_s:
+            self.queue_wait.observe(wait)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: counts and times every request but health checks and scrapes."""
+
+    def __init__(self, app: ASGIApp, metrics: Callable[[], Metrics | None]) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in NOT_COUNTED:
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            metrics = self.metrics()
+            if metrics is not None:
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "unmatched"
+                method = scope["method"]
+                metrics.requests.labels(method, template, str(status)).inc()
+                metrics.latency.labels(method, template).observe(time.perf_counter() - start)

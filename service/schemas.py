@@ -1,0 +1,70 @@
+"""Response models of the API (they also give the OpenAPI docs their schemas and examples)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ERROR_RESPONSES", "ClassifyResponse", "EmbedResponse", "ErrorResponse", "Status"]
+
+
+class ModelRef(BaseModel):
+    name: str = Field(examples=["fashion_mnist-small_cnn-smso"])
+    version: str = Field(examples=["491ff837d0bc"], description="checkpoint sha256, 12 digits")
+
+
+class Prediction(BaseModel):
+    label: str = Field(examples=["Ankle boot"])
+    index: int = Field(examples=[9])
+    score: float = Field(examples=[0.97], description="softmax probability")
+
+
+class ClassifyResult(BaseModel):
+    filename: str = Field(examples=["boot.png"])
+    predictions: list[Prediction]
+
+
+class ClassifyResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: ModelRef
+    results: list[ClassifyResult]
+
+
+class EmbedResult(BaseModel):
+    filename: str = Field(examples=["boot.png"])
+    embedding: list[float] = Field(examples=[[0.12, -1.3, 0.57]])
+
+
+class EmbedResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: ModelRef
+    dim: int = Field(examples=[64], description="p, the embedding's size")
+    results: list[EmbedResult]
+
+
+class Status(BaseModel):
+    status: str = Field(examples=["ready"])
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(examples=["invalid_image"])
+    message: str = Field(examples=["boot.png: not a recognised image format"])
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in {
+        400: "undecodable, truncated or empty image",
+        401: "missing or wrong API key",
+        413: "upload or image over the limits",
+        415: "not an image",
+        422: "missing file part or bad query",
+        503: "overloaded (Retry-After) or not ready",
+        504: "deadline passed",
+    }.items()
+}

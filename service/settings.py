@@ -1,0 +1,59 @@
+"""Service settings: environment variables with the prefix ``SMSO_`` (or flags of smso-serve),
+validated once at start-up and passed into ``create_app(settings)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_MODEL", "Settings"]
+
+#: The model this repository ships (written by ``make onnx`` from the shipped checkpoint).
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "fashion-mnist-smso" / "model.onnx"
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field is also ``SMSO_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="SMSO_", env_file=None, extra="forbid")
+
+    model_path: Path = Field(DEFAULT_MODEL, description="ONNX file written by smso-export")
+    providers: str = Field(
+        "auto",
+        description="'auto' (TensorRT or CUDA where really usable, else CPU) or a comma-separated "
+        "list of onnxruntime execution providers, e.g. 'CUDAExecutionProvider,CPUExecutionProvider'",
+    )
+    max_batch_size: int = Field(16, ge=1, le=1024, description="images per onnxruntime call")
+    max_wait_ms: float = Field(4.0, ge=0, le=10_000, description="longest wait to fill a batch")
+    queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
+    request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
+    max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")
+    max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
+    max_pixels: int = Field(50_000_000, ge=1, description="width x height of one image")
+    max_files: int = Field(64, ge=1, description="images in one request")
+    decode_threads: int = Field(4, ge=1, le=256, description="threads decoding images")
+    intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
+    api_key: SecretStr | None = Field(None, description="required on /classify, /embed, /metadata")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_exists(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(
+                f"model file {path} does not exist; give an ONNX file written by smso-export "
+                "(SMSO_MODEL_PATH or --model-path), or run `make onnx` for the shipped one"
+            )
+        return path
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_blank(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not key.get_secret_value().strip():
+            raise ValueError("api_key is empty; unset it to run without authentication")
+        return key

@@ -1,0 +1,110 @@
+"""Fixtures for service tests: a fake backend (fast, slow or failing), clients, test images."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from service.app import create_app
+from service.card import ModelCard, parse_card
+from service.settings import DEFAULT_MODEL, Settings
+
+CLASSES = [f"class{k}" for k in range(10)]
+CARD: dict[str, Any] = {
+    "format": "smso-model-card", "version": 1, "classes": CLASSES,
+    "input": {"name": "image", "channels": 1, "height": 28, "width": 28, "dynamic_size": True},
+    "preprocessing": {"colour": "L", "resize": 28, "crop": 28, "mean": [0.5], "std": [0.25]},
+    "model": {"backbone": "small_cnn", "head": "smso", "embedding_dim": 4},
+    "dataset": "fake", "checkpoint": {"sha256": "0123456789abcdef"},
+}  # fmt: skip
+
+
+class FakeBackend:
+    """logits_k = k * mean(image); embedding = (mean, std, min, max). Optionally slow or failing;
+    records every batch size it runs."""
+
+    def __init__(self, delay_s: float = 0.0, fail: bool = False, warmup_delay_s: float = 0.0):
+        import json
+
+        self.card, self.card_dict = parse_card({"smso.model_card": json.dumps(CARD)})
+        self.providers = ["FakeExecutionProvider"]
+        self.delay_s, self.fail, self.warmup_delay_s = delay_s, fail, warmup_delay_s
+        self.batches: list[int] = []
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with self.lock:
+            self.calls += 1
+            warming = self.calls <= self.warmups
+        time.sleep(self.warmup_delay_s if warming else self.delay_s)
+        if not warming:
+            self.batches.append(len(images))
+            if self.fail:
+                raise RuntimeError("the accelerator fell over")
+        flat = images.reshape(len(images), -1)
+        mean = flat.mean(1, keepdims=True)
+        logits = mean * np.arange(10, dtype=np.float32)
+        embedding = np.concatenate([mean, flat.std(1, keepdims=True), flat.min(1, keepdims=True),
+                                    flat.max(1, keepdims=True)], axis=1)  # fmt: skip
+        return logits.astype(np.float32), embedding.astype(np.float32)
+
+    warmups = 0  # calls that are warm-up (set by make_client: one per batch size)
+
+
+def png(array: np.ndarray, fmt: str = "PNG", **save: Any) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, fmt, **save)
+    return buf.getvalue()
+
+
+def grey(value: int, size: tuple[int, int] = (28, 28)) -> bytes:
+    return png(np.full(size, value, np.uint8))
+
+
+def wait_ready(client: TestClient, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.get("/readyz").status_code != 200:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the app did not become ready")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., TestClient]]:
+    """``make_client(backend=None, **settings)``: a ready TestClient (closed after the test)."""
+    clients: list[TestClient] = []
+
+    def make(backend: Any = None, wait: bool = True, **settings: Any) -> TestClient:
+        settings.setdefault("max_batch_size", 4)
+        backend = backend if backend is not None else FakeBackend()
+        if isinstance(backend, FakeBackend):
+            backend.warmups = settings["max_batch_size"]
+        client = TestClient(create_app(Settings(**settings), backend))
+        client.__enter__()
+        clients.append(client)
+        if wait:
+            wait_ready(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def shipped_model() -> str:
+    if not DEFAULT_MODEL.is_file():
+        pytest.fail(f"{DEFAULT_MODEL} is missing: the repository ships it (make onnx)")
+    return str(DEFAULT_MODEL)
+
+
+__all__ = ["CARD", "CLASSES", "FakeBackend", "ModelCard", "grey", "png", "wait_ready"]
