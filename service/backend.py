@@ -112,8 +112,11 @@ class OnnxBackend:
         path = Path(path)
         try:
             self.session, self.providers = choose_providers(providers, path, threads)
-        except ort.capi.onnxruntime_pybind11_state.Fail as error:  # not an ONNX file
-            raise ValueError(f"{path} is not a loadable ONNX model: {error}") from None
+        except ValueError:
+            raise
+        except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...
+            message = str(error).splitlines()[0][:300]
+            raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.card, self.card_dict = parse_card(metadata)
         names = [o.name for o in self.session.get_outputs()]

@@ -1,0 +1,122 @@
+"""The real server (smso-serve, uvicorn, the shipped ONNX model): answers, drains on SIGTERM,
+refuses bad settings in one line."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
+
+from .conftest import png, wait_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_shipped_model_classifies_real_fashion_mnist_images(shipped_model):
+    images = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz")[:64]
+    labels = read_idx(DEFAULT_ROOT / "t10k-labels-idx1-ubyte.gz")[:64]
+    files = [("file", (f"{i}.png", png(image), "image/png")) for i, image in enumerate(images)]
+    with TestClient(create_app(Settings(model_path=shipped_model, max_batch_size=8))) as client:
+        wait_ready(client)
+        body = client.post("/classify", files=files, params={"top_k": 1}).json()
+        card = client.get("/metadata").json()["card"]
+    predicted = [r["predictions"][0]["index"] for r in body["results"]]
+    accuracy = float(np.mean(np.asarray(predicted) == labels))
+    assert accuracy >= 0.85  # the model's test accuracy is about 0.93
+    assert card["metrics"]["test_accuracy"] >= 0.9
+    assert body["results"][0]["predictions"][0]["label"] == card["classes"][predicted[0]]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
+    port = free_port()
+    env = os.environ | {"SMSO_MAX_WAIT_MS": "500", "SMSO_MAX_BATCH_SIZE": "8"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "--model-path", shipped_model, "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not become ready"
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            time.sleep(0.1)
+        image = png(np.full((28, 28), 128, np.uint8))
+
+        def post(i: int) -> int:
+            files = [("file", (f"{i}.png", image, "image/png"))]
+            return httpx.post(f"{base}/classify", files=files, timeout=30).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(post, i) for i in range(6)]
+            time.sleep(0.25)  # the requests wait in the batcher (max wait 500 ms)
+            server.send_signal(signal.SIGTERM)
+            statuses = [f.result() for f in futures]
+        assert statuses == [200] * 6  # none lost
+        # uvicorn exits by re-raising the signal once it has shut down gracefully
+        assert server.wait(timeout=60) in (0, -signal.SIGTERM)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model-path", "/nonexistent/model.onnx"], "does not exist"),
+        (["--max-batch-size", "0"], "max_batch_size"),
+        (["--port", "http"], "port"),
+        (["--providers", "NoSuchExecutionProvider"], "not available"),
+    ],
+)
+def test_bad_settings_are_one_line_and_exit_2(args, message, shipped_model):
+    if args[0] != "--model-path":
+        args = ["--model-path", shipped_model, *args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("smso-serve: error:")
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
+    bogus = tmp_path / "model.onnx"
+    bogus.write_bytes(b"not onnx")
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model-path", str(bogus)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "not a loadable ONNX model" in proc.stderr
