@@ -12,7 +12,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN_IN_SERVICE = ("torch", "torchvision", "training")
+FORBIDDEN_IN_SERVICE = ("torch", "torchvision", "training", "export")
 
 
 @pytest.mark.parametrize(
