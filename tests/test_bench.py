@@ -163,3 +163,38 @@ def test_resolve_device_auto_picks_cuda_only_where_there_is_one() -> None:
     assert benchlib.resolve_device("auto").type == expected
     with pytest.raises(SystemExit, match="cpu or cuda"):
         benchlib.resolve_device("meta")
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-W", "error", script, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_export_benchmark_runs_on_the_shipped_model(tmp_path: Path) -> None:
+    out = tmp_path / "export.json"
+    proc = run_script("bench/export.py", "--quick", "--budget", "0.05", "--repeats", "1",
+                      "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert {r["batch"] for r in report["results"]} == {1, 32, 128, 512}
+    assert all(r["torch_ms"] > 0 and r["onnxruntime_ms"] > 0 for r in report["results"])
+    assert report["summary"][0]["best_speedup"] > 0
+    assert "ORT speedup" in proc.stdout
+
+
+@pytest.mark.slow
+def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    proc = run_script("bench/serve.py", "--quick", "--requests", "24", "--clients", "3",
+                      "--json", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    service = report["cases"][0]["service"]
+    assert service["failures"] == 0
+    assert service["requests"] == 24
+    assert set(service["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "response_ms"}
+    assert report["ratios"]["shipped_rps_over_bare"] > 0
+    assert "resident memory" in proc.stdout

@@ -182,8 +182,8 @@ def _check_types(data: dict[str, Any]) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="smso-train",
-        description="Train an SMSO model (or a baseline head) with the paper's recipe.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train an SMSO model (or a baseline head) with the paper's recipe. "
+        "Settings: the defaults below, then --config, then flags.",
     )
     parser.add_argument("--config", type=Path, help="TOML or JSON file of settings")
     hints = typing.get_type_hints(TrainConfig)
@@ -191,7 +191,8 @@ def _parser() -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         if hints[f.name] is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"(default: {default!r})")  # fmt: skip
         else:
             parser.add_argument(flag, type=_parser_type(f.name, hints[f.name]), default=None,
                                 help=f"(default: {default!r})")  # fmt: skip

@@ -1,0 +1,307 @@
+"""The service under load: requests per second and latency, against what its parts could do.
+
+For each model, in one run:
+
+* the real server (``smso-serve`` in a subprocess on loopback) is driven by ``--clients``
+  concurrent clients posting JPEG files to ``/classify`` (``--requests`` in all, after a warm-up):
+  requests and images per second, p50 / p95 / p99 latency, and the mean time per request split
+  into decode, queue wait and inference (from the server's own metrics) and the rest (HTTP,
+  multipart parsing, JSON: "response");
+* the raw onnxruntime session on the same preprocessed tensors at its best batch size (images/s);
+* a bare FastAPI endpoint (uvicorn, same machine) that only reads the multipart upload.
+
+Models: the shipped Fashion-MNIST model with 640x480 JPEG uploads (Fashion-MNIST test images
+scaled up: real picture content), and ResNet-50 SMSO at 448 px, p = 2,048, random weights, with
+the same JPEGs. Targets: ResNet-50 service images/s at 16 clients >= 0.85 of the raw session's;
+shipped model requests/s >= 0.5 of the bare endpoint's. Also reports the server's resident memory.
+
+    python bench/serve.py                   # both models (a few minutes on 2 cores)
+    python bench/serve.py --quick           # the shipped model only, fewer requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import io
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
+DEFAULT_JSON = ROOT / "bench" / "results" / "serve.json"
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+BARE_APP = """
+from fastapi import FastAPI, Request
+app = FastAPI()
+
+@app.post("/upload")
+async def upload(request: Request):
+    form = await request.form()
+    sizes = [len(await f.read()) for f in form.getlist("file")]
+    await form.close()
+    return {"sizes": sizes}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def jpegs(count: int, size: tuple[int, int] = (640, 480)) -> list[bytes]:
+    """Fashion-MNIST test images (or smooth synthetic ones without the dataset) as JPEGs."""
+    files = []
+    try:
+        sys.path.insert(0, str(ROOT))
+        from training.datasets.fashion_mnist import read_idx
+
+        images = read_idx(FMNIST / "t10k-images-idx3-ubyte.gz")[:count]
+    except (OSError, ImportError):
+        rng = np.random.default_rng(0)
+        images = (rng.random((count, 28, 28)) * 255).astype(np.uint8)
+    for image in images:
+        buf = io.BytesIO()
+        Image.fromarray(image).convert("RGB").resize(size, Image.Resampling.BILINEAR).save(
+            buf, "JPEG", quality=90
+        )
+        files.append(buf.getvalue())
+    return files
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f} s")
+
+
+def drive(url: str, files: list[bytes], clients: int, requests: int) -> dict[str, Any]:
+    """``requests`` POSTs of one JPEG each from ``clients`` threads; latency percentiles."""
+    latencies: list[float] = []
+    failures = 0
+
+    def worker(indices: list[int]) -> None:
+        nonlocal failures
+        with httpx.Client(timeout=120) as client:
+            for i in indices:
+                data = files[i % len(files)]
+                start = time.perf_counter()
+                response = client.post(url, files=[("file", (f"{i}.jpg", data, "image/jpeg"))])
+                latencies.append(time.perf_counter() - start)
+                failures += response.status_code != 200
+
+    chunks = [list(range(k, requests, clients)) for k in range(clients)]
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(worker, chunks))
+    seconds = time.perf_counter() - start
+    ms = sorted(1e3 * x for x in latencies)
+    return {
+        "requests": requests, "failures": failures, "seconds": seconds,
+        "requests_per_second": requests / seconds, "mean_ms": statistics.fmean(ms),
+        "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+        "p99_ms": float(np.percentile(ms, 99)),
+    }  # fmt: skip
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``name -> value`` for the unlabelled samples of a Prometheus text page."""
+    values = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        match = re.match(r"^([a-z_]+) ([0-9.e+-]+)$", line)
+        if match:
+            values[match.group(1)] = float(match.group(2))
+    return values
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    out = {}
+    for key in ("VmRSS", "VmHWM"):
+        match = re.search(rf"{key}:\s+(\d+) kB", status)
+        out[key] = int(match.group(1)) / 1024 if match else float("nan")
+    return out
+
+
+def raw_session(model: Path, files: list[bytes], batches: Sequence[int]) -> dict[str, Any]:
+    """The onnxruntime session alone on the service's own preprocessed tensors."""
+    sys.path.insert(0, str(ROOT))
+    from service.backend import OnnxBackend
+    from service.images import Preprocessor
+
+    backend = OnnxBackend(model, "auto")
+    pre = Preprocessor(backend.card.preprocessing, 10**9)
+    tensors = np.stack([pre(data) for data in files])
+    per_batch = {}
+    for batch in batches:
+        images = np.resize(tensors, (batch, *tensors.shape[1:])).astype(np.float32)
+        backend.run(images)  # warm-up
+        runs, start = 0, time.perf_counter()
+        while runs < 3 or time.perf_counter() - start < 3.0:
+            backend.run(images)
+            runs += 1
+        per_batch[batch] = batch * runs / (time.perf_counter() - start)
+    best = max(per_batch, key=per_batch.__getitem__)
+    return {"images_per_second_by_batch": per_batch, "best_batch": best,
+            "images_per_second": per_batch[best], "providers": backend.providers}  # fmt: skip
+
+
+def serve_case(name: str, model: Path, args: argparse.Namespace, files: list[bytes],
+               requests: int, max_batch: int) -> dict[str, Any]:  # fmt: skip
+    port = free_port()
+    env = os.environ | {"SMSO_MAX_BATCH_SIZE": str(max_batch), "SMSO_MAX_WAIT_MS": "5",
+                        "SMSO_LOG_LEVEL": "warning"}  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "--model-path", str(model), "--port", str(port)],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(f"{base}/readyz", server)
+        drive(f"{base}/classify", files, args.clients, max(args.clients, requests // 10))
+        before = scrape(f"{base}/metrics")
+        load = drive(f"{base}/classify", files, args.clients, requests)
+        after = scrape(f"{base}/metrics")
+        memory = rss_mib(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+
+    def mean(metric: str, per: str = "count") -> float:
+        count = after[f"{metric}_{per}"] - before.get(f"{metric}_{per}", 0)
+        return 1e3 * (after[f"{metric}_sum"] - before.get(f"{metric}_sum", 0)) / max(count, 1)
+
+    decode, queue, inference = (mean("smso_decode_seconds"), mean("smso_queue_wait_seconds"),
+                                mean("smso_inference_seconds"))  # fmt: skip
+    batches = after["smso_batch_size_count"] - before.get("smso_batch_size_count", 0)
+    images = after["smso_batch_size_sum"] - before.get("smso_batch_size_sum", 0)
+    split = {"decode_ms": decode, "queue_ms": queue, "inference_ms": inference,
+             "response_ms": load["mean_ms"] - decode - queue - inference,
+             "mean_batch": images / max(batches, 1)}  # fmt: skip
+    return {"model": name, **load, "images_per_second": load["requests_per_second"],
+            "split": split, "memory_mib": memory}  # fmt: skip
+
+
+def bare_case(args: argparse.Namespace, files: list[bytes], requests: int) -> dict[str, Any]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "bare_app.py").write_text(BARE_APP)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "bare_app:app", "--port", str(port),
+             "--log-level", "warning"], cwd=tmp,
+        )  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(f"{base}/docs", server)
+            drive(f"{base}/upload", files, args.clients, args.clients)
+            return drive(f"{base}/upload", files, args.clients, requests)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
+
+
+def resnet_model(workdir: Path) -> Path:
+    """ResNet-50 SMSO (p = 2,048) at 448 px, random weights, exported (parity checked)."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from export.onnx_export import export_checkpoint
+    from training.checkpoint import save_checkpoint
+    from training.datasets.presets import PRESETS
+    from training.model import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(47, "resnet50", "smso", {"dim": 2048})).eval()
+    preset = PRESETS["dtd"]  # 448 px, resize 512, ImageNet mean and std
+    checkpoint = save_checkpoint(workdir / "resnet50.pt", model, preset=preset.to_dict(),
+                                 classes=[f"class{k}" for k in range(47)])  # fmt: skip
+    return export_checkpoint(checkpoint, workdir / "resnet50.onnx", batch_sizes=(1, 2)).path
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=800, help="shipped model, measured")
+    parser.add_argument("--resnet-requests", type=int, default=48)
+    parser.add_argument("--quick", action="store_true", help="the shipped model only")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    files = jpegs(32)
+    report: dict[str, Any] = {"settings": vars(args) | {"json": str(args.json)}, "cases": []}
+    rows = []
+    bare = bare_case(args, files, args.requests)
+    shipped = serve_case("fashion-mnist (shipped)", SHIPPED, args, files, args.requests, 16)
+    shipped_raw = raw_session(SHIPPED, files, (1, 16, 64, 256))
+    report["bare"] = bare
+    report["cases"].append({"service": shipped, "raw": shipped_raw})
+    rows.append(("bare FastAPI upload", bare, None))
+    rows.append(("fashion-mnist service", shipped, shipped_raw))
+    ratios = {"shipped_rps_over_bare": shipped["requests_per_second"] / bare["requests_per_second"]}
+    if not args.quick:
+        with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+            model = resnet_model(Path(tmp))
+            resnet = serve_case("resnet50 p=2048 448 px", model, args, files,
+                                args.resnet_requests, args.clients)  # fmt: skip
+            resnet_raw = raw_session(model, files[:8], (1, 4, 8, 16))
+        report["cases"].append({"service": resnet, "raw": resnet_raw})
+        rows.append(("resnet50 service", resnet, resnet_raw))
+        ratios["resnet_service_over_raw"] = (
+            resnet["images_per_second"] / resnet_raw["images_per_second"]
+        )
+    report["ratios"] = ratios
+    print("| what | req/s | p50 ms | p95 ms | p99 ms | decode ms | queue ms | inference ms | "
+          "response ms | raw session img/s (batch) |")  # fmt: skip
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for name, r, raw in rows:
+        split = r.get("split", {})
+        cells = [f"{split[k]:.1f}" if k in split else "-"
+                 for k in ("decode_ms", "queue_ms", "inference_ms", "response_ms")]  # fmt: skip
+        raw_cell = f"{raw['images_per_second']:.1f} ({raw['best_batch']})" if raw else "-"
+        print(f"| {name} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
+              f"| {r['p99_ms']:.1f} | {' | '.join(cells)} | {raw_cell} |")  # fmt: skip
+    print()
+    print(f"shipped model: service req/s / bare endpoint req/s = "
+          f"{ratios['shipped_rps_over_bare']:.2f} (target >= 0.5)")  # fmt: skip
+    if "resnet_service_over_raw" in ratios:
+        print(f"resnet50 p=2048: service img/s / raw session img/s = "
+              f"{ratios['resnet_service_over_raw']:.2f} (target >= 0.85)")  # fmt: skip
+    memory = shipped["memory_mib"]
+    print(f"server resident memory with the shipped model: {memory['VmRSS']:.0f} MiB "
+          f"(peak {memory['VmHWM']:.0f} MiB)")  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"Results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
