@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,8 +27,9 @@ from typing import Any
 
 if __package__:
     from . import benchlib
-else:  # run as a script: bench/ is on sys.path
-    import benchlib
+else:  # run as a script: put the repository first, or this file would shadow the export package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    from bench import benchlib
 
 import numpy as np
 import onnxruntime as ort
@@ -157,8 +159,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("export").setLevel(logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    log.setLevel(logging.INFO)  # progress; the exporter's own notes (and onnxscript's) stay quiet
+    logging.getLogger("export").setLevel(logging.ERROR)
     args = parse_args(argv)
     policy = benchlib.TimingPolicy(max_repeats=args.repeats, budget_s=args.budget)
     rows: list[dict[str, Any]] = []
