@@ -96,8 +96,9 @@ async def authorize(request: Request) -> None:
         )  # fmt: skip
 
 
-def ready_state(request: Request) -> _State:
-    """The app's state once the model is warmed up; 503 before and while draining."""
+async def ready_state(request: Request) -> _State:
+    """The app's state once the model is warmed up; 503 before and while draining (async: a
+    plain def would make FastAPI hop to a worker thread on every request)."""
     state: _State = request.app.state.smso
     if not state.ready:
         raise ServiceError(503, "not_ready", "the model is loading or the server is draining",
@@ -185,7 +186,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         top_k: Annotated[
             int, Query(ge=1, le=1000, description="classes per image, best first")
         ] = 5,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """Top-k classes of each image (softmax probabilities), one result per image in order."""
         uploads, outputs = await _infer(s, request, "/classify")
         classes = s.backend.card.classes  # type: ignore[union-attr]
@@ -198,7 +199,8 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
                 "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[i])}
                                 for i in order],
             })  # fmt: skip
-        return {"model": _model(s), "results": results}
+        # a Response skips FastAPI's re-validation of the payload (response_model documents it)
+        return JSONResponse({"model": _model(s), "results": results})
 
     @app.post(
         "/embed", response_model=schemas.EmbedResponse, tags=["inference"],
@@ -209,7 +211,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         request: Request,
         s: ReadyState,
         normalize: Annotated[bool, Query(description="l2-normalise each embedding")] = False,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """The p-dimensional SMSO embedding of each image, one result per image in order."""
         uploads, outputs = await _infer(s, request, "/embed")
         results = []
@@ -219,7 +221,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
                 vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
             results.append({"filename": upload.filename, "embedding": vector.tolist()})
         dim = s.backend.card.model.embedding_dim  # type: ignore[union-attr]
-        return {"model": _model(s), "dim": dim, "results": results}
+        return JSONResponse({"model": _model(s), "dim": dim, "results": results})
 
     return app
 
