@@ -59,8 +59,17 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # zipfile, pickle and EOF errors all mean "not a valid file"
+        # torch's weights-only errors run to a dozen lines of advice about trusting the file:
+        # keep the first line, which names the problem
+        message = str(exc).strip()
+        if "WeightsUnpickler error:" in message:
+            detail = message.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
+            reason = f"its contents do not unpickle as data ({detail[0] if detail else 'unknown'})"
+        else:
+            reason = (message.splitlines() or [type(exc).__name__])[0][:200]
         raise CheckpointError(
-            f"{path} is not a readable checkpoint (corrupt or truncated?): {exc}"
+            f"{path} is not a readable checkpoint (corrupt, truncated or not written by "
+            f"smso-train): {reason}"
         ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an SMSO checkpoint (no '{FORMAT}' format marker)")
