@@ -118,7 +118,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         # The server accepts connections at once (/healthz answers, /readyz says "loading");
         # loading and warm-up run in the background and turn /readyz ready when done.
         state.metrics = Metrics(lambda: state.batcher.depth if state.batcher else 0)
-        state.decoder = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+        state.decoder = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="decode")
         if settings.api_key is None:
             log.warning("no API key set (SMSO_API_KEY): /classify, /embed and /metadata are "
                         "open to anyone who can reach this server")  # fmt: skip

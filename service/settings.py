@@ -3,6 +3,7 @@ validated once at start-up and passed into ``create_app(settings)``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -34,7 +35,11 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
     max_pixels: int = Field(50_000_000, ge=1, description="width x height of one image")
     max_files: int = Field(64, ge=1, description="images in one request")
-    decode_threads: int = Field(4, ge=1, le=256, description="threads decoding images")
+    decode_threads: int = Field(
+        0, ge=0, le=256,
+        description="threads decoding images; 0: half the CPU cores, at least 1 (more threads "
+        "than that contend with onnxruntime and the event loop for the cores)",
+    )  # fmt: skip
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
     api_key: SecretStr | None = Field(None, description="required on /classify, /embed, /metadata")
     host: str = "127.0.0.1"
@@ -50,6 +55,11 @@ class Settings(BaseSettings):
                 "(SMSO_MODEL_PATH or --model-path), or run `make onnx` for the shipped one"
             )
         return path
+
+    @property
+    def decode_workers(self) -> int:
+        """``decode_threads``, with 0 resolved to half the CPU cores (at least 1)."""
+        return self.decode_threads or max(1, (os.cpu_count() or 2) // 2)
 
     @field_validator("api_key")
     @classmethod
