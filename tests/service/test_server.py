@@ -50,7 +50,7 @@ def test_the_shipped_model_classifies_real_fashion_mnist_images(shipped_model):
 @pytest.mark.slow
 def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
     port = free_port()
-    env = os.environ | {"SMSO_MAX_WAIT_MS": "500", "SMSO_MAX_BATCH_SIZE": "8"}
+    env = os.environ | {"SMSO_MAX_WAIT_MS": "1000", "SMSO_MAX_BATCH_SIZE": "8"}
     server = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "--model-path", shipped_model, "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -75,7 +75,12 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(post, i) for i in range(6)]
-            time.sleep(0.25)  # the requests wait in the batcher (max wait 500 ms)
+            # signal only once the server holds all six requests (decoded, waiting in the
+            # batcher for up to a second): a loaded machine may take a while to deliver them
+            deadline = time.monotonic() + 30
+            while "smso_decode_seconds_count 6.0" not in httpx.get(f"{base}/metrics").text:
+                assert time.monotonic() < deadline, "the requests never reached the server"
+                time.sleep(0.01)
             server.send_signal(signal.SIGTERM)
             statuses = [f.result() for f in futures]
         assert statuses == [200] * 6  # none lost
