@@ -38,7 +38,7 @@ from export.card import CARD_KEY, card_json, file_sha256
 from export.graph import ExportForm, ExportModel, exportable
 from export.parity import ParityReport, check_parity
 from training.backbones import backbone_spec
-from training.checkpoint import load_model
+from training.checkpoint import load_model, write_atomically
 from training.model import SecondOrderNet
 
 __all__ = ["DEFAULT_OPSET", "ExportError", "ExportResult", "export_checkpoint", "real_images"]
@@ -231,12 +231,7 @@ def export_checkpoint(
         )
         onnx.checker.check_model(proto, full_check=True)
         output.parent.mkdir(parents=True, exist_ok=True)
-        staged = output.with_name(f".{output.name}.tmp{os.getpid()}")
-        try:
-            onnx.save(proto, staged)
-            os.replace(staged, output)
-        finally:
-            staged.unlink(missing_ok=True)
+        write_atomically(output, lambda staged: onnx.save(proto, staged))
     return ExportResult(output, card, parity, output.stat().st_size)
 
 

@@ -13,6 +13,7 @@ They are read with ``weights_only=True``: loading never runs code from the file.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ import torch
 
 from training.model import ModelConfig, SecondOrderNet
 
-__all__ = ["CheckpointError", "load_checkpoint", "load_model", "save_checkpoint"]
+__all__ = [
+    "CheckpointError", "load_checkpoint", "load_model", "save_checkpoint", "write_atomically",
+]  # fmt: skip
 
 FORMAT = "smso-checkpoint"
 VERSION = 1
@@ -42,13 +45,19 @@ def save_checkpoint(path: str | os.PathLike[str], model: SecondOrderNet, **extra
         "model_state": state,
         **extra,
     }
+    write_atomically(path, lambda tmp: torch.save(payload, tmp))
+    return path
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` to a temporary name beside ``path``, then rename it to ``path``: an
+    interrupted or failed write never leaves a half-written file (nor touches an old one)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        torch.save(payload, tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> dict[str, Any]:
