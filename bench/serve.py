@@ -8,7 +8,10 @@ For each model, in one run:
   into decode, queue wait and inference (from the server's own metrics) and the rest (HTTP,
   multipart parsing, JSON: "response");
 * the raw onnxruntime session on the same preprocessed tensors at its best batch size (images/s);
-* a bare FastAPI endpoint (uvicorn, same machine) that only reads the multipart upload.
+* a bare FastAPI endpoint (uvicorn, same machine) that only reads the multipart upload;
+* for the shipped model, the Open Inference Protocol beside ``/classify``: the same JPEGs sent
+  to ``/v2/models/<name>/infer`` as binary ``BYTES`` and as preprocessed binary ``FP32``
+  tensors (top-5 classification in both), in interleaved rounds.
 
 Models: the shipped Fashion-MNIST model with 640x480 JPEG uploads (Fashion-MNIST test images
 scaled up: real picture content), and ResNet-50 SMSO at 448 px, p = 2,048, random weights, with
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +103,55 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 300) -> N
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f} s")
 
 
-def drive(url: str, files: list[bytes], clients: int, requests: int) -> dict[str, Any]:
-    """``requests`` POSTs of one JPEG each from ``clients`` threads; latency percentiles."""
+#: ``send(client, i)``: the i-th request of a load, returning its response.
+Send = Callable[[httpx.Client, int], httpx.Response]
+
+
+def multipart(url: str, files: list[bytes]) -> Send:
+    """One JPEG per request as a multipart part named ``file`` (``/classify``, ``/upload``)."""
+
+    def send(client: httpx.Client, i: int) -> httpx.Response:
+        data = files[i % len(files)]
+        return client.post(url, files=[("file", (f"{i}.jpg", data, "image/jpeg"))])
+
+    return send
+
+
+def oip_bodies(files: list[bytes], tensors: np.ndarray | None) -> list[tuple[bytes, int]]:
+    """Open Inference Protocol ``infer`` bodies with binary data, one image each: the JPEG as
+    ``image_bytes`` (or, given ``tensors``, its preprocessed ``FP32`` tensor as ``image``);
+    asking for the top 5 classes as JSON, what ``/classify`` answers by default."""
+    sys.path.insert(0, str(ROOT))
+    from service.oip_codec import pack_bytes
+
+    bodies = []
+    for i, data in enumerate(files):
+        if tensors is None:
+            name, datatype, shape, raw = "image_bytes", "BYTES", [1], pack_bytes([data])
+        else:
+            tensor = tensors[i : i + 1].astype("<f4")
+            name, datatype, shape, raw = "image", "FP32", list(tensor.shape), tensor.tobytes()
+        header = json.dumps({
+            "inputs": [{"name": name, "datatype": datatype, "shape": shape,
+                        "parameters": {"binary_data_size": len(raw)}}],
+            "outputs": [{"name": "logits", "parameters": {"classification": 5}}],
+        }).encode()  # fmt: skip
+        bodies.append((header + raw, len(header)))
+    return bodies
+
+
+def oip(url: str, bodies: list[tuple[bytes, int]]) -> Send:
+    def send(client: httpx.Client, i: int) -> httpx.Response:
+        body, length = bodies[i % len(bodies)]
+        headers = {"Inference-Header-Content-Length": str(length),
+                   "Content-Type": "application/octet-stream"}  # fmt: skip
+        return client.post(url, content=body, headers=headers)
+
+    return send
+
+
+def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
+    """``requests`` requests from ``clients`` threads; requests per second, latency percentiles."""
     latencies: list[float] = []
     failures = 0
 
@@ -109,9 +159,8 @@ def drive(url: str, files: list[bytes], clients: int, requests: int) -> dict[str
         nonlocal failures
         with httpx.Client(timeout=120) as client:
             for i in indices:
-                data = files[i % len(files)]
                 start = time.perf_counter()
-                response = client.post(url, files=[("file", (f"{i}.jpg", data, "image/jpeg"))])
+                response = send(client, i)
                 latencies.append(time.perf_counter() - start)
                 failures += response.status_code != 200
 
@@ -171,8 +220,35 @@ def raw_session(model: Path, files: list[bytes], batches: Sequence[int]) -> dict
             "images_per_second": per_batch[best], "providers": backend.providers}  # fmt: skip
 
 
+def protocol_case(base: str, model: Path, files: list[bytes], clients: int,
+                  requests: int, rounds: int = 3) -> dict[str, Any]:  # fmt: skip
+    """The same JPEGs through ``/classify`` (multipart), the protocol's ``infer`` with image
+    bytes, and with preprocessed binary tensors: rounds interleaved, median requests/s."""
+    sys.path.insert(0, str(ROOT))
+    from service.backend import OnnxBackend
+    from service.images import Preprocessor
+
+    card = OnnxBackend(model, "CPUExecutionProvider").card
+    tensors = np.stack([Preprocessor(card.preprocessing, 10**9)(f) for f in files])
+    infer = f"{base}/v2/models/{card.name}/infer"
+    variants = {
+        "/classify multipart JPEG": multipart(f"{base}/classify", files),
+        "/v2 infer, JPEG as binary BYTES": oip(infer, oip_bodies(files, None)),
+        "/v2 infer, preprocessed binary FP32": oip(infer, oip_bodies(files, tensors)),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, send in variants.items():
+            runs[name].append(drive(send, clients, requests // rounds))
+    out = {}
+    for name, results in runs.items():
+        median = sorted(results, key=lambda r: r["requests_per_second"])[len(results) // 2]
+        out[name] = median | {"rounds_rps": [r["requests_per_second"] for r in results]}
+    return out
+
+
 def serve_case(name: str, model: Path, args: argparse.Namespace, files: list[bytes],
-               requests: int, max_batch: int) -> dict[str, Any]:  # fmt: skip
+               requests: int, max_batch: int, protocol: bool = False) -> dict[str, Any]:  # fmt: skip
     port = free_port()
     env = os.environ | {"SMSO_MAX_BATCH_SIZE": str(max_batch), "SMSO_MAX_WAIT_MS": "5",
                         "SMSO_LOG_LEVEL": "warning"}  # fmt: skip
@@ -183,11 +259,13 @@ def serve_case(name: str, model: Path, args: argparse.Namespace, files: list[byt
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(f"{base}/readyz", server)
-        drive(f"{base}/classify", files, args.clients, max(args.clients, requests // 10))
+        classify = multipart(f"{base}/classify", files)
+        drive(classify, args.clients, max(args.clients, requests // 10))
         before = scrape(f"{base}/metrics")
-        load = drive(f"{base}/classify", files, args.clients, requests)
+        load = drive(classify, args.clients, requests)
         after = scrape(f"{base}/metrics")
         memory = rss_mib(server.pid)
+        protocols = protocol_case(base, model, files, args.clients, requests) if protocol else {}
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
@@ -204,7 +282,7 @@ def serve_case(name: str, model: Path, args: argparse.Namespace, files: list[byt
              "response_ms": load["mean_ms"] - decode - queue - inference,
              "mean_batch": images / max(batches, 1)}  # fmt: skip
     return {"model": name, **load, "images_per_second": load["requests_per_second"],
-            "split": split, "memory_mib": memory}  # fmt: skip
+            "split": split, "memory_mib": memory, "protocols": protocols}  # fmt: skip
 
 
 def bare_case(args: argparse.Namespace, files: list[bytes], requests: int) -> dict[str, Any]:
@@ -218,8 +296,9 @@ def bare_case(args: argparse.Namespace, files: list[bytes], requests: int) -> di
         try:
             base = f"http://127.0.0.1:{port}"
             wait_ready(f"{base}/docs", server)
-            drive(f"{base}/upload", files, args.clients, args.clients)
-            return drive(f"{base}/upload", files, args.clients, requests)
+            upload = multipart(f"{base}/upload", files)
+            drive(upload, args.clients, args.clients)
+            return drive(upload, args.clients, requests)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
@@ -259,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"settings": vars(args) | {"json": str(args.json)}, "cases": []}
     rows = []
     bare = bare_case(args, files, args.requests)
-    shipped = serve_case("fashion-mnist (shipped)", SHIPPED, args, files, args.requests, 16)
+    shipped = serve_case("fashion-mnist (shipped)", SHIPPED, args, files, args.requests, 16,
+                         protocol=True)  # fmt: skip
     shipped_raw = raw_session(SHIPPED, files, (1, 16, 64, 256))
     report["bare"] = bare
     report["cases"].append({"service": shipped, "raw": shipped_raw})
@@ -294,6 +374,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "resnet_service_over_raw" in ratios:
         print(f"resnet50 p=2048: service img/s / raw session img/s = "
               f"{ratios['resnet_service_over_raw']:.2f} (target >= 0.85)")  # fmt: skip
+    print()
+    print("Open Inference Protocol, shipped model, same JPEGs (median of interleaved rounds):")
+    print()
+    print("| route | req/s | p50 ms | p95 ms | p99 ms | req/s by round |")
+    print("|---|--:|--:|--:|--:|---|")
+    for route, r in shipped["protocols"].items():
+        rounds = ", ".join(f"{x:.0f}" for x in r["rounds_rps"])
+        print(f"| {route} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | "
+              f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {rounds} |")  # fmt: skip
+    print()
     memory = shipped["memory_mib"]
     print(f"server resident memory with the shipped model: {memory['VmRSS']:.0f} MiB "
           f"(peak {memory['VmHWM']:.0f} MiB)")  # fmt: skip

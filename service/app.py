@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
@@ -29,11 +27,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import schemas
 from service.backend import Backend, OnnxBackend
-from service.batcher import MicroBatcher, QueueFullError
+from service.batcher import MicroBatcher
+from service.dependencies import ReadyState, authorize
 from service.errors import ServiceError, install_error_handlers
-from service.images import ImageError, ImageTooLargeError, Preprocessor
+from service.images import Preprocessor
 from service.inputs import Upload, read_uploads
 from service.metrics import Metrics, MetricsMiddleware
+from service.oip import build_router
+from service.pipeline import Outputs, ServiceState, decode_all, run_batched, softmax
 from service.settings import Settings
 
 __all__ = ["create_app"]
@@ -59,59 +60,9 @@ IMAGE_BODY = {
 }
 
 
-@dataclass
-class _State:
-    settings: Settings
-    backend: Backend | None = None
-    batcher: MicroBatcher | None = None
-    preprocess: Preprocessor | None = None
-    decoder: ThreadPoolExecutor | None = None
-    metrics: Metrics | None = None
-    ready: bool = False
-    draining: bool = False
-    failed: bool = False
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max()
-    exp = np.exp(shifted)
-    return exp / exp.sum()
-
-
-async def authorize(request: Request) -> None:
-    """401 unless the request carries the API key (when one is set), compared in constant time."""
-    key = request.app.state.smso.settings.api_key
-    if key is None:
-        return
-    given = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
-    if given is None and auth[:7].lower() == "bearer ":
-        given = auth[7:].strip()
-    expected = key.get_secret_value().encode()
-    if given is None or not hmac.compare_digest(given.encode(), expected):
-        raise ServiceError(
-            401, "unauthorized",
-            "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )  # fmt: skip
-
-
-async def ready_state(request: Request) -> _State:
-    """The app's state once the model is warmed up; 503 before and while draining (async: a
-    plain def would make FastAPI hop to a worker thread on every request)."""
-    state: _State = request.app.state.smso
-    if not state.ready:
-        raise ServiceError(503, "not_ready", "the model is loading or the server is draining",
-                           headers={"Retry-After": "1"})  # fmt: skip
-    return state
-
-
-ReadyState = Annotated[_State, Depends(ready_state)]
-
-
 def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake)."""
-    state = _State(settings)
+    state = ServiceState(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -192,7 +143,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         classes = s.backend.card.classes  # type: ignore[union-attr]
         results = []
         for upload, (logits, _) in zip(uploads, outputs, strict=True):
-            scores = _softmax(logits)
+            scores = softmax(logits)
             order = np.argsort(-scores, kind="stable")[: min(top_k, len(classes))]
             results.append({
                 "filename": upload.filename,
@@ -223,15 +174,16 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         dim = s.backend.card.model.embedding_dim  # type: ignore[union-attr]
         return JSONResponse({"model": _model(s), "dim": dim, "results": results})
 
+    app.include_router(build_router())
     return app
 
 
-def _model(state: _State) -> dict[str, str]:
+def _model(state: ServiceState) -> dict[str, str]:
     card = state.backend.card  # type: ignore[union-attr]
     return {"name": card.name, "version": card.model_version}
 
 
-async def _load(state: _State) -> None:
+async def _load(state: ServiceState) -> None:
     """Load the model (unless given), start the batcher, warm up, then turn ready."""
     settings = state.settings
     try:
@@ -260,7 +212,7 @@ async def _load(state: _State) -> None:
     log.info("ready: %s (%s) on %s", card.name, card.model_version, ", ".join(backend.providers))
 
 
-async def _warm_up(state: _State) -> None:
+async def _warm_up(state: ServiceState) -> None:
     """Run every batch size the batcher can form once, so no request pays for a first call."""
     spec = state.backend.card.input  # type: ignore[union-attr]
     rng = np.random.default_rng(0)
@@ -269,23 +221,9 @@ async def _warm_up(state: _State) -> None:
         await state.batcher.run_direct(images)  # type: ignore[union-attr]
 
 
-async def _decode(state: _State, upload: Upload) -> np.ndarray:
-    loop = asyncio.get_running_loop()
-    start = time.perf_counter()
-    try:
-        image = await loop.run_in_executor(state.decoder, state.preprocess, upload.data,
-                                           upload.filename)  # fmt: skip
-    except ImageTooLargeError as error:
-        raise ServiceError(413, "image_too_large", str(error)) from None
-    except ImageError as error:
-        raise ServiceError(400, "invalid_image", str(error)) from None
-    state.metrics.decode.observe(time.perf_counter() - start)  # type: ignore[union-attr]
-    return image
-
-
 async def _infer(
-    state: _State, request: Request, route: str
-) -> tuple[list[Upload], list[tuple[np.ndarray, np.ndarray]]]:
+    state: ServiceState, request: Request, route: str
+) -> tuple[list[Upload], list[Outputs]]:
     """Read, decode and run the request's images under its deadline."""
     settings = state.settings
     deadline = time.perf_counter() + settings.request_timeout_s
@@ -295,26 +233,5 @@ async def _infer(
     if len(uploads) > settings.max_files:
         raise ServiceError(413, "too_many_files",
                            f"{len(uploads)} files; at most {settings.max_files} per request")  # fmt: skip
-    images = await asyncio.gather(*(_decode(state, u) for u in uploads))
-    futures = []
-    try:
-        for image in images:
-            futures.append(state.batcher.submit(image))  # type: ignore[union-attr]
-    except QueueFullError:
-        for future in futures:
-            future.cancel()
-        raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
-                           headers={"Retry-After": "1"}) from None  # fmt: skip
-    try:
-        async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
-            outputs = await asyncio.gather(*futures)
-    except TimeoutError:
-        for future in futures:
-            future.cancel()
-        raise ServiceError(504, "deadline_exceeded",
-                           f"no answer within {settings.request_timeout_s:g} s") from None  # fmt: skip
-    except Exception as error:
-        log.error("inference failed: %s", error)
-        raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
-    state.metrics.images.labels(route).inc(len(uploads))  # type: ignore[union-attr]
-    return uploads, outputs
+    images = await decode_all(state, uploads)
+    return uploads, await run_batched(state, images, deadline, route)

@@ -1,4 +1,5 @@
-"""Every error the service returns is JSON ``{"error": {"code", "message"}}`` with its status.
+"""Every error the service returns is JSON ``{"error": {"code", "message"}}`` with its status;
+under ``/v2`` (the Open Inference Protocol) it is the protocol's ``{"error": "message"}``.
 
 :class:`ServiceError` carries a status, a stable machine-readable code and a message for people;
 the handlers installed by :func:`install_error_handlers` render it, FastAPI's validation errors
@@ -15,9 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["ServiceError", "error_body", "install_error_handlers"]
+__all__ = ["OIP_PREFIX", "ServiceError", "error_body", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
+
+#: Routes under this prefix speak the Open Inference Protocol, errors included.
+OIP_PREFIX = "/v2"
 
 
 class ServiceError(Exception):
@@ -37,6 +41,14 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
     return {"error": {"code": code, "message": message}}
 
 
+def _render(
+    request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    if request.url.path.startswith(OIP_PREFIX):
+        return JSONResponse({"error": message}, status, headers=headers)
+    return JSONResponse(error_body(code, message), status, headers=headers)
+
+
 def _validation_message(error: RequestValidationError) -> str:
     parts = []
     for item in error.errors():
@@ -46,22 +58,23 @@ def _validation_message(error: RequestValidationError) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Render every error as ``{"error": {"code", "message"}}``."""
+    """Render every error as ``{"error": {"code", "message"}}`` (``{"error": "message"}`` under
+    ``/v2``)."""
 
     @app.exception_handler(ServiceError)
-    async def _service(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)
+    async def _service(request: Request, exc: ServiceError) -> JSONResponse:
+        return _render(request, exc.status, exc.code, exc.message, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body("invalid_request", _validation_message(exc)), 422)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _render(request, 422, "invalid_request", _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
+        return _render(request, exc.status_code, code, str(exc.detail), exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal_error", "the server failed; see its log"), 500)
+        return _render(request, 500, "internal_error", "the server failed; see its log")

@@ -19,7 +19,7 @@ from starlette.types import Message
 
 from service.errors import ServiceError
 
-__all__ = ["Upload", "read_uploads"]
+__all__ = ["Upload", "read_body", "read_uploads"]
 
 GENERIC_TYPES = {"", "application/octet-stream"}
 
@@ -60,6 +60,14 @@ def _limited(request: Request, limit: int) -> Request:
         return message
 
     return Request(request.scope, receive)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body; 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large("the request body", limit)
+    return await _limited(request, limit).body()
 
 
 async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:

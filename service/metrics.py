@@ -1,7 +1,8 @@
 """Prometheus metrics of one app, in its own registry (a fresh app per test, no global state).
 
 Requests are labelled by route template (``/classify``, never a raw path) and status; health
-checks and scrapes (``/healthz``, ``/readyz``, ``/metrics``) are not counted. Names end in
+checks and scrapes (``/healthz``, ``/readyz``, ``/metrics``, and the Open Inference Protocol's
+``/v2/health/*`` and ``.../ready``) are not counted. Names end in
 ``_total`` or ``_seconds`` (or name a plain quantity: batch size, queue depth).
 """
 
@@ -15,10 +16,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import BatchStats
 
-__all__ = ["NOT_COUNTED", "Metrics", "MetricsMiddleware"]
+__all__ = ["NOT_COUNTED", "Metrics", "MetricsMiddleware", "counted"]
 
 NOT_COUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def counted(path: str) -> bool:
+    """False for health checks and scrapes."""
+    if path in NOT_COUNTED:
+        return False
+    return not (
+        path.startswith("/v2/health/") or (path.startswith("/v2/") and path.endswith("/ready"))
+    )
 
 
 class Metrics:
@@ -72,7 +82,7 @@ class MetricsMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in NOT_COUNTED:
+        if scope["type"] != "http" or not counted(scope["path"]):
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()

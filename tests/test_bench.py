@@ -198,3 +198,7 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     assert set(service["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "response_ms"}
     assert report["ratios"]["shipped_rps_over_bare"] > 0
     assert "resident memory" in proc.stdout
+    protocols = service["protocols"]
+    assert len(protocols) == 3
+    assert "/v2 infer, preprocessed binary FP32" in protocols
+    assert all(r["failures"] == 0 and r["requests_per_second"] > 0 for r in protocols.values())

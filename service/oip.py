@@ -1,0 +1,331 @@
+"""The Open Inference Protocol's REST API (KServe v2; what Triton and ``tritonclient`` speak).
+
+Routes, under ``/v2``: server metadata, live and ready; the model's metadata, readiness and
+``infer`` (each also under ``/versions/{version}``). The model is the ONNX file being served,
+named by its card (``<dataset>-<backbone>-<head>``), version the checkpoint's sha256 prefix.
+
+Inputs (exactly one per request):
+
+* ``image``: ``FP32 [N, C, H, W]``, preprocessed as the card says (what ``/classify`` feeds the
+  model after decoding);
+* ``image_bytes``: ``BYTES [N]``, encoded images (JPEG, PNG, ...), decoded as ``/classify``
+  decodes uploads. Binary tensors carry the raw bytes; JSON strings cannot, so in JSON each
+  element is the image base64-encoded.
+
+Outputs ``logits`` ``FP32 [N, K]`` and ``embedding`` ``FP32 [N, p]``, JSON or binary; with the
+classification extension (``"parameters": {"classification": k}`` on ``logits``) the top k
+classes as ``BYTES [N, k]`` strings ``"score:index:label"``, scores being softmax probabilities
+(the ``/classify`` scores). Requests go through the same micro-batcher as ``/classify``.
+Errors are the protocol's ``{"error": "..."}`` and say what was expected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from service.dependencies import ReadyState, authorize
+from service.errors import ServiceError
+from service.inputs import Upload, read_body
+from service.oip_codec import (
+    HEADER_LENGTH,
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    ProtocolError,
+    RequestedOutput,
+    decompress,
+    encode_response,
+    parse_request,
+)
+from service.pipeline import Outputs, ServiceState, decode_all, run_batched, softmax
+
+__all__ = ["EXTENSIONS", "SERVER_NAME", "build_router"]
+
+SERVER_NAME = "smso"
+EXTENSIONS = ["classification", "binary_tensor_data"]
+TENSOR_INPUT, BYTES_INPUT = "image", "image_bytes"
+OUTPUTS = ("logits", "embedding")
+#: Request bodies at least this large are parsed in the decode pool, off the event loop.
+INLINE_PARSE_BYTES = 256 * 1024
+
+INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"type": "object"},
+                "example": {
+                    "inputs": [
+                        {
+                            "name": "image_bytes",
+                            "shape": [1],
+                            "datatype": "BYTES",
+                            "data": ["<base64 of a JPEG or PNG file>"],
+                        }
+                    ],
+                    "outputs": [
+                        {"name": "logits", "parameters": {"classification": 3}},
+                        {"name": "embedding"},
+                    ],
+                },
+            },
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": f"binary tensor extension: JSON header ({HEADER_LENGTH} bytes) "
+                "followed by the tensors' bytes",
+            },
+        },
+    }
+}
+
+
+def _server_version() -> str:
+    try:
+        return version("smso")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> ServiceError:
+    return ServiceError(status, "protocol_error", message, headers)
+
+
+def _check_model(state: ServiceState, name: str, model_version: str | None) -> None:
+    """404 unless ``name`` (and ``model_version``, when given) is the model served here."""
+    card = state.backend.card  # type: ignore[union-attr]
+    if name != card.name or model_version not in (None, card.model_version):
+        asked = name if model_version is None else f"{name} version {model_version}"
+        raise _error(404, f"model {asked!r} is not served here; this server serves "
+                          f"{card.name!r} version {card.model_version!r}")  # fmt: skip
+
+
+def _model_metadata(state: ServiceState) -> dict[str, Any]:
+    card = state.backend.card  # type: ignore[union-attr]
+    spec = card.input
+    return {
+        "name": card.name,
+        "versions": [card.model_version],
+        "platform": "onnxruntime_onnx",
+        "inputs": [
+            {"name": TENSOR_INPUT, "datatype": "FP32",
+             "shape": [-1, spec.channels, spec.height, spec.width]},
+            {"name": BYTES_INPUT, "datatype": "BYTES", "shape": [-1]},
+        ],
+        "outputs": [
+            {"name": "logits", "datatype": "FP32", "shape": [-1, len(card.classes)]},
+            {"name": "embedding", "datatype": "FP32", "shape": [-1, card.model.embedding_dim]},
+        ],
+    }  # fmt: skip
+
+
+def _expected(state: ServiceState) -> str:
+    spec = state.backend.card.input  # type: ignore[union-attr]
+    return (
+        f"send exactly one input: {TENSOR_INPUT!r} (FP32, shape [N, {spec.channels}, "
+        f"{spec.height}, {spec.width}], preprocessed) or {BYTES_INPUT!r} (BYTES, shape [N], "
+        "encoded images; base64 strings in JSON, raw bytes as binary data)"
+    )
+
+
+def _batch_size(state: ServiceState, n: int, name: str) -> None:
+    limit = state.settings.max_files
+    if not 1 <= n <= limit:
+        raise _error(400 if n < 1 else 413,
+                     f"input {name!r} holds {n} images; send 1 to {limit} per request")  # fmt: skip
+
+
+def _tensor_images(state: ServiceState, tensor: InputTensor) -> list[np.ndarray]:
+    spec = state.backend.card.input  # type: ignore[union-attr]
+    want = (spec.channels, spec.height, spec.width)
+    if tensor.datatype != "FP32":
+        hint = f" (encoded images go in {BYTES_INPUT!r})" if tensor.datatype == "BYTES" else ""
+        raise _error(400, f"input {TENSOR_INPUT!r} must be FP32, got {tensor.datatype}{hint}")
+    if len(tensor.shape) != 4 or tensor.shape[1:] != want:
+        raise _error(400, f"input {TENSOR_INPUT!r} must have shape [N, {want[0]}, {want[1]}, "
+                          f"{want[2]}], got {list(tensor.shape)}")  # fmt: skip
+    _batch_size(state, tensor.shape[0], TENSOR_INPUT)
+    array = np.asarray(tensor.data, np.float32)
+    if not np.isfinite(array).all():
+        raise _error(400, f"input {TENSOR_INPUT!r} holds NaN or infinite values")
+    return [np.ascontiguousarray(row) for row in array]
+
+
+def _encoded_images(state: ServiceState, tensor: InputTensor) -> list[Upload]:
+    if tensor.datatype != "BYTES":
+        raise _error(400, f"input {BYTES_INPUT!r} must be BYTES (encoded images), got "
+                          f"{tensor.datatype}; a preprocessed FP32 tensor goes in "
+                          f"{TENSOR_INPUT!r}")  # fmt: skip
+    if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
+        raise _error(400, f"input {BYTES_INPUT!r} must have shape [N] (or [N, 1]), "
+                          f"got {list(tensor.shape)}")  # fmt: skip
+    _batch_size(state, tensor.shape[0], BYTES_INPUT)
+    limit = state.settings.max_upload_bytes
+    uploads = []
+    for i, item in enumerate(tensor.data):
+        name = f"{BYTES_INPUT}[{i}]"
+        data = item if tensor.binary else _base64(item, name)  # type: ignore[arg-type]
+        if len(data) > limit:
+            raise _error(413, f"{name} is larger than {limit:,} bytes")
+        uploads.append(Upload(name, data))
+    return uploads
+
+
+def _base64(text: bytes, name: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise _error(400, f"{name}: BYTES in JSON must be base64-encoded images (raw image "
+                          "bytes are not valid JSON strings); or send them as binary data "
+                          "(binary_data_size)") from None  # fmt: skip
+
+
+def _requested(state: ServiceState, request: InferRequest) -> list[RequestedOutput]:
+    """The outputs to answer, checked before any inference runs."""
+    if request.outputs is None:
+        return [RequestedOutput(name, request.binary_output) for name in OUTPUTS]
+    for output in request.outputs:
+        if output.name not in OUTPUTS:
+            raise _error(400, f"unknown output {output.name!r}; outputs: {', '.join(OUTPUTS)}")
+        if output.classification and output.name != "logits":
+            raise _error(400, f"classification applies to 'logits', not {output.name!r}")
+    return request.outputs
+
+
+def _classification(state: ServiceState, logits: np.ndarray, k: int) -> list[bytes]:
+    """Row-major ``"score:index:label"`` of each image's top ``k`` classes, best first."""
+    classes = state.backend.card.classes  # type: ignore[union-attr]
+    scores = softmax(logits)  # (N, K)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [f"{scores[n, i]:f}:{i}:{classes[i]}".encode()
+            for n in range(len(scores)) for i in order[n]]  # fmt: skip
+
+
+def _answer(
+    state: ServiceState, wanted: list[RequestedOutput], outputs: list[Outputs]
+) -> list[OutputTensor]:
+    logits = np.stack([o[0] for o in outputs])  # (N, K)
+    embedding = np.stack([o[1] for o in outputs])  # (N, p)
+    tensors = []
+    for output in wanted:
+        if output.classification:
+            k = min(output.classification, logits.shape[1])
+            strings = _classification(state, logits, k)
+            tensors.append(OutputTensor("logits", "BYTES", (len(logits), k), strings,
+                                        output.binary))  # fmt: skip
+        else:
+            array = logits if output.name == "logits" else embedding
+            tensors.append(OutputTensor(output.name, "FP32", array.shape, array, output.binary))
+    return tensors
+
+
+def _deadline(state: ServiceState, request: InferRequest) -> float:
+    """The server's deadline, or the client's ``timeout`` parameter (microseconds) if sooner."""
+    seconds = state.settings.request_timeout_s
+    timeout = request.parameters.get("timeout")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+        seconds = min(seconds, timeout / 1e6)
+    return time.perf_counter() + seconds
+
+
+async def _infer(state: ServiceState, http: Request, route: str) -> Response:
+    settings = state.settings
+    body = await read_body(http, settings.max_request_bytes)
+    raw_length = http.headers.get(HEADER_LENGTH)
+    if raw_length is not None and not raw_length.strip().isdigit():
+        raise _error(400, f"{HEADER_LENGTH} must be a number of bytes, got {raw_length!r}")
+    length = int(raw_length) if raw_length is not None else None
+    try:
+        body = decompress(body, http.headers.get("content-encoding"), settings.max_request_bytes)
+        if len(body) < INLINE_PARSE_BYTES:
+            request = parse_request(body, length)
+        else:  # parsing megabytes of JSON numbers would stall every other request
+            loop = asyncio.get_running_loop()
+            request = await loop.run_in_executor(state.decoder, parse_request, body, length)
+    except ProtocolError as error:
+        raise _error(error.status, str(error)) from None
+    deadline = _deadline(state, request)
+    wanted = _requested(state, request)
+    if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
+        names = [t.name for t in request.inputs]
+        raise _error(400, f"inputs {names} not understood: {_expected(state)}")
+    tensor = request.inputs[0]
+    if tensor.name == TENSOR_INPUT:
+        images = _tensor_images(state, tensor)
+    else:
+        images = await decode_all(state, _encoded_images(state, tensor))
+    outputs = await run_batched(state, images, deadline, route)
+    card = state.backend.card  # type: ignore[union-attr]
+    body, header_length = encode_response(
+        card.name, card.model_version, request.id, _answer(state, wanted, outputs)
+    )
+    if header_length is None:
+        return Response(body, media_type="application/json")
+    return Response(body, media_type="application/octet-stream",
+                    headers={HEADER_LENGTH: str(header_length)})  # fmt: skip
+
+
+def build_router() -> APIRouter:
+    """The ``/v2`` routes; the app's state is read from ``request.app.state.smso``."""
+    router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+
+    @router.get("")
+    async def server_metadata() -> dict[str, Any]:
+        """Server name, version and the protocol extensions it supports."""
+        return {"name": SERVER_NAME, "version": _server_version(), "extensions": EXTENSIONS}
+
+    @router.get("/health/live")
+    async def server_live() -> dict[str, bool]:
+        """200 while the process answers."""
+        return {"live": True}
+
+    @router.get("/health/ready")
+    async def server_ready(request: Request) -> JSONResponse:
+        """200 once the model is loaded and warmed up; 400 (the protocol's "false") before and
+        while draining."""
+        ready = request.app.state.smso.ready
+        return JSONResponse({"ready": ready}, 200 if ready else 400)
+
+    @router.get("/models/{model_name}/ready")
+    @router.get("/models/{model_name}/versions/{model_version}/ready")
+    async def model_ready(
+        request: Request, model_name: str, model_version: str | None = None
+    ) -> JSONResponse:
+        """200 when this model is served and ready; 400 while loading or draining."""
+        state: ServiceState = request.app.state.smso
+        if state.backend is None:
+            return JSONResponse({"name": model_name, "ready": False}, 400)
+        _check_model(state, model_name, model_version)
+        return JSONResponse({"name": model_name, "ready": state.ready}, 200 if state.ready else 400)
+
+    @router.get("/models/{model_name}", dependencies=[Depends(authorize)])
+    @router.get("/models/{model_name}/versions/{model_version}", dependencies=[Depends(authorize)])
+    async def model_metadata(
+        s: ReadyState, model_name: str, model_version: str | None = None
+    ) -> dict[str, Any]:
+        """The model's inputs and outputs: names, datatypes and shapes (-1: any batch size)."""
+        _check_model(s, model_name, model_version)
+        return _model_metadata(s)
+
+    @router.post("/models/{model_name}/infer", dependencies=[Depends(authorize)],
+                 openapi_extra=INFER_BODY, response_class=Response)  # fmt: skip
+    @router.post("/models/{model_name}/versions/{model_version}/infer",
+                 dependencies=[Depends(authorize)], openapi_extra=INFER_BODY,
+                 response_class=Response)  # fmt: skip
+    async def infer(
+        request: Request, s: ReadyState, model_name: str, model_version: str | None = None
+    ) -> Response:
+        """Inference on a preprocessed FP32 tensor or on encoded images (JSON or binary)."""
+        _check_model(s, model_name, model_version)
+        route = getattr(request.scope.get("route"), "path", "/v2/models/{model_name}/infer")
+        return await _infer(s, request, route)
+
+    return router

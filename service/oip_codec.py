@@ -1,0 +1,331 @@
+"""Bodies of the Open Inference Protocol's ``infer`` (KServe v2, the protocol Triton speaks).
+
+A request body is a JSON object, optionally followed by the binary tensor data extension's raw
+tensors (the JSON's length in the ``Inference-Header-Content-Length`` header; each binary input
+says its size in ``parameters.binary_data_size``). Binary tensors are little-endian and row
+major; a ``BYTES`` element is a 4-byte little-endian length followed by that many bytes.
+
+:func:`parse_request` turns a body into an :class:`InferRequest` of numpy arrays (``BYTES``:
+lists of ``bytes``) and :func:`encode_response` writes the answer, JSON or binary per output.
+Every problem raises :class:`ProtocolError` with a message that says what was expected.
+Nothing here knows about the model: ``service.oip`` checks names, shapes and datatypes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DATATYPES",
+    "HEADER_LENGTH",
+    "InferRequest",
+    "InputTensor",
+    "OutputTensor",
+    "ProtocolError",
+    "RequestedOutput",
+    "decompress",
+    "encode_response",
+    "pack_bytes",
+    "parse_request",
+    "unpack_bytes",
+]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+#: The protocol's datatypes and their numpy types (``BYTES``: Python ``bytes`` elements).
+DATATYPES: dict[str, Any] = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BYTES": object,
+}  # fmt: skip
+
+
+class ProtocolError(ValueError):
+    """A request the protocol (or this server) cannot accept; ``status`` is its HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One input: numeric ``data`` is a numpy array of ``shape``; ``BYTES`` a list of bytes."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | list[bytes]
+    binary: bool
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for: as binary data or JSON, and top-``classification``."""
+
+    name: str
+    binary: bool
+    classification: int = 0
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    id: str | None
+    inputs: list[InputTensor]
+    #: None: every output, binary when the request's ``binary_data_output`` is true
+    outputs: list[RequestedOutput] | None
+    binary_output: bool
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """One output: numeric ``data`` or, for ``BYTES``, a list of bytes (row major)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | list[bytes]
+    binary: bool
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body under its ``Content-Encoding`` (``gzip`` or ``deflate``: tritonclient's
+    compression options), refused once it inflates beyond ``limit`` bytes."""
+    if not encoding or encoding == "identity":
+        return body
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding.lower())
+    if wbits is None:
+        raise ProtocolError(
+            f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none", 415
+        )
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise ProtocolError(f"the body is not valid {encoding} data: {error}") from None
+    if len(out) > limit:
+        raise ProtocolError(f"the decompressed request body is larger than {limit:,} bytes", 413)
+    return out
+
+
+def pack_bytes(items: list[bytes]) -> bytes:
+    """``BYTES`` elements in the binary format: ``<uint32 length><bytes>`` each."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def unpack_bytes(buffer: bytes, count: int, name: str) -> list[bytes]:
+    """``count`` length-prefixed elements that fill ``buffer`` exactly."""
+    items, offset = [], 0
+    for i in range(count):
+        if offset + 4 > len(buffer):
+            raise ProtocolError(f"input {name!r}: binary BYTES data ends before element {i}")
+        (size,) = struct.unpack_from("<I", buffer, offset)
+        offset += 4
+        if offset + size > len(buffer):
+            raise ProtocolError(
+                f"input {name!r}: element {i} says {size} bytes but only "
+                f"{len(buffer) - offset} remain"
+            )
+        items.append(bytes(buffer[offset : offset + size]))
+        offset += size
+    if offset != len(buffer):
+        raise ProtocolError(
+            f"input {name!r}: {len(buffer) - offset} bytes left after {count} BYTES elements "
+            "(shape and data disagree)"
+        )
+    return items
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Row-major elements of a flat or nested JSON list."""
+    if not isinstance(data, list):
+        return [data]
+    if not data or not isinstance(data[0], list):
+        return data
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item))
+    return out
+
+
+def _shape(raw: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    ):
+        raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers")
+    return tuple(raw)
+
+
+def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    if "data" not in raw:
+        raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+    elements = _flatten(raw["data"])
+    count = math.prod(shape)
+    if len(elements) != count:
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} needs {count} elements, 'data' has "
+            f"{len(elements)}"
+        )
+    if datatype == "BYTES":
+        if not all(isinstance(e, str) for e in elements):
+            raise ProtocolError(f"input {name!r}: BYTES data in JSON must be strings")
+        return [e.encode() for e in elements]
+    try:
+        return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
+    except (TypeError, ValueError, OverflowError):
+        raise ProtocolError(f"input {name!r}: 'data' is not all {datatype} numbers") from None
+
+
+def _binary_data(buffer: bytes, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return unpack_bytes(buffer, count, name)
+    dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    if len(buffer) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} of {datatype} is {count * dtype.itemsize} "
+            f"bytes, binary_data_size says {len(buffer)}"
+        )
+    return np.frombuffer(buffer, dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+
+
+def _header(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
+    if header_length is not None and not 0 < header_length <= len(body):
+        raise ProtocolError(f"{HEADER_LENGTH} is {header_length} but the body is {len(body)} bytes")
+    end = len(body) if header_length is None else header_length
+    try:
+        header = json.loads(body[:end])
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        hint = "" if header_length is not None else (
+            f" (binary tensors need the {HEADER_LENGTH} header)"
+        )  # fmt: skip
+        raise ProtocolError(f"the request is not valid JSON: {error}{hint}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("the request must be a JSON object with 'inputs'")
+    return header, memoryview(body)[end:]
+
+
+def _parameters(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where}: 'parameters' must be an object")
+    return raw
+
+
+def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("the request needs a non-empty 'inputs' list")
+    inputs, offset = [], 0
+    for i, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ProtocolError(f"inputs[{i}] must be an object with a 'name'")
+        name = raw["name"]
+        datatype = raw.get("datatype")
+        if datatype not in DATATYPES:
+            raise ProtocolError(
+                f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
+            )
+        shape = _shape(raw.get("shape"), name)
+        parameters = _parameters(raw.get("parameters"), f"input {name!r}")
+        if "shared_memory_region" in parameters:
+            raise ProtocolError("the shared-memory extension is not supported; send the data")
+        size = parameters.get("binary_data_size")
+        if size is None:
+            data = _json_data(raw, name, datatype, shape)
+        else:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise ProtocolError(
+                    f"input {name!r}: binary_data_size {size!r} does not fit the "
+                    f"{len(binary) - offset} binary bytes left in the body"
+                )
+            data = _binary_data(bytes(binary[offset : offset + size]), name, datatype, shape)
+            offset += size
+        inputs.append(InputTensor(name, datatype, shape, data, size is not None))
+    if offset != len(binary):
+        raise ProtocolError(
+            f"{len(binary) - offset} bytes after the JSON header belong to no input "
+            "(check binary_data_size)"
+        )
+    return inputs
+
+
+def _outputs(header: dict[str, Any]) -> list[RequestedOutput] | None:
+    raw_outputs = header.get("outputs")
+    if raw_outputs is None:
+        return None
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError("'outputs' must be a list")
+    outputs = []
+    for i, raw in enumerate(raw_outputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ProtocolError(f"outputs[{i}] must be an object with a 'name'")
+        parameters = _parameters(raw.get("parameters"), f"output {raw['name']!r}")
+        if "shared_memory_region" in parameters:
+            raise ProtocolError("the shared-memory extension is not supported")
+        k = parameters.get("classification", 0)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ProtocolError(
+                f"output {raw['name']!r}: classification must be a non-negative integer"
+            )
+        binary = parameters.get("binary_data", False)
+        outputs.append(RequestedOutput(raw["name"], bool(binary), k))
+    return outputs
+
+
+def parse_request(body: bytes, header_length: int | None) -> InferRequest:
+    """An inference request from its body (JSON, or JSON + binary tensors)."""
+    header, binary = _header(body, header_length)
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise ProtocolError("'id' must be a string")
+    parameters = _parameters(header.get("parameters"), "the request")
+    return InferRequest(
+        id=request_id,
+        inputs=_inputs(header, binary),
+        outputs=_outputs(header),
+        binary_output=bool(parameters.get("binary_data_output", False)),
+        parameters=parameters,
+    )
+
+
+def encode_response(
+    model_name: str, model_version: str, request_id: str | None, outputs: list[OutputTensor]
+) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header's length."""
+    header: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        header["id"] = request_id
+    entries, chunks = [], []
+    for output in outputs:
+        entry: dict[str, Any] = {
+            "name": output.name, "datatype": output.datatype, "shape": list(output.shape),
+        }  # fmt: skip
+        if output.binary:
+            if output.datatype == "BYTES":
+                chunk = pack_bytes(output.data)  # type: ignore[arg-type]
+            else:
+                array = np.ascontiguousarray(output.data, DATATYPES[output.datatype])
+                chunk = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        elif output.datatype == "BYTES":
+            entry["data"] = [item.decode() for item in output.data]  # type: ignore[union-attr]
+        else:
+            entry["data"] = np.asarray(output.data).reshape(-1).tolist()
+        entries.append(entry)
+    header["outputs"] = entries
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if not chunks:
+        return text, None
+    return b"".join([text, *chunks]), len(text)

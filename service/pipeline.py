@@ -1,0 +1,108 @@
+"""The request pipeline every inference route shares: decode images off the event loop, queue
+them in the micro-batcher and await their rows of the outputs under the request's deadline.
+
+``/classify``, ``/embed`` and the Open Inference Protocol's ``infer`` differ only in how images
+arrive and how answers are written; all of them go through :func:`decode_all` (encoded images)
+and :func:`run_batched` (preprocessed ``(C, H, W)`` float32 arrays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.backend import Backend
+from service.batcher import MicroBatcher, QueueFullError
+from service.errors import ServiceError
+from service.images import ImageError, ImageTooLargeError, Preprocessor
+from service.inputs import Upload
+from service.metrics import Metrics
+from service.settings import Settings
+
+__all__ = ["Outputs", "ServiceState", "decode_all", "run_batched", "softmax"]
+
+log = logging.getLogger("service")
+
+#: One image's ``(logits (K,), embedding (p,))``.
+Outputs = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass
+class ServiceState:
+    """What the routes of one app share; filled in by the app's lifespan."""
+
+    settings: Settings
+    backend: Backend | None = None
+    batcher: MicroBatcher | None = None
+    preprocess: Preprocessor | None = None
+    decoder: ThreadPoolExecutor | None = None
+    metrics: Metrics | None = None
+    ready: bool = False
+    draining: bool = False
+    failed: bool = False
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """``exp(l_k - max l) / sum_j exp(l_j - max l)`` over the last axis, in float64."""
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+async def _decode(state: ServiceState, upload: Upload) -> np.ndarray:
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter()
+    try:
+        image = await loop.run_in_executor(state.decoder, state.preprocess, upload.data,
+                                           upload.filename)  # fmt: skip
+    except ImageTooLargeError as error:
+        raise ServiceError(413, "image_too_large", str(error)) from None
+    except ImageError as error:
+        raise ServiceError(400, "invalid_image", str(error)) from None
+    state.metrics.decode.observe(time.perf_counter() - start)  # type: ignore[union-attr]
+    return image
+
+
+async def decode_all(state: ServiceState, uploads: Sequence[Upload]) -> list[np.ndarray]:
+    """Each encoded image decoded and preprocessed to ``(C, H, W)`` float32, in a thread pool;
+    400 (undecodable) or 413 (over the pixel limit) naming the file."""
+    return list(await asyncio.gather(*(_decode(state, u) for u in uploads)))
+
+
+async def run_batched(
+    state: ServiceState, images: Sequence[np.ndarray], deadline: float, route: str
+) -> list[Outputs]:
+    """Each ``(C, H, W)`` image through the micro-batcher; its outputs, in order.
+
+    503 when the queue is full, 504 once ``deadline`` (a ``time.perf_counter()`` value) passes,
+    500 when the batch the image ran in failed (the backend's fault, not the client's).
+    """
+    futures = []
+    try:
+        for image in images:
+            futures.append(state.batcher.submit(image))  # type: ignore[union-attr]
+    except QueueFullError:
+        for future in futures:
+            future.cancel()
+        raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
+                           headers={"Retry-After": "1"}) from None  # fmt: skip
+    try:
+        async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
+            outputs = await asyncio.gather(*futures)
+    except TimeoutError:
+        for future in futures:
+            future.cancel()
+        timeout = state.settings.request_timeout_s
+        raise ServiceError(504, "deadline_exceeded",
+                           f"no answer within the deadline (at most {timeout:g} s)") from None  # fmt: skip
+    except Exception as error:
+        log.error("inference failed: %s", error)
+        raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
+    state.metrics.images.labels(route).inc(len(images))  # type: ignore[union-attr]
+    return list(outputs)
