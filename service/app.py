@@ -190,7 +190,7 @@ async def _load(state: ServiceState) -> None:
         if state.backend is None:
             state.backend = await asyncio.get_running_loop().run_in_executor(
                 None, OnnxBackend, settings.model_path, settings.providers,
-                settings.intra_op_threads,
+                settings.intra_op_threads, settings.intra_op_spinning,
             )  # fmt: skip
         backend = state.backend
         state.preprocess = Preprocessor(backend.card.preprocessing, settings.max_pixels)

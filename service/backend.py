@@ -64,16 +64,22 @@ def _quiet() -> Iterator[None]:
             os.close(fd)
 
 
-def _session(path: Path, providers: list[str], threads: int) -> ort.InferenceSession:
+def _session(
+    path: Path, providers: list[str], threads: int, spinning: bool = False
+) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: no warnings about providers that are absent
     if threads:
         options.intra_op_num_threads = threads
+    # onnxruntime's pool threads busy-wait for work between operators by default; in a server
+    # that burns the cores that decoding and HTTP need (measured: 2 ms of CPU per request on the
+    # shipped model, more than the inference itself), so they sleep unless asked to spin.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(str(path), options, providers=providers)
 
 
 def choose_providers(
-    spec: str, path: Path, threads: int = 0
+    spec: str, path: Path, threads: int = 0, spinning: bool = False
 ) -> tuple[ort.InferenceSession, list[str]]:
     """A session on the providers ``spec`` names (``"auto"`` or a comma-separated list)."""
     available = ort.get_available_providers()
@@ -85,7 +91,7 @@ def choose_providers(
                 f"execution providers {missing} are not available in this onnxruntime; "
                 f"available: {available}"
             )
-        session = _session(path, wanted, threads)
+        session = _session(path, wanted, threads, spinning)
         return session, session.get_providers()
     if not _has_nvidia_gpu():  # a CUDA build of onnxruntime on a machine without a GPU
         available = [p for p in available if p not in ACCELERATED]
@@ -94,24 +100,26 @@ def choose_providers(
             continue
         try:
             with _quiet():  # a missing CUDA library is reported by the C++ logger and print()
-                session = _session(path, [accelerated, "CPUExecutionProvider"], threads)
+                session = _session(path, [accelerated, "CPUExecutionProvider"], threads, spinning)
         except Exception as error:  # onnxruntime raises bare RuntimeErrors of its own types
             log.info("%s is not usable here (%s)", accelerated, str(error).splitlines()[0][:200])
             continue
         if session.get_providers()[0] == accelerated:
             return session, session.get_providers()
         log.info("%s is not usable here (its libraries did not load)", accelerated)
-    session = _session(path, ["CPUExecutionProvider"], threads)
+    session = _session(path, ["CPUExecutionProvider"], threads, spinning)
     return session, session.get_providers()
 
 
 class OnnxBackend:
     """An ONNX file written by smso-export, run by onnxruntime."""
 
-    def __init__(self, path: str | Path, providers: str = "auto", threads: int = 0) -> None:
+    def __init__(
+        self, path: str | Path, providers: str = "auto", threads: int = 0, spinning: bool = False
+    ) -> None:
         path = Path(path)
         try:
-            self.session, self.providers = choose_providers(providers, path, threads)
+            self.session, self.providers = choose_providers(providers, path, threads, spinning)
         except ValueError:
             raise
         except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...

@@ -41,6 +41,11 @@ class Settings(BaseSettings):
         "than that contend with onnxruntime and the event loop for the cores)",
     )  # fmt: skip
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
+    intra_op_spinning: bool = Field(
+        False,
+        description="let onnxruntime's threads busy-wait between operators (lower latency on "
+        "a dedicated machine; off: they leave the cores to decoding and HTTP)",
+    )
     api_key: SecretStr | None = Field(None, description="required on /classify, /embed, /metadata")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
