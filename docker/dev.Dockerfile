@@ -1,5 +1,6 @@
-# Development image: the full environment (training, export, serving, tests) on the CPU.
-# The serving and training images arrive with the service (see the README's roadmap).
+# Development image: the full environment (training, export, serving, tests) on the CPU, for
+# `docker compose --profile test run --rm tests` (the test suite in a clean container).
+# The images to deploy are serve-gpu, serve-cpu and train.Dockerfile (docs/deployment.md).
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends make \
     && rm -rf /var/lib/apt/lists/*
