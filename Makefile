@@ -80,3 +80,10 @@ fmnist-table: $(VENV)/.installed-dev data
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .ruff_cache *.egg-info
+
+# CI's check of docker/ without a Docker engine: each image's install script into a fresh venv,
+# smoke-tested (the CPU flavour serves the shipped model), and docker-compose.yml validated by
+# Debian's docker-compose with every profile (installed if missing). See docker/check.sh.
+.PHONY: docker-check
+docker-check:
+	bash docker/check.sh
