@@ -3,7 +3,13 @@
 A bounded ``asyncio.Queue`` of jobs (one image each, with a future); one consumer task takes the
 first job, then more until ``max_batch`` jobs or ``max_wait`` seconds have passed, stacks them,
 runs the backend in a worker thread (never on the event loop) and resolves each job's future
-with its row of the outputs. A batch's exception is delivered to every job in it. No polling:
+with its row of the outputs.
+
+Callers may :meth:`~MicroBatcher.announce` images before they are ready (while they are being
+decoded) and :meth:`~MicroBatcher.withdraw` them once submitted or failed. With
+``wait_for_announced``, the consumer waits for more images only while announced ones are on
+their way: a lone request is not held for ``max_wait``, and a burst is still gathered (measured
+on the shipped model: see docs/results/service.md). A batch's exception is delivered to every job in it. No polling:
 the consumer sleeps on the queue. A full queue raises :class:`QueueFullError` at once (the app
 answers 503 with ``Retry-After``); jobs whose caller has gone (deadline passed) are dropped
 before they reach the model.
@@ -55,11 +61,15 @@ class MicroBatcher:
         max_wait_s: float,
         queue_size: int,
         on_batch: Callable[[BatchStats], None] | None = None,
+        wait_for_announced: bool = False,
     ) -> None:
         self._run = run
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.wait_for_announced = wait_for_announced
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size)
+        self._announced = 0  # images callers said are on their way, not yet submitted
+        self._arrived = asyncio.Event()  # set on every submit and when nothing is on its way
         self._on_batch = on_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
@@ -83,6 +93,16 @@ class MicroBatcher:
             self._task = None
         self._executor.shutdown(wait=True)
 
+    def announce(self, count: int) -> None:
+        """``count`` images will be submitted soon (they are being decoded)."""
+        self._announced += count
+
+    def withdraw(self, count: int) -> None:
+        """``count`` announced images are no longer on their way (submitted, or failed)."""
+        self._announced = max(self._announced - count, 0)
+        if self._announced == 0:
+            self._arrived.set()
+
     def submit(self, image: np.ndarray) -> asyncio.Future[tuple[np.ndarray, np.ndarray]]:
         """Queue one image; the future resolves to its ``(logits (K,), embedding (p,))``."""
         future: asyncio.Future[tuple[np.ndarray, np.ndarray]] = (
@@ -92,6 +112,7 @@ class MicroBatcher:
             self._queue.put_nowait(_Job(image, future))
         except asyncio.QueueFull:
             raise QueueFullError(f"{self._queue.maxsize} images are already waiting") from None
+        self._arrived.set()
         return future
 
     async def run_direct(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -100,20 +121,22 @@ class MicroBatcher:
         return await loop.run_in_executor(self._executor, self._run, images)
 
     async def _take_batch(self) -> list[_Job]:
+        """The first job, then whatever arrives until the batch is full, ``max_wait`` has passed
+        or (``wait_for_announced``) no announced image is still on its way."""
         jobs = [await self._queue.get()]
         deadline = time.perf_counter() + self.max_wait_s
-        while len(jobs) < self.max_batch:
+        while True:
+            while len(jobs) < self.max_batch and not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
             remaining = deadline - time.perf_counter()
-            try:
-                job = (
-                    self._queue.get_nowait()
-                    if remaining <= 0
-                    else await asyncio.wait_for(self._queue.get(), remaining)
-                )
-            except (asyncio.QueueEmpty, TimeoutError):
-                break
-            jobs.append(job)
-        return jobs
+            if len(jobs) >= self.max_batch or remaining <= 0:
+                return jobs
+            if self.wait_for_announced and self._announced == 0:
+                return jobs  # nothing else is on its way: waiting would only add latency
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._arrived.wait()
 
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()

@@ -71,8 +71,18 @@ async def _decode(state: ServiceState, upload: Upload) -> np.ndarray:
 
 async def decode_all(state: ServiceState, uploads: Sequence[Upload]) -> list[np.ndarray]:
     """Each encoded image decoded and preprocessed to ``(C, H, W)`` float32, in a thread pool;
-    400 (undecodable) or 413 (over the pixel limit) naming the file."""
-    return list(await asyncio.gather(*(_decode(state, u) for u in uploads)))
+    400 (undecodable) or 413 (over the pixel limit) naming the file.
+
+    The images are announced to the batcher while they decode, so that it waits for them; the
+    caller submits them (:func:`run_batched`) with no ``await`` in between.
+    """
+    batcher = state.batcher
+    assert batcher is not None
+    batcher.announce(len(uploads))
+    try:
+        return list(await asyncio.gather(*(_decode(state, u) for u in uploads)))
+    finally:
+        batcher.withdraw(len(uploads))
 
 
 async def run_batched(

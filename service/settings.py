@@ -28,7 +28,11 @@ class Settings(BaseSettings):
         "list of onnxruntime execution providers, e.g. 'CUDAExecutionProvider,CPUExecutionProvider'",
     )
     max_batch_size: int = Field(16, ge=1, le=1024, description="images per onnxruntime call")
-    max_wait_ms: float = Field(4.0, ge=0, le=10_000, description="longest wait to fill a batch")
+    max_wait_ms: float = Field(
+        4.0, ge=0, le=10_000,
+        description="longest wait to fill a batch; the batcher waits only while images of "
+        "requests being decoded are still on their way",
+    )  # fmt: skip
     queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
     max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")

@@ -1,0 +1,121 @@
+"""The micro-batcher on its own: batches, the wait for announced images, failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from service.batcher import MicroBatcher, QueueFullError
+
+LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s timeout
+
+
+def recorder(batches: list[int]):
+    def run(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        batches.append(len(images))
+        flat = images.reshape(len(images), -1)
+        return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
+
+    return run
+
+
+def image(value: float) -> np.ndarray:
+    return np.full((1, 2, 2), value, np.float32)
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 5))
+
+
+def test_each_caller_gets_its_own_row_of_one_batch():
+    async def main() -> list[int]:
+        batches: list[int] = []
+        batcher = MicroBatcher(recorder(batches), 8, LONG_WAIT_S, 16)
+        batcher.start()
+        futures = [batcher.submit(image(v)) for v in range(8)]  # queued before the consumer runs
+        outputs = await asyncio.gather(*futures)
+        await batcher.stop()
+        assert [float(logits[0]) for logits, _ in outputs] == [4.0 * v for v in range(8)]
+        return batches
+
+    assert run(main()) == [8]
+
+
+def test_a_lone_image_is_not_held_when_nothing_else_is_announced():
+    async def main() -> list[int]:
+        batches: list[int] = []
+        batcher = MicroBatcher(recorder(batches), 8, LONG_WAIT_S, 16, wait_for_announced=True)
+        batcher.start()
+        await batcher.submit(image(1))  # would take LONG_WAIT_S if the batcher waited
+        await batcher.stop()
+        return batches
+
+    assert run(main()) == [1]
+
+
+def test_announced_images_are_waited_for_and_batched_with_the_first():
+    async def main() -> list[int]:
+        batches: list[int] = []
+        batcher = MicroBatcher(recorder(batches), 8, LONG_WAIT_S, 16, wait_for_announced=True)
+        batcher.start()
+        batcher.announce(3)
+        first = batcher.submit(image(1))
+        await asyncio.sleep(0.05)  # the consumer has the first image and waits for the others
+        assert not first.done()
+        rest = [batcher.submit(image(v)) for v in (2, 3)]
+        batcher.withdraw(3)  # all three are in: nothing else is on its way
+        await asyncio.gather(first, *rest)
+        await batcher.stop()
+        return batches
+
+    assert run(main()) == [3]
+
+
+def test_a_withdrawn_announcement_releases_the_waiting_batch():
+    async def main() -> list[int]:
+        batches: list[int] = []
+        batcher = MicroBatcher(recorder(batches), 8, LONG_WAIT_S, 16, wait_for_announced=True)
+        batcher.start()
+        batcher.announce(2)
+        first = batcher.submit(image(1))
+        await asyncio.sleep(0.05)
+        batcher.withdraw(2)  # the other image failed to decode
+        await first
+        await batcher.stop()
+        return batches
+
+    assert run(main()) == [1]
+
+
+def test_without_announcements_the_batcher_waits_up_to_max_wait():
+    async def main() -> list[int]:
+        batches: list[int] = []
+        batcher = MicroBatcher(recorder(batches), 2, LONG_WAIT_S, 16)
+        batcher.start()
+        first = batcher.submit(image(1))
+        await asyncio.sleep(0.05)
+        assert not first.done()  # waiting for a second image
+        await asyncio.gather(first, batcher.submit(image(2)))
+        await batcher.stop()
+        return batches
+
+    assert run(main()) == [2]
+
+
+def test_a_full_queue_refuses_at_once_and_a_failing_batch_fails_every_caller():
+    async def main() -> None:
+        def fail(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            raise RuntimeError("boom")
+
+        batcher = MicroBatcher(fail, 4, 0.0, 2)
+        futures = [batcher.submit(image(1)), batcher.submit(image(2))]
+        with pytest.raises(QueueFullError, match="2 images are already waiting"):
+            batcher.submit(image(3))
+        batcher.start()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert [str(r) for r in results] == ["boom", "boom"]
+        await batcher.stop()
+
+    run(main())
