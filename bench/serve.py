@@ -393,7 +393,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=800, help="shipped model, per load")
-    parser.add_argument("--resnet-requests", type=int, default=96)
+    parser.add_argument("--resnet-requests", type=int, default=144)
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per comparison")
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)

@@ -8,8 +8,10 @@ with its row of the outputs.
 Callers may :meth:`~MicroBatcher.announce` images before they are ready (while they are being
 decoded) and :meth:`~MicroBatcher.withdraw` them once submitted or failed. With
 ``wait_for_announced``, the consumer waits for more images only while announced ones are on
-their way: a lone request is not held for ``max_wait``, and a burst is still gathered (measured
-on the shipped model: see docs/results/service.md). A batch's exception is delivered to every job in it. No polling:
+their way: a lone request is not held for ``max_wait``, and a burst is still gathered. For
+announced images the wait may stretch to a quarter of the last batch's inference time
+(``PATIENCE``): with a model that takes seconds per batch, running the one image at hand and
+leaving the dozen being decoded for the next batch costs far more than waiting for them. A batch's exception is delivered to every job in it. No polling:
 the consumer sleeps on the queue. A full queue raises :class:`QueueFullError` at once (the app
 answers 503 with ``Retry-After``); jobs whose caller has gone (deadline passed) are dropped
 before they reach the model.
@@ -26,7 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["BatchStats", "MicroBatcher", "QueueFullError"]
+__all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "QueueFullError"]
+
+#: While announced images are on their way, wait up to this fraction of the last batch's
+#: inference time for them (at least ``max_wait``).
+PATIENCE = 0.25
 
 RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -69,6 +75,7 @@ class MicroBatcher:
         self.wait_for_announced = wait_for_announced
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size)
         self._announced = 0  # images callers said are on their way, not yet submitted
+        self._last_inference_s = 0.0
         self._arrived = asyncio.Event()  # set on every submit and when nothing is on its way
         self._on_batch = on_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
@@ -121,18 +128,25 @@ class MicroBatcher:
         return await loop.run_in_executor(self._executor, self._run, images)
 
     async def _take_batch(self) -> list[_Job]:
-        """The first job, then whatever arrives until the batch is full, ``max_wait`` has passed
-        or (``wait_for_announced``) no announced image is still on its way."""
+        """The first job, then whatever arrives until the batch is full or ``max_wait`` has
+        passed; with ``wait_for_announced``, until no announced image is still on its way or the
+        patience (``max_wait``, or ``PATIENCE`` times the last batch's inference time) runs out."""
         jobs = [await self._queue.get()]
-        deadline = time.perf_counter() + self.max_wait_s
+        start = time.perf_counter()
+        patience = max(self.max_wait_s, PATIENCE * self._last_inference_s)
         while True:
             while len(jobs) < self.max_batch and not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
-            remaining = deadline - time.perf_counter()
-            if len(jobs) >= self.max_batch or remaining <= 0:
+            if len(jobs) >= self.max_batch:
                 return jobs
-            if self.wait_for_announced and self._announced == 0:
-                return jobs  # nothing else is on its way: waiting would only add latency
+            if self.wait_for_announced:
+                if self._announced == 0:
+                    return jobs  # nothing else is on its way: waiting would only add latency
+                remaining = start + patience - time.perf_counter()
+            else:
+                remaining = start + self.max_wait_s - time.perf_counter()
+            if remaining <= 0:
+                return jobs
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
@@ -162,6 +176,7 @@ class MicroBatcher:
                     job.future.set_exception(error)
             return
         inference = time.perf_counter() - start
+        self._last_inference_s = inference
         for i, job in enumerate(jobs):
             if not job.future.done():
                 job.future.set_result((logits[i], embedding[i]))

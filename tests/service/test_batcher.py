@@ -119,3 +119,29 @@ def test_a_full_queue_refuses_at_once_and_a_failing_batch_fails_every_caller():
         await batcher.stop()
 
     run(main())
+
+
+def test_after_a_slow_batch_announced_images_are_waited_for_a_quarter_of_its_time():
+    async def main() -> list[int]:
+        batches: list[int] = []
+        record = recorder(batches)
+
+        def slow(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            import time
+
+            time.sleep(0.4)  # patience after this batch: 0.25 * 0.4 s = 0.1 s
+            return record(images)
+
+        batcher = MicroBatcher(slow, 8, 0.0, 16, wait_for_announced=True)
+        batcher.start()
+        await batcher.submit(image(0))  # max_wait 0 and nothing announced: runs alone
+        batcher.announce(2)
+        first = batcher.submit(image(1))
+        await asyncio.sleep(0.02)  # without patience the first would now run alone: [1, 1, 1]
+        second = batcher.submit(image(2))
+        batcher.withdraw(2)
+        await asyncio.gather(first, second)
+        await batcher.stop()
+        return batches
+
+    assert run(main()) == [1, 2]
