@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -78,6 +80,30 @@ def wait_ready(client: TestClient, timeout_s: float = 60) -> None:
         time.sleep(0.01)
 
 
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ready(base: str, alive: Callable[[], str | None] = lambda: None,
+                    timeout_s: float = 120) -> None:  # fmt: skip
+    """Until a real server at ``base`` answers 200 on /readyz; ``alive()`` returns why the
+    server is gone (its output), or None while it runs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not become ready"
+        gone = alive()
+        assert gone is None, f"the server exited: {gone}"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def make_client() -> Iterator[Callable[..., TestClient]]:
     """``make_client(backend=None, **settings)``: a ready TestClient (closed after the test)."""
@@ -107,4 +133,7 @@ def shipped_model() -> str:
     return str(DEFAULT_MODEL)
 
 
-__all__ = ["CARD", "CLASSES", "FakeBackend", "ModelCard", "grey", "png", "wait_ready"]
+__all__ = [
+    "CARD", "CLASSES", "FakeBackend", "ModelCard", "free_port", "grey", "png", "wait_http_ready",
+    "wait_ready",
+]  # fmt: skip

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -19,6 +17,8 @@ from PIL import Image
 from service.app import create_app
 from service.settings import Settings
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
+
+from .conftest import free_port, wait_http_ready
 
 tritonclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -41,24 +41,14 @@ def jpeg(array: np.ndarray) -> bytes:
 @pytest.fixture(scope="module")
 def server(shipped_model: str) -> Iterator[str]:
     """The app on uvicorn in a thread, on a free loopback port; yields ``host:port``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     settings = Settings(model_path=shipped_model, max_batch_size=8, api_key=API_KEY, port=port)
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not become ready"
-        time.sleep(0.05)
+    wait_http_ready(f"http://{url}", lambda: None if thread.is_alive() else "uvicorn stopped")
     yield url
     uv.should_exit = True
     thread.join(timeout=30)

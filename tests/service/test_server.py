@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,9 @@ from service.app import create_app
 from service.settings import Settings
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
-from .conftest import png, wait_ready
+from .conftest import free_port, png, wait_http_ready, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_shipped_model_classifies_real_fashion_mnist_images(shipped_model):
@@ -57,16 +50,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not become ready"
-            assert server.poll() is None, server.stdout.read() if server.stdout else ""
-            time.sleep(0.1)
+        wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
         image = png(np.full((28, 28), 128, np.uint8))
 
         def post(i: int) -> int:
