@@ -198,7 +198,7 @@ async def _load(state: ServiceState) -> None:
         state.batcher = MicroBatcher(
             backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
             settings.queue_size, on_batch=metrics.observe_batch if metrics else None,
-            wait_for_announced=True,
+            wait_for_announced=True, patience=settings.batch_patience,
         )  # fmt: skip
         state.batcher.start()
         await _warm_up(state)

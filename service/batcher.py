@@ -9,8 +9,8 @@ Callers may :meth:`~MicroBatcher.announce` images before they are ready (while t
 decoded) and :meth:`~MicroBatcher.withdraw` them once submitted or failed. With
 ``wait_for_announced``, the consumer waits for more images only while announced ones are on
 their way: a lone request is not held for ``max_wait``, and a burst is still gathered. For
-announced images the wait may stretch to a quarter of the last batch's inference time
-(``PATIENCE``): with a model that takes seconds per batch, running the one image at hand and
+announced images the wait may stretch to a quarter (``patience``) of the last batch's
+inference time: with a model that takes seconds per batch, running the one image at hand and
 leaving the dozen being decoded for the next batch costs far more than waiting for them. A batch's exception is delivered to every job in it. No polling:
 the consumer sleeps on the queue. A full queue raises :class:`QueueFullError` at once (the app
 answers 503 with ``Retry-After``); jobs whose caller has gone (deadline passed) are dropped
@@ -68,11 +68,13 @@ class MicroBatcher:
         queue_size: int,
         on_batch: Callable[[BatchStats], None] | None = None,
         wait_for_announced: bool = False,
+        patience: float = PATIENCE,
     ) -> None:
         self._run = run
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.wait_for_announced = wait_for_announced
+        self.patience = patience
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size)
         self._announced = 0  # images callers said are on their way, not yet submitted
         self._last_inference_s = 0.0
@@ -130,10 +132,10 @@ class MicroBatcher:
     async def _take_batch(self) -> list[_Job]:
         """The first job, then whatever arrives until the batch is full or ``max_wait`` has
         passed; with ``wait_for_announced``, until no announced image is still on its way or the
-        patience (``max_wait``, or ``PATIENCE`` times the last batch's inference time) runs out."""
+        patience (``max_wait``, or ``patience`` times the last batch's inference time) runs out."""
         jobs = [await self._queue.get()]
         start = time.perf_counter()
-        patience = max(self.max_wait_s, PATIENCE * self._last_inference_s)
+        patience = max(self.max_wait_s, self.patience * self._last_inference_s)
         while True:
             while len(jobs) < self.max_batch and not self._queue.empty():
                 jobs.append(self._queue.get_nowait())

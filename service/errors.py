@@ -44,7 +44,8 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
 def _render(
     request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    if request.url.path.startswith(OIP_PREFIX):
+    path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
+    if path.startswith(OIP_PREFIX):
         return JSONResponse({"error": message}, status, headers=headers)
     return JSONResponse(error_body(code, message), status, headers=headers)
 

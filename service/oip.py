@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -47,6 +48,7 @@ from service.oip_codec import (
     parse_request,
 )
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, softmax
+from service.settings import Settings
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "build_router"]
 
@@ -190,7 +192,7 @@ def _base64(text: bytes, name: str) -> bytes:
 
 def _requested(state: ServiceState, request: InferRequest) -> list[RequestedOutput]:
     """The outputs to answer, checked before any inference runs."""
-    if request.outputs is None:
+    if not request.outputs:  # absent or empty: every output
         return [RequestedOutput(name, request.binary_output) for name in OUTPUTS]
     for output in request.outputs:
         if output.name not in OUTPUTS:
@@ -231,25 +233,39 @@ def _deadline(state: ServiceState, request: InferRequest) -> float:
     """The server's deadline, or the client's ``timeout`` parameter (microseconds) if sooner."""
     seconds = state.settings.request_timeout_s
     timeout = request.parameters.get("timeout")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < 1e15:
         seconds = min(seconds, timeout / 1e6)
     return time.perf_counter() + seconds
+
+
+def _parse(body: bytes, encoding: str | None, length: int | None, settings: Settings
+           ) -> InferRequest:  # fmt: skip
+    """The request from its (possibly compressed) body; :class:`ProtocolError` for any flaw."""
+    body = decompress(body, encoding, settings.max_request_bytes)
+    try:
+        return parse_request(body, length, settings.max_json_bytes, settings.max_files)
+    except ProtocolError:
+        raise
+    except (ValueError, TypeError, RecursionError, OverflowError) as error:  # a last resort
+        raise ProtocolError(f"malformed request: {error}") from None
 
 
 async def _infer(state: ServiceState, http: Request, route: str) -> Response:
     settings = state.settings
     body = await read_body(http, settings.max_request_bytes)
     raw_length = http.headers.get(HEADER_LENGTH)
-    if raw_length is not None and not raw_length.strip().isdigit():
+    if raw_length is not None and not re.fullmatch(r"\s*[0-9]{1,15}\s*", raw_length):
         raise _error(400, f"{HEADER_LENGTH} must be a number of bytes, got {raw_length!r}")
     length = int(raw_length) if raw_length is not None else None
+    encoding = http.headers.get("content-encoding")
     try:
-        body = decompress(body, http.headers.get("content-encoding"), settings.max_request_bytes)
-        if len(body) < INLINE_PARSE_BYTES:
-            request = parse_request(body, length)
-        else:  # parsing megabytes of JSON numbers would stall every other request
+        if len(body) < INLINE_PARSE_BYTES and not encoding:
+            request = _parse(body, encoding, length, settings)
+        else:  # inflating or parsing megabytes would hold up every other request
             loop = asyncio.get_running_loop()
-            request = await loop.run_in_executor(state.decoder, parse_request, body, length)
+            request = await loop.run_in_executor(
+                state.decoder, _parse, body, encoding, length, settings
+            )
     except ProtocolError as error:
         raise _error(error.status, str(error)) from None
     deadline = _deadline(state, request)

@@ -38,6 +38,10 @@ __all__ = [
 ]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+#: More dimensions than any image model needs; bounds the cost of checking a shape.
+MAX_RANK = 8
+MAX_DIM = 2**31
+_END = object()
 
 #: The protocol's datatypes and their numpy types (``BYTES``: Python ``bytes`` elements).
 DATATYPES: dict[str, Any] = {
@@ -114,6 +118,9 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
         raise ProtocolError(f"the body is not valid {encoding} data: {error}") from None
     if len(out) > limit:
         raise ProtocolError(f"the decompressed request body is larger than {limit:,} bytes", 413)
+    if not inflater.eof or inflater.unused_data:
+        raise ProtocolError(f"the body is not one complete {encoding} stream (truncated or "
+                            "followed by other bytes)")  # fmt: skip
     return out
 
 
@@ -145,30 +152,48 @@ def unpack_bytes(buffer: bytes, count: int, name: str) -> list[bytes]:
     return items
 
 
-def _flatten(data: Any) -> list[Any]:
-    """Row-major elements of a flat or nested JSON list."""
+def _flatten(data: Any, rank: int, name: str) -> list[Any]:
+    """Row-major elements of a flat or nested JSON list, nested at most ``rank`` deep."""
     if not isinstance(data, list):
         return [data]
-    if not data or not isinstance(data[0], list):
-        return data
     out: list[Any] = []
-    for item in data:
-        out.extend(_flatten(item))
+    stack = [(iter(data), 1)]
+    while stack:
+        items, depth = stack[-1]
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            if depth >= max(rank, 1):
+                raise ProtocolError(f"input {name!r}: 'data' is nested deeper than its shape")
+            stack.append((iter(item), depth + 1))
+        else:
+            out.append(item)
     return out
 
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    if (
+        not isinstance(raw, list)
+        or len(raw) > MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_DIM for d in raw)
     ):
-        raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers")
+        raise ProtocolError(
+            f"input {name!r}: shape must be a list of at most {MAX_RANK} integers in [0, {MAX_DIM})"
+        )
     return tuple(raw)
+
+
+def _is_number(value: Any, datatype: str) -> bool:
+    if datatype == "BOOL":
+        return isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, ...]) -> Any:
     if "data" not in raw:
         raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
-    elements = _flatten(raw["data"])
+    elements = _flatten(raw["data"], len(shape), name)
     count = math.prod(shape)
     if len(elements) != count:
         raise ProtocolError(
@@ -178,11 +203,17 @@ def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, 
     if datatype == "BYTES":
         if not all(isinstance(e, str) for e in elements):
             raise ProtocolError(f"input {name!r}: BYTES data in JSON must be strings")
-        return [e.encode() for e in elements]
+        try:
+            return [e.encode() for e in elements]
+        except UnicodeEncodeError:
+            raise ProtocolError(f"input {name!r}: a BYTES string is not valid UTF-8") from None
+    if not all(_is_number(e, datatype) for e in elements):
+        kind = "true or false" if datatype == "BOOL" else "numbers"
+        raise ProtocolError(f"input {name!r}: {datatype} 'data' must be JSON {kind}")
     try:
         return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
     except (TypeError, ValueError, OverflowError):
-        raise ProtocolError(f"input {name!r}: 'data' is not all {datatype} numbers") from None
+        raise ProtocolError(f"input {name!r}: 'data' does not fit {datatype}") from None
 
 
 def _binary_data(buffer: bytes, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
@@ -198,13 +229,21 @@ def _binary_data(buffer: bytes, name: str, datatype: str, shape: tuple[int, ...]
     return np.frombuffer(buffer, dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
 
 
-def _header(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
+def _header(
+    body: bytes, header_length: int | None, max_json_bytes: int
+) -> tuple[dict[str, Any], memoryview]:
     if header_length is not None and not 0 < header_length <= len(body):
         raise ProtocolError(f"{HEADER_LENGTH} is {header_length} but the body is {len(body)} bytes")
     end = len(body) if header_length is None else header_length
+    if end > max_json_bytes:
+        raise ProtocolError(
+            f"the JSON part of the request is {end:,} bytes, more than {max_json_bytes:,}; send "
+            "large tensors as binary data (binary_data_size)",
+            413,
+        )
     try:
         header = json.loads(body[:end])
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, ...
         hint = "" if header_length is not None else (
             f" (binary tensors need the {HEADER_LENGTH} header)"
         )  # fmt: skip
@@ -222,7 +261,14 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     return raw
 
 
-def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
+def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _inputs(header: dict[str, Any], binary: memoryview, max_elements: int) -> list[InputTensor]:
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise ProtocolError("the request needs a non-empty 'inputs' list")
@@ -232,7 +278,7 @@ def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
             raise ProtocolError(f"inputs[{i}] must be an object with a 'name'")
         name = raw["name"]
         datatype = raw.get("datatype")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise ProtocolError(
                 f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
             )
@@ -240,11 +286,22 @@ def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
         parameters = _parameters(raw.get("parameters"), f"input {name!r}")
         if "shared_memory_region" in parameters:
             raise ProtocolError("the shared-memory extension is not supported; send the data")
+        if datatype == "BYTES" and math.prod(shape) > max_elements:
+            raise ProtocolError(
+                f"input {name!r} has {math.prod(shape)} BYTES elements; at most {max_elements} "
+                "per request",
+                413,
+            )
         size = parameters.get("binary_data_size")
         if size is None:
             data = _json_data(raw, name, datatype, shape)
         else:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if (
+                not isinstance(size, int)
+                or isinstance(size, bool)
+                or size < 0
+                or offset + size > len(binary)
+            ):
                 raise ProtocolError(
                     f"input {name!r}: binary_data_size {size!r} does not fit the "
                     f"{len(binary) - offset} binary bytes left in the body"
@@ -260,7 +317,9 @@ def _inputs(header: dict[str, Any], binary: memoryview) -> list[InputTensor]:
     return inputs
 
 
-def _outputs(header: dict[str, Any]) -> list[RequestedOutput] | None:
+def _outputs(header: dict[str, Any], binary_default: bool) -> list[RequestedOutput] | None:
+    """The requested outputs; each is binary as its ``binary_data`` says, else as the request's
+    ``binary_data_output`` says."""
     raw_outputs = header.get("outputs")
     if raw_outputs is None:
         return None
@@ -278,23 +337,35 @@ def _outputs(header: dict[str, Any]) -> list[RequestedOutput] | None:
             raise ProtocolError(
                 f"output {raw['name']!r}: classification must be a non-negative integer"
             )
-        binary = parameters.get("binary_data", False)
-        outputs.append(RequestedOutput(raw["name"], bool(binary), k))
+        if any(o.name == raw["name"] for o in outputs):
+            raise ProtocolError(f"output {raw['name']!r} is requested twice")
+        binary = _flag(parameters, "binary_data", binary_default, f"output {raw['name']!r}")
+        outputs.append(RequestedOutput(raw["name"], binary, k))
     return outputs
 
 
-def parse_request(body: bytes, header_length: int | None) -> InferRequest:
-    """An inference request from its body (JSON, or JSON + binary tensors)."""
-    header, binary = _header(body, header_length)
+def parse_request(
+    body: bytes,
+    header_length: int | None,
+    max_json_bytes: int = 4 * 2**20,
+    max_elements: int = 1024,
+) -> InferRequest:
+    """An inference request from its body (JSON, or JSON + binary tensors).
+
+    The JSON part may be at most ``max_json_bytes`` (413 beyond: parsing JSON holds the
+    interpreter) and a ``BYTES`` tensor at most ``max_elements`` elements.
+    """
+    header, binary = _header(body, header_length, max_json_bytes)
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError("'id' must be a string")
     parameters = _parameters(header.get("parameters"), "the request")
+    binary_output = _flag(parameters, "binary_data_output", False, "the request")
     return InferRequest(
         id=request_id,
-        inputs=_inputs(header, binary),
-        outputs=_outputs(header),
-        binary_output=bool(parameters.get("binary_data_output", False)),
+        inputs=_inputs(header, binary, max_elements),
+        outputs=_outputs(header, binary_output),
+        binary_output=binary_output,
         parameters=parameters,
     )
 

@@ -30,8 +30,13 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(16, ge=1, le=1024, description="images per onnxruntime call")
     max_wait_ms: float = Field(
         4.0, ge=0, le=10_000,
-        description="longest wait to fill a batch; the batcher waits only while images of "
-        "requests being decoded are still on their way",
+        description="wait to fill a batch, only while images of requests being decoded are on "
+        "their way (and for those up to batch_patience times the last batch's inference time)",
+    )  # fmt: skip
+    batch_patience: float = Field(
+        0.25, ge=0, le=10,
+        description="how long, as a fraction of the last batch's inference time, a batch waits "
+        "for images being decoded (at least max_wait_ms; 0: max_wait_ms only)",
     )  # fmt: skip
     queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
@@ -39,6 +44,11 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
     max_pixels: int = Field(50_000_000, ge=1, description="width x height of one image")
     max_files: int = Field(64, ge=1, description="images in one request")
+    max_json_bytes: int = Field(
+        4 * 2**20, ge=1024,
+        description="the JSON part of an Open Inference Protocol request (parsing JSON holds the "
+        "interpreter); larger tensors go as binary data",
+    )  # fmt: skip
     decode_threads: int = Field(
         0, ge=0, le=256,
         description="threads decoding images; 0: half the CPU cores, at least 1 (more threads "

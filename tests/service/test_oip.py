@@ -152,7 +152,7 @@ def test_model_name_body_and_size_errors(make_client):
     assert big.json() == {"error": "the request body is larger than 4,096 bytes"}
     many = client.post(INFER, json={"inputs": [bytes_input(grey(1), grey(2), grey(3))]})
     assert many.status_code == 413
-    assert "send 1 to 2 per request" in many.json()["error"]
+    assert "3 BYTES elements; at most 2 per request" in many.json()["error"]
     bad_length = client.post(INFER, content=b"{}", headers={"Inference-Header-Content-Length": "x"})
     assert bad_length.status_code == 400
     assert "must be a number" in bad_length.json()["error"]
@@ -238,3 +238,28 @@ def test_non_finite_tensors_are_refused(make_client):
     response = make_client().post(INFER, content=json.dumps(body))
     assert response.status_code == 400
     assert response.json() == {"error": "input 'image' holds NaN or infinite values"}
+
+
+def test_an_empty_outputs_list_means_every_output(make_client):
+    response = make_client().post(INFER, json={"inputs": [bytes_input(grey(3))], "outputs": []})
+    assert [o["name"] for o in response.json()["outputs"]] == ["logits", "embedding"]
+
+
+def test_odd_headers_and_parameters_are_not_500s(make_client):
+    client = make_client()
+    body = json.dumps({"inputs": [bytes_input(grey(3))]}).encode()
+    for value in ("\u00b2".encode("latin-1"), b"9" * 5000):
+        response = client.post(INFER, content=body, headers=[(b"Inference-Header-Content-Length",
+                                                              value)])  # fmt: skip
+        assert response.status_code == 400
+        assert "must be a number of bytes" in response.json()["error"]
+    huge_timeout = {"inputs": [bytes_input(grey(3))], "parameters": {"timeout": 10**400}}
+    assert client.post(INFER, content=json.dumps(huge_timeout)).status_code == 200
+
+
+def test_gzip_bodies_are_accepted(make_client):
+    import gzip
+
+    body = gzip.compress(json.dumps({"inputs": [bytes_input(grey(3))]}).encode())
+    response = make_client().post(INFER, content=body, headers={"Content-Encoding": "gzip"})
+    assert response.status_code == 200, response.text

@@ -82,9 +82,9 @@ def test_bytes_elements_round_trip():
         ({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3]}]}, b"",
          "shape [2, 2] needs 4 elements, 'data' has 3"),
         ({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}, b"",
-         "shape must be a list of non-negative integers"),
+         "shape must be a list of at most 8 integers in [0, 2147483648)"),
         ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]}, b"",
-         "'data' is not all FP32 numbers"),
+         "FP32 'data' must be JSON numbers"),
         ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32"}]}, b"",
          "neither 'data' nor parameters.binary_data_size"),
         ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
@@ -169,3 +169,78 @@ def test_responses_are_json_or_binary_per_output():
     only_json, no_length = encode_response("m", "v1", None, outputs[:1])
     assert no_length is None
     assert "id" not in json.loads(only_json)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": [], "data": [1]}]}',
+         "datatype [] is not one of"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [[[[1]]]]}]}',
+         "nested deeper than its shape"),
+        ('{"inputs": [{"name": "x", "shape": [' + ",".join(["1"] * 9) + '], "datatype": "FP32", '
+         '"data": [1]}]}', "at most 8 integers"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [' + "9" * 5000
+         + "]}]}", "not valid JSON"),
+        ('{"inputs": [' * 100_000, "not valid JSON"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["\\ud800"]}]}',
+         "not valid UTF-8"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ["1.5"]}]}',
+         "FP32 'data' must be JSON numbers"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "BOOL", "data": [1]}]}',
+         "BOOL 'data' must be JSON true or false"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8", "data": [300]}]}',
+         "'data' does not fit UINT8"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+         '"outputs": [{"name": "y", "parameters": {"binary_data": "false"}}]}',
+         "binary_data must be true or false, got 'false'"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+         '"outputs": [{"name": "y"}, {"name": "y"}]}', "output 'y' is requested twice"),
+        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+         '"parameters": {"binary_data_output": 1}}', "binary_data_output must be true or false"),
+    ],
+)  # fmt: skip
+def test_hostile_or_sloppy_json_is_a_400_that_says_why(text, expected):
+    with pytest.raises(ProtocolError) as caught:
+        parse_request(text.encode(), None)
+    assert expected in str(caught.value)
+    assert caught.value.status == 400
+
+
+def test_a_boolean_is_not_a_binary_size():
+    body, length = binary_body({"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8",
+                                            "parameters": {"binary_data_size": True}}]}, b"\x07")  # fmt: skip
+    with pytest.raises(ProtocolError, match="binary_data_size True does not fit"):
+        parse_request(body, length)
+
+
+def test_size_limits_are_413_before_the_work():
+    big = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES",
+                                  "data": ["a" * 5000]}]}).encode()  # fmt: skip
+    with pytest.raises(ProtocolError, match="more than 4,096; send large tensors as binary") as e:
+        parse_request(big, None, max_json_bytes=4096)
+    assert e.value.status == 413
+    packed = pack_bytes([b""] * 100_000)  # a cheap body, a costly unpacking
+    body, length = binary_body({"inputs": [{"name": "x", "shape": [100_000], "datatype": "BYTES",
+                                            "parameters": {"binary_data_size": len(packed)}}]},
+                               packed)  # fmt: skip
+    with pytest.raises(ProtocolError, match="100000 BYTES elements; at most 64 per request") as e:
+        parse_request(body, length, max_elements=64)
+    assert e.value.status == 413
+
+
+def test_binary_data_output_is_the_default_of_listed_outputs():
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+            "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
+            "parameters": {"binary_data_output": True}}  # fmt: skip
+    a, b = parse_request(json.dumps(body).encode(), None).outputs
+    assert a.binary
+    assert not b.binary
+
+
+def test_incomplete_or_padded_compressed_bodies_are_refused():
+    packed = gzip.compress(b'{"inputs": []}')
+    with pytest.raises(ProtocolError, match="not one complete gzip stream"):
+        decompress(packed[:-4], "gzip", 10_000)
+    with pytest.raises(ProtocolError, match="not one complete gzip stream"):
+        decompress(packed + b"junk", "gzip", 10_000)
