@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "QueueFullError"]
+
+log = logging.getLogger(__name__)
 
 #: While announced images are on their way, wait up to this fraction of the last batch's
 #: inference time for them (at least ``max_wait``).
@@ -183,4 +186,7 @@ class MicroBatcher:
             if not job.future.done():
                 job.future.set_result((logits[i], embedding[i]))
         if self._on_batch is not None:
-            self._on_batch(BatchStats(len(jobs), waits, inference))
+            try:
+                self._on_batch(BatchStats(len(jobs), waits, inference))
+            except Exception:  # a metrics hook must not stop the consumer: every later job hangs
+                log.exception("the on_batch hook failed")

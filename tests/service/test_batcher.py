@@ -145,3 +145,21 @@ def test_after_a_slow_batch_announced_images_are_waited_for_a_quarter_of_its_tim
         return batches
 
     assert run(main()) == [1, 2]
+
+
+def test_a_failing_metrics_hook_does_not_stop_the_batcher(caplog):
+    async def main() -> list[int]:
+        batches: list[int] = []
+
+        def hook(stats) -> None:
+            raise RuntimeError("metrics backend down")
+
+        batcher = MicroBatcher(recorder(batches), 4, 0.0, 16, on_batch=hook)
+        batcher.start()
+        await batcher.submit(image(1))
+        await batcher.submit(image(2))  # would hang if the consumer had died
+        await batcher.stop()
+        return batches
+
+    assert run(main()) == [1, 1]
+    assert "the on_batch hook failed" in caplog.text
