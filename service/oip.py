@@ -229,13 +229,14 @@ def _answer(
     return tensors
 
 
-def _deadline(state: ServiceState, request: InferRequest) -> float:
-    """The server's deadline, or the client's ``timeout`` parameter (microseconds) if sooner."""
+def _deadline(state: ServiceState, request: InferRequest, start: float) -> float:
+    """The server's deadline, or the client's ``timeout`` parameter (microseconds) if sooner,
+    counted from ``start`` (the request's arrival, as for ``/classify``)."""
     seconds = state.settings.request_timeout_s
     timeout = request.parameters.get("timeout")
     if isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < 1e15:
         seconds = min(seconds, timeout / 1e6)
-    return time.perf_counter() + seconds
+    return start + seconds
 
 
 def _parse(body: bytes, encoding: str | None, length: int | None, settings: Settings
@@ -252,6 +253,7 @@ def _parse(body: bytes, encoding: str | None, length: int | None, settings: Sett
 
 async def _infer(state: ServiceState, http: Request, route: str) -> Response:
     settings = state.settings
+    start = time.perf_counter()
     body = await read_body(http, settings.max_request_bytes)
     raw_length = http.headers.get(HEADER_LENGTH)
     if raw_length is not None and not re.fullmatch(r"\s*[0-9]{1,15}\s*", raw_length):
@@ -268,7 +270,7 @@ async def _infer(state: ServiceState, http: Request, route: str) -> Response:
             )
     except ProtocolError as error:
         raise _error(error.status, str(error)) from None
-    deadline = _deadline(state, request)
+    deadline = _deadline(state, request, start)
     wanted = _requested(state, request)
     if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
         names = [t.name for t in request.inputs]
