@@ -5,6 +5,8 @@
 #     Dockerfile puts it (the same folders, `pip install --no-deps`), and the result is smoke-tested:
 #     serving (GPU flavour, then the CPU flavour, which also serves the shipped model and answers
 #     the container health check) without torch; training with smso-train and smso-export.
+#     Serving venvs use Python 3.12 (the images') where this machine has one; the training venv
+#     uses 3.11 (torch's wheels on this disk) and its extras are resolved for 3.12 by pip --dry-run.
 #  2. docker-compose.yml is validated by Debian's docker-compose (installed if missing), with
 #     every profile, and each profile starts the services the docs say.
 # DOCKER_CHECK_KEEP=1 keeps the temporary folder (its path is printed).
@@ -41,11 +43,23 @@ install_project() {
   "$1/bin/python" -m pip install --quiet --no-deps "$2" || fail "pip install --no-deps of the source into $1"
 }
 
+# The serving images run Python 3.12 (Ubuntu 24.04's, python:3.12-slim): their venvs here are
+# made with a 3.12 where this machine has one (pyenv's, or on PATH), so that a dependency without
+# a wheel for it fails here too; else with python3, said in the log.
+serving_python=python3
+for candidate in python3.12 "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python3.12; do
+  if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+    serving_python=$candidate
+    break
+  fi
+done
+echo "== docker-check: serving venvs with $serving_python ($("$serving_python" --version 2>&1))"
+
 # Nothing below may import the source tree instead of the installed package.
 cd "$tmp"
 
 step "serving dependencies (GPU image: docker/install-serving.sh), fresh venv"
-bash "$root/docker/install-serving.sh" "$tmp/serve-gpu"
+PYTHON=$serving_python bash "$root/docker/install-serving.sh" "$tmp/serve-gpu"
 install_project "$tmp/serve-gpu" "$(cd "$root" && context serve service)"
 "$tmp/serve-gpu/bin/python" -c "import service.app, service.cli, onnxruntime" \
   || fail "the service does not import in the GPU serving venv"
@@ -60,7 +74,7 @@ echo "   the GPU image adds $spec (NVIDIA's index; not reachable from CI)"
 done_step
 
 step "serving dependencies (CPU image: docker/install-serving.sh --cpu), fresh venv, a real server"
-bash "$root/docker/install-serving.sh" "$tmp/serve-cpu" --cpu
+PYTHON=$serving_python bash "$root/docker/install-serving.sh" "$tmp/serve-cpu" --cpu
 install_project "$tmp/serve-cpu" "$tmp/context-serve"
 "$tmp/serve-cpu/bin/python" - <<'PY' || fail "the CPU serving venv holds the wrong packages"
 import importlib.metadata as md, importlib.util
@@ -108,6 +122,15 @@ import torch, torchvision, onnx, onnxruntime
 assert torch.__version__.split('+')[0] == '2.14.1', torch.__version__
 assert torchvision.__version__.split('+')[0] == '0.29.1', torchvision.__version__
 " || fail "the training venv has the wrong torch or torchvision"
+if [ "$serving_python" != python3 ]; then
+  # The training image runs Python 3.12 too; its torch wheels are not on this disk (3.11's are),
+  # so check that pip resolves every wheel of the extras for 3.12 without downloading them.
+  mapfile -t train_reqs < <("$serving_python" "$root/docker/requirements.py" training export)
+  "$serving_python" -m pip install --dry-run --ignore-installed --only-binary=:all: --quiet \
+    --report "$tmp/train-312.json" "${train_reqs[@]}" \
+    || fail "the training extras do not resolve to wheels for Python 3.12 (the training image's)"
+  echo "   resolved for the image's Python 3.12 too (pip --dry-run)"
+fi
 done_step
 
 step "docker-compose.yml with Debian's docker-compose"
