@@ -204,13 +204,8 @@ def protocol_case(base: str, model: Path, files: list[bytes], clients: int,
                   requests: int, rounds: int) -> dict[str, Any]:  # fmt: skip
     """The same JPEGs through ``/classify`` (multipart), the protocol's ``infer`` with image
     bytes, and with preprocessed binary tensors, in interleaved rounds."""
-    sys.path.insert(0, str(ROOT))
-    from service.backend import OnnxBackend
-    from service.images import Preprocessor
-
-    card = OnnxBackend(model, "CPUExecutionProvider").card
-    tensors = np.stack([Preprocessor(card.preprocessing, 10**9)(f) for f in files])
-    infer = f"{base}/v2/models/{card.name}/infer"
+    backend, tensors = session_and_tensors(model, files)
+    infer = f"{base}/v2/models/{backend.card.name}/infer"
     variants = {
         "/classify multipart JPEG": multipart(f"{base}/classify", files),
         "/v2 infer, JPEG as binary BYTES": oip(infer, oip_bodies(files, None)),
@@ -223,16 +218,20 @@ def protocol_case(base: str, model: Path, files: list[bytes], clients: int,
     return {name: merge(results) for name, results in runs.items()}
 
 
-def raw_session(model: Path, files: list[bytes], batches: Sequence[int],
-                seconds: float = 3.0) -> dict[str, Any]:  # fmt: skip
-    """The onnxruntime session alone on the service's own preprocessed tensors."""
+def session_and_tensors(model: Path, files: list[bytes]) -> tuple[Any, np.ndarray]:
+    """The model's onnxruntime backend and ``files`` preprocessed as the service does."""
     sys.path.insert(0, str(ROOT))
     from service.backend import OnnxBackend
     from service.images import Preprocessor
 
     backend = OnnxBackend(model, "auto")
     pre = Preprocessor(backend.card.preprocessing, 10**9)
-    tensors = np.stack([pre(data) for data in files])
+    return backend, np.stack([pre(data) for data in files])
+
+
+def raw_session(backend: Any, tensors: np.ndarray, batches: Sequence[int],
+                seconds: float = 3.0) -> dict[str, Any]:  # fmt: skip
+    """The onnxruntime session alone on the service's own preprocessed tensors."""
     per_batch = {}
     for batch in batches:
         images = np.resize(tensors, (batch, *tensors.shape[1:])).astype(np.float32)
@@ -338,7 +337,7 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
                     "images_per_second": load["requests_per_second"],
                     "split": split(before, after, load["mean_ms"]), "memory_mib": memory,
                     "protocols": protocols},
-        "raw": raw_session(SHIPPED, files, (1, 16, 64, 256)),
+        "raw": raw_session(*session_and_tensors(SHIPPED, files), (1, 16, 64, 256)),
         "ratio_by_round": ratios, "ratio": statistics.median(ratios),
     }  # fmt: skip
 
@@ -349,7 +348,8 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
     per_round = max(args.clients, args.resnet_requests // args.rounds)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model = resnet_model(Path(tmp))
-        raw = raw_session(model, files[:8], (1, 4, 8, 16))
+        backend, tensors = session_and_tensors(model, files[:8])
+        raw = raw_session(backend, tensors, (1, 4, 8, 16))
         with service(model, args.clients) as (base, _):
             classify = multipart(f"{base}/classify", files)
             drive(classify, args.clients, args.clients)
@@ -357,7 +357,7 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
             service_runs, raw_rates = [], []
             for _ in range(args.rounds):
                 service_runs.append(drive(classify, args.clients, per_round))
-                best = raw_session(model, files[:8], (raw["best_batch"],), seconds=5.0)
+                best = raw_session(backend, tensors, (raw["best_batch"],), seconds=5.0)
                 raw_rates.append(best["images_per_second"])
             after = scrape(f"{base}/metrics")
     load = merge(service_runs)

@@ -34,7 +34,7 @@ from service.images import Preprocessor
 from service.inputs import Upload, read_uploads
 from service.metrics import Metrics, MetricsMiddleware
 from service.oip import build_router
-from service.pipeline import Outputs, ServiceState, decode_all, run_batched, softmax
+from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
 from service.settings import Settings
 
 __all__ = ["create_app"]
@@ -141,15 +141,13 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         """Top-k classes of each image (softmax probabilities), one result per image in order."""
         uploads, outputs = await _infer(s, request, "/classify")
         classes = s.backend.card.classes  # type: ignore[union-attr]
-        results = []
-        for upload, (logits, _) in zip(uploads, outputs, strict=True):
-            scores = softmax(logits)
-            order = np.argsort(-scores, kind="stable")[: min(top_k, len(classes))]
-            results.append({
-                "filename": upload.filename,
-                "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[i])}
-                                for i in order],
-            })  # fmt: skip
+        scores, order = top_classes(np.stack([logits for logits, _ in outputs]), top_k)
+        results = [
+            {"filename": upload.filename,
+             "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[n, i])}
+                             for i in order[n]]}
+            for n, upload in enumerate(uploads)
+        ]  # fmt: skip
         # a Response skips FastAPI's re-validation of the payload (response_model documents it)
         return JSONResponse({"model": _model(s), "results": results})
 

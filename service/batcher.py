@@ -137,19 +137,18 @@ class MicroBatcher:
         passed; with ``wait_for_announced``, until no announced image is still on its way or the
         patience (``max_wait``, or ``patience`` times the last batch's inference time) runs out."""
         jobs = [await self._queue.get()]
-        start = time.perf_counter()
-        patience = max(self.max_wait_s, self.patience * self._last_inference_s)
+        wait = self.max_wait_s
+        if self.wait_for_announced:
+            wait = max(wait, self.patience * self._last_inference_s)
+        deadline = time.perf_counter() + wait
         while True:
             while len(jobs) < self.max_batch and not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
             if len(jobs) >= self.max_batch:
                 return jobs
-            if self.wait_for_announced:
-                if self._announced == 0:
-                    return jobs  # nothing else is on its way: waiting would only add latency
-                remaining = start + patience - time.perf_counter()
-            else:
-                remaining = start + self.max_wait_s - time.perf_counter()
+            if self.wait_for_announced and self._announced == 0:
+                return jobs  # nothing else is on its way: waiting would only add latency
+            remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 return jobs
             self._arrived.clear()

@@ -19,7 +19,7 @@ from starlette.types import Message
 
 from service.errors import ServiceError
 
-__all__ = ["Upload", "read_body", "read_uploads"]
+__all__ = ["Upload", "read_body", "read_uploads", "too_large"]
 
 GENERIC_TYPES = {"", "application/octet-stream"}
 
@@ -32,7 +32,8 @@ class Upload:
     data: bytes
 
 
-def _too_large(what: str, limit: int) -> ServiceError:
+def too_large(what: str, limit: int) -> ServiceError:
+    """413: ``what`` is larger than ``limit`` bytes."""
     return ServiceError(413, "payload_too_large", f"{what} is larger than {limit:,} bytes")
 
 
@@ -56,17 +57,22 @@ def _limited(request: Request, limit: int) -> Request:
         if message["type"] == "http.request":
             size += len(message.get("body", b""))
             if size > limit:
-                raise _too_large("the request body", limit)
+                raise too_large("the request body", limit)
         return message
 
     return Request(request.scope, receive)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole request body; 413 as soon as it is known to exceed ``limit`` bytes."""
+def _refuse_declared(request: Request, limit: int, what: str) -> None:
+    """413 at once when the request's ``Content-Length`` says more than ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large("the request body", limit)
+        raise too_large(what, limit)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body; 413 as soon as it is known to exceed ``limit`` bytes."""
+    _refuse_declared(request, limit, "the request body")
     return await _limited(request, limit).body()
 
 
@@ -74,7 +80,7 @@ async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
     _check_type(part.content_type, name)
     data = await part.read(limit + 1)
     if len(data) > limit:
-        raise _too_large(f"file {name!r}", limit)
+        raise too_large(f"file {name!r}", limit)
     return data
 
 
@@ -101,9 +107,7 @@ async def read_uploads(
     """The request's images, in order; raises :class:`ServiceError` for what is wrong."""
     content_type = request.headers.get("content-type", "")
     kind = content_type.split(";")[0].strip().lower()
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_request_bytes:
-        raise _too_large("the request body", max_request_bytes)
+    _refuse_declared(request, max_request_bytes, "the request body")
     request = _limited(request, max_request_bytes)
     if kind == "multipart/form-data":
         try:
@@ -121,11 +125,10 @@ async def read_uploads(
         finally:
             await form.close()  # the parts' spooled temporary files
     if kind.startswith("image/") or kind == "application/octet-stream":
-        if declared is not None and declared.isdigit() and int(declared) > max_upload_bytes:
-            raise _too_large("the image", max_upload_bytes)
+        _refuse_declared(request, max_upload_bytes, "the image")
         data = await request.body()
         if len(data) > max_upload_bytes:
-            raise _too_large("the image", max_upload_bytes)
+            raise too_large("the image", max_upload_bytes)
         if not data:
             raise ServiceError(400, "empty_image", "the request body is empty; send an image")
         return [Upload("body", data)]

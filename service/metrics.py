@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import BatchStats
+from service.errors import OIP_PREFIX
 
 __all__ = ["NOT_COUNTED", "Metrics", "MetricsMiddleware", "counted"]
 
@@ -27,7 +28,8 @@ def counted(path: str) -> bool:
     if path in NOT_COUNTED:
         return False
     return not (
-        path.startswith("/v2/health/") or (path.startswith("/v2/") and path.endswith("/ready"))
+        path.startswith(f"{OIP_PREFIX}/health/")
+        or (path.startswith(f"{OIP_PREFIX}/") and path.endswith("/ready"))
     )
 
 

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from service.dependencies import ReadyState, authorize
 from service.errors import ServiceError
-from service.inputs import Upload, read_body
+from service.inputs import Upload, read_body, too_large
 from service.oip_codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -47,7 +47,7 @@ from service.oip_codec import (
     encode_response,
     parse_request,
 )
-from service.pipeline import Outputs, ServiceState, decode_all, run_batched, softmax
+from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
 from service.settings import Settings
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "build_router"]
@@ -176,7 +176,7 @@ def _encoded_images(state: ServiceState, tensor: InputTensor) -> list[Upload]:
         name = f"{BYTES_INPUT}[{i}]"
         data = item if tensor.binary else _base64(item, name)  # type: ignore[arg-type]
         if len(data) > limit:
-            raise _error(413, f"{name} is larger than {limit:,} bytes")
+            raise too_large(name, limit)
         uploads.append(Upload(name, data))
     return uploads
 
@@ -205,8 +205,7 @@ def _requested(state: ServiceState, request: InferRequest) -> list[RequestedOutp
 def _classification(state: ServiceState, logits: np.ndarray, k: int) -> list[bytes]:
     """Row-major ``"score:index:label"`` of each image's top ``k`` classes, best first."""
     classes = state.backend.card.classes  # type: ignore[union-attr]
-    scores = softmax(logits)  # (N, K)
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    scores, order = top_classes(logits, k)  # (N, K), (N, k)
     return [f"{scores[n, i]:f}:{i}:{classes[i]}".encode()
             for n in range(len(scores)) for i in order[n]]  # fmt: skip
 

@@ -25,7 +25,7 @@ from service.inputs import Upload
 from service.metrics import Metrics
 from service.settings import Settings
 
-__all__ = ["Outputs", "ServiceState", "decode_all", "run_batched", "softmax"]
+__all__ = ["Outputs", "ServiceState", "decode_all", "run_batched", "softmax", "top_classes"]
 
 log = logging.getLogger("service")
 
@@ -53,6 +53,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
     return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax scores ``(N, K)`` of logits ``(N, K)`` and each row's ``k`` best class indices
+    ``(N, min(k, K))``, best first (ties: the lower index): what /classify and the protocol's
+    classification extension both answer."""
+    scores = softmax(logits)
+    return scores, np.argsort(-scores, axis=-1, kind="stable")[..., :k]
 
 
 async def _decode(state: ServiceState, upload: Upload) -> np.ndarray:
