@@ -1,7 +1,7 @@
 """The FastAPI app: ``create_app(settings, backend=None)``.
 
 Routes: ``POST /classify`` and ``POST /embed`` (images in, predictions or p-dim embeddings out),
-``GET /healthz`` (alive), ``GET /readyz`` (model loaded and every batch size warmed up),
+``GET /healthz`` (alive), ``GET /readyz`` (model loaded and each batch-size bucket warmed up),
 ``GET /metadata`` (the model card), ``GET /metrics`` (Prometheus), and the OpenAPI docs.
 
 Per request: the images are read under the upload limits (``service.inputs``), decoded and
@@ -35,6 +35,7 @@ from service.inputs import Upload, read_uploads
 from service.metrics import Metrics, MetricsMiddleware
 from service.oip import build_router
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
+from service.runner import buckets
 from service.settings import Settings
 
 __all__ = ["create_app"]
@@ -104,7 +105,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     @app.get("/readyz", response_model=schemas.Status, tags=["health"],
              responses={503: {"model": schemas.ErrorResponse}})  # fmt: skip
     async def readyz() -> Any:
-        """Ready: the model is loaded and every batch size is warmed up."""
+        """Ready: the model is loaded and warmed up (each batch-size bucket run once)."""
         if state.ready:
             return {"status": "ready"}
         status = "draining" if state.draining else "failed" if state.failed else "loading"
@@ -187,9 +188,8 @@ async def _load(state: ServiceState) -> None:
     try:
         if state.backend is None:
             state.backend = await asyncio.get_running_loop().run_in_executor(
-                None, OnnxBackend, settings.model_path, settings.providers,
-                settings.intra_op_threads, settings.intra_op_spinning,
-            )  # fmt: skip
+                None, OnnxBackend, settings.model_path, settings.backend_options
+            )
         backend = state.backend
         state.preprocess = Preprocessor(backend.card.preprocessing, settings.max_pixels)
         metrics = state.metrics
@@ -212,10 +212,12 @@ async def _load(state: ServiceState) -> None:
 
 
 async def _warm_up(state: ServiceState) -> None:
-    """Run every batch size the batcher can form once, so no request pays for a first call."""
+    """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
+    ``max_batch_size``) so that no request pays for a first call."""
     spec = state.backend.card.input  # type: ignore[union-attr]
     rng = np.random.default_rng(0)
-    for size in range(1, state.settings.max_batch_size + 1):
+    sizes = getattr(state.backend, "warmup_batches", None) or buckets(state.settings.max_batch_size)
+    for size in sizes:
         images = rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
         await state.batcher.run_direct(images)  # type: ignore[union-attr]
 

@@ -1,18 +1,16 @@
 """The inference backend: a small interface, and its onnxruntime implementation.
 
 The app talks to a :class:`Backend` only, so tests can put a fake, slow or failing one in its
-place. :class:`OnnxBackend` loads a file written by smso-export, reads its model card, and picks
-execution providers: with ``"auto"``, TensorRT or CUDA only when a session really starts on them
-(a CUDA build of onnxruntime on a machine without a usable GPU falls back to the CPU quietly).
+place. :class:`OnnxBackend` loads a file written by smso-export, reads its model card, starts a
+session on the providers :func:`service.providers.choose_providers` picks, and runs batches
+through a :mod:`service.runner` (padded to batch-size buckets on a GPU, through IO binding and
+CUDA graphs where asked).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,11 +18,12 @@ import numpy as np
 import onnxruntime as ort
 
 from service.card import ModelCard, parse_card
+from service.providers import ACCELERATED, CPU, CUDA, Accelerator, choose_providers, has_nvidia_gpu
+from service.runner import BoundRunner, PlainRunner, Runner, buckets
 
-__all__ = ["Backend", "OnnxBackend", "choose_providers"]
+__all__ = ["Backend", "BackendOptions", "OnnxBackend", "choose_providers"]
 
 log = logging.getLogger(__name__)
-ACCELERATED = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
 
 class Backend(Protocol):
@@ -39,87 +38,53 @@ class Backend(Protocol):
         ...
 
 
-def _has_nvidia_gpu() -> bool:
-    """Whether an NVIDIA driver and device are present (no CUDA call needed)."""
-    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
+@dataclass(frozen=True)
+class BackendOptions:
+    """How the session is set up and run (the service's settings of the same names)."""
+
+    providers: str = "auto"  # "auto" or a comma-separated list of execution providers
+    threads: int = 0  # onnxruntime's intra-op threads; 0: its default
+    spinning: bool = False  # let those threads busy-wait between operators
+    max_batch: int = 16  # largest batch the batcher forms (buckets, TensorRT's profile)
+    engine_cache_dir: Path | None = None  # TensorRT engines and timing cache
+    trt_fp16: bool = False  # TensorRT may choose float16 kernels
+    io_binding: bool = False  # CUDA: device buffers per bucket, reused by every call
+    cuda_graphs: bool = False  # CUDA: one CUDA graph per bucket (implies io_binding)
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence file descriptors 1 and 2 (C++ logs and print()) for the duration."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, devnull):
-            os.close(fd)
-
-
-def _session(
-    path: Path, providers: list[str], threads: int, spinning: bool = False
-) -> ort.InferenceSession:
+def _cpu_session(path: Path) -> ort.InferenceSession:
+    """A session that only reads the file (no graph optimisation): for its metadata."""
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: no warnings about providers that are absent
-    if threads:
-        options.intra_op_num_threads = threads
-    # onnxruntime's pool threads busy-wait for work between operators by default; in a server
-    # that burns the cores that decoding and HTTP need (measured: 2 ms of CPU per request on the
-    # shipped model, more than the inference itself), so they sleep unless asked to spin.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return ort.InferenceSession(str(path), options, providers=providers)
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=[CPU])
 
 
-def choose_providers(
-    spec: str, path: Path, threads: int = 0, spinning: bool = False
-) -> tuple[ort.InferenceSession, list[str]]:
-    """A session on the providers ``spec`` names (``"auto"`` or a comma-separated list)."""
-    available = ort.get_available_providers()
-    if spec != "auto":
-        wanted = [p.strip() for p in spec.split(",") if p.strip()]
-        missing = [p for p in wanted if p not in available]
-        if missing:
-            raise ValueError(
-                f"execution providers {missing} are not available in this onnxruntime; "
-                f"available: {available}"
-            )
-        session = _session(path, wanted, threads, spinning)
-        return session, session.get_providers()
-    if not _has_nvidia_gpu():  # a CUDA build of onnxruntime on a machine without a GPU
-        available = [p for p in available if p not in ACCELERATED]
-    for accelerated in ACCELERATED:
-        if accelerated not in available:
-            continue
-        try:
-            with _quiet():  # a missing CUDA library is reported by the C++ logger and print()
-                session = _session(path, [accelerated, "CPUExecutionProvider"], threads, spinning)
-        except Exception as error:  # onnxruntime raises bare RuntimeErrors of its own types
-            log.info("%s is not usable here (%s)", accelerated, str(error).splitlines()[0][:200])
-            continue
-        if session.get_providers()[0] == accelerated:
-            return session, session.get_providers()
-        log.info("%s is not usable here (its libraries did not load)", accelerated)
-    session = _session(path, ["CPUExecutionProvider"], threads, spinning)
-    return session, session.get_providers()
+def _may_accelerate(spec: str) -> bool:
+    if spec == "auto":
+        available = ort.get_available_providers()
+        return has_nvidia_gpu() and any(p in available for p in ACCELERATED)
+    return any(p.strip() in ACCELERATED for p in spec.split(","))
 
 
 class OnnxBackend:
     """An ONNX file written by smso-export, run by onnxruntime."""
 
-    def __init__(
-        self, path: str | Path, providers: str = "auto", threads: int = 0, spinning: bool = False
-    ) -> None:
+    def __init__(self, path: str | Path, options: BackendOptions | None = None) -> None:
         path = Path(path)
+        options = options or BackendOptions()
         try:
-            self.session, self.providers = choose_providers(providers, path, threads, spinning)
+            accelerator = None
+            if _may_accelerate(options.providers):  # TensorRT's profile needs the input size
+                card, _ = parse_card(_cpu_session(path).get_modelmeta().custom_metadata_map)
+                spec = card.input
+                accelerator = Accelerator(
+                    (spec.channels, spec.height, spec.width), options.max_batch,
+                    options.engine_cache_dir, options.trt_fp16, options.cuda_graphs,
+                )  # fmt: skip
+            self.session, self.providers = choose_providers(
+                options.providers, path, options.threads, options.spinning, accelerator
+            )
         except ValueError:
             raise
         except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...
@@ -130,8 +95,27 @@ class OnnxBackend:
         names = [o.name for o in self.session.get_outputs()]
         if names[:2] != ["logits", "embedding"] and set(names) != {"logits", "embedding"}:
             raise ValueError(f"{path} has outputs {names}; expected logits and embedding")
-        log.info("loaded %s on %s", path, ", ".join(self.providers))
+        self.warmup_batches, self._runner = self._runner_for(options)
+        log.info("loaded %s on %s (%s)", path, ", ".join(self.providers), self.mode)
+
+    def _runner_for(self, options: BackendOptions) -> tuple[list[int], Runner]:
+        """Warm-up batches and the runner: buckets padded on an accelerator, exact on the CPU."""
+        sizes = buckets(options.max_batch)
+        first = self.providers[0]
+        if first not in ACCELERATED:
+            self.mode = "plain"
+            return sizes, PlainRunner(self.session)
+        if first == CUDA and (options.io_binding or options.cuda_graphs):
+            spec = self.card.input
+            runner = BoundRunner(
+                self.session, (spec.channels, spec.height, spec.width), len(self.card.classes),
+                self.card.model.embedding_dim, sizes, graphs=options.cuda_graphs,
+            )  # fmt: skip
+            self.mode = "cuda-graphs" if options.cuda_graphs else "io-binding"
+            # a CUDA graph is captured on a bucket's second run, after one ordinary run
+            return [s for s in sizes for _ in range(2 if options.cuda_graphs else 1)], runner
+        self.mode = "buckets"
+        return sizes, PlainRunner(self.session, sizes)
 
     def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logits, embedding = self.session.run(["logits", "embedding"], {"image": images})
-        return logits, embedding
+        return self._runner(images)

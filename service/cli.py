@@ -57,10 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         # load here, before the server starts: a bad model file is one line and exit status 2
-        backend = OnnxBackend(
-            settings.model_path, settings.providers, settings.intra_op_threads,
-            settings.intra_op_spinning,
-        )  # fmt: skip
+        backend = OnnxBackend(settings.model_path, settings.backend_options)
     except (CardError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.backend import BackendOptions
+
 __all__ = ["DEFAULT_MODEL", "Settings"]
 
 #: The model this repository ships (written by ``make onnx`` from the shipped checkpoint).
@@ -60,6 +62,20 @@ class Settings(BaseSettings):
         description="let onnxruntime's threads busy-wait between operators (lower latency on "
         "a dedicated machine; off: they leave the cores to decoding and HTTP)",
     )
+    engine_cache_dir: Path | None = Field(
+        None,
+        description="TensorRT: folder for its engines and timing cache (a volume in a container), "
+        "so a restart loads engines instead of building them; unset: ~/.cache/smso/tensorrt",
+    )
+    trt_fp16: bool = Field(False, description="TensorRT: allow float16 kernels")
+    io_binding: bool = Field(
+        False,
+        description="CUDA: run through IO binding with device buffers per batch-size bucket",
+    )
+    cuda_graphs: bool = Field(
+        False,
+        description="CUDA: capture one CUDA graph per batch-size bucket (implies io_binding)",
+    )
     api_key: SecretStr | None = Field(None, description="required on /classify, /embed, /metadata")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -79,6 +95,15 @@ class Settings(BaseSettings):
     def decode_workers(self) -> int:
         """``decode_threads``, with 0 resolved to half the CPU cores (at least 1)."""
         return self.decode_threads or max(1, (os.cpu_count() or 2) // 2)
+
+    @property
+    def backend_options(self) -> BackendOptions:
+        """What :class:`service.backend.OnnxBackend` needs of these settings."""
+        cache = self.engine_cache_dir or Path.home() / ".cache" / "smso" / "tensorrt"
+        return BackendOptions(
+            self.providers, self.intra_op_threads, self.intra_op_spinning, self.max_batch_size,
+            cache, self.trt_fp16, self.io_binding, self.cuda_graphs,
+        )  # fmt: skip
 
     @field_validator("api_key")
     @classmethod

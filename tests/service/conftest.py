@@ -17,6 +17,7 @@ from PIL import Image
 
 from service.app import create_app
 from service.card import ModelCard, parse_card
+from service.runner import buckets
 from service.settings import DEFAULT_MODEL, Settings
 
 CLASSES = [f"class{k}" for k in range(10)]
@@ -59,7 +60,7 @@ class FakeBackend:
                                     flat.max(1, keepdims=True)], axis=1)  # fmt: skip
         return logits.astype(np.float32), embedding.astype(np.float32)
 
-    warmups = 0  # calls that are warm-up (set by make_client: one per batch size)
+    warmups = 0  # calls that are warm-up (set by make_client: one per batch-size bucket)
 
 
 def png(array: np.ndarray, fmt: str = "PNG", **save: Any) -> bytes:
@@ -113,7 +114,7 @@ def make_client() -> Iterator[Callable[..., TestClient]]:
         settings.setdefault("max_batch_size", 4)
         backend = backend if backend is not None else FakeBackend()
         if isinstance(backend, FakeBackend):
-            backend.warmups = settings["max_batch_size"]
+            backend.warmups = len(buckets(settings["max_batch_size"]))
         client = TestClient(create_app(Settings(**settings), backend))
         client.__enter__()
         clients.append(client)

@@ -167,7 +167,7 @@ def test_readyz_is_503_while_warming_up_then_200(make_client):
     while client.get("/readyz").status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert backend.calls == 3  # every batch size 1..3 ran once before ready
+    assert backend.calls == 3  # each bucket (1, 2 and 3) ran once before ready
 
 
 def test_requests_are_batched_together(make_client):

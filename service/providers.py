@@ -1,0 +1,176 @@
+"""onnxruntime execution providers: which ones a session gets, and with which options.
+
+``"auto"`` tries TensorRT, then CUDA, then the CPU, keeping the first that a session really
+starts on (a CUDA build of onnxruntime on a machine without a usable GPU falls back to the CPU
+quietly). An explicit list is used as given, after checking that this onnxruntime has it.
+
+Options of the accelerated providers (:func:`provider_options`):
+
+* TensorRT: engines and the timing cache are kept in ``engine_cache_dir`` (a volume in a
+  container), so a restart loads the engines instead of building them for minutes; one
+  optimisation profile covers batch 1 to ``max_batch`` at the model's input size (an engine per
+  new shape otherwise); float16 kernels where ``trt_fp16``.
+* CUDA: ``enable_cuda_graph`` where ``cuda_graphs`` (the backend then runs through IO binding
+  with fixed buffers per batch-size bucket: see :mod:`service.runner`); cuDNN's exhaustive
+  algorithm search (once per input shape, during warm-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+__all__ = [
+    "ACCELERATED",
+    "CPU",
+    "CUDA",
+    "TENSORRT",
+    "Accelerator",
+    "ProviderSpec",
+    "choose_providers",
+    "has_nvidia_gpu",
+    "provider_options",
+]
+
+log = logging.getLogger(__name__)
+
+TENSORRT = "TensorrtExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+ACCELERATED = (TENSORRT, CUDA)
+
+#: ``(provider name, its options)``, as ``InferenceSession(providers=...)`` takes them.
+ProviderSpec = tuple[str, dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """How to configure the GPU providers for one model (ignored on the CPU)."""
+
+    input_shape: tuple[int, int, int]  # (C, H, W) the model is served at
+    max_batch: int  # largest batch the batcher forms
+    engine_cache_dir: Path | None = None  # TensorRT engines and timing cache; None: no cache
+    trt_fp16: bool = False  # let TensorRT choose float16 kernels
+    cuda_graphs: bool = False  # CUDA provider: capture one CUDA graph per batch-size bucket
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether an NVIDIA driver and device are present (no CUDA call needed)."""
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
+
+
+def _shape(name: str, batch: int, shape: tuple[int, int, int]) -> str:
+    return f"{name}:{batch}x{shape[0]}x{shape[1]}x{shape[2]}"
+
+
+def provider_options(provider: str, accelerator: Accelerator | None, input_name: str = "image"
+                     ) -> dict[str, str]:  # fmt: skip
+    """The options ``provider`` gets for ``accelerator`` (none for the CPU or without one)."""
+    if accelerator is None:
+        return {}
+    if provider == TENSORRT:
+        shape = accelerator.input_shape
+        options = {
+            "trt_profile_min_shapes": _shape(input_name, 1, shape),
+            "trt_profile_opt_shapes": _shape(input_name, accelerator.max_batch, shape),
+            "trt_profile_max_shapes": _shape(input_name, accelerator.max_batch, shape),
+            "trt_fp16_enable": "1" if accelerator.trt_fp16 else "0",
+        }
+        if accelerator.engine_cache_dir is not None:
+            cache = str(accelerator.engine_cache_dir)
+            options |= {
+                "trt_engine_cache_enable": "1", "trt_engine_cache_path": cache,
+                "trt_timing_cache_enable": "1", "trt_timing_cache_path": cache,
+            }  # fmt: skip
+        return options
+    if provider == CUDA:
+        options = {"cudnn_conv_algo_search": "EXHAUSTIVE", "do_copy_in_default_stream": "1"}
+        if accelerator.cuda_graphs:
+            options["enable_cuda_graph"] = "1"
+        return options
+    return {}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence file descriptors 1 and 2 (C++ logs and print()) for the duration."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _session(
+    path: Path, providers: list[ProviderSpec], threads: int, spinning: bool
+) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: no warnings about providers that are absent
+    if threads:
+        options.intra_op_num_threads = threads
+    # onnxruntime's pool threads busy-wait for work between operators by default; in a server
+    # that burns the cores that decoding and HTTP need (measured: 2 ms of CPU per request on the
+    # shipped model, more than the inference itself), so they sleep unless asked to spin.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def choose_providers(
+    spec: str,
+    path: Path,
+    threads: int = 0,
+    spinning: bool = False,
+    accelerator: Accelerator | None = None,
+) -> tuple[ort.InferenceSession, list[str]]:
+    """A session on the providers ``spec`` names (``"auto"`` or a comma-separated list), and
+    the providers it really runs on."""
+    available = ort.get_available_providers()
+
+    def with_options(names: list[str]) -> list[ProviderSpec]:
+        return [(name, provider_options(name, accelerator)) for name in names]
+
+    if spec != "auto":
+        wanted = [p.strip() for p in spec.split(",") if p.strip()]
+        missing = [p for p in wanted if p not in available]
+        if missing:
+            raise ValueError(
+                f"execution providers {missing} are not available in this onnxruntime; "
+                f"available: {available}"
+            )
+        session = _session(path, with_options(wanted), threads, spinning)
+        return session, session.get_providers()
+    if not has_nvidia_gpu():  # a CUDA build of onnxruntime on a machine without a GPU
+        available = [p for p in available if p not in ACCELERATED]
+    for i, accelerated in enumerate(ACCELERATED):
+        if accelerated not in available:
+            continue
+        # TensorRT hands the nodes it cannot build to CUDA, then the CPU
+        names = [p for p in ACCELERATED[i:] if p in available] + [CPU]
+        try:
+            with _quiet():  # a missing CUDA library is reported by the C++ logger and print()
+                session = _session(path, with_options(names), threads, spinning)
+        except Exception as error:  # onnxruntime raises bare RuntimeErrors of its own types
+            log.info("%s is not usable here (%s)", accelerated, str(error).splitlines()[0][:200])
+            continue
+        if session.get_providers()[0] == accelerated:
+            return session, session.get_providers()
+        log.info("%s is not usable here (its libraries did not load)", accelerated)
+    session = _session(path, [(CPU, {})], threads, spinning)
+    return session, session.get_providers()

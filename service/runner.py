@@ -1,0 +1,121 @@
+"""How a batch goes through an onnxruntime session: plainly, or bound to fixed buffers.
+
+Batch-size buckets (:func:`buckets`): 1, 2, 4, ... up to the largest batch. On an accelerator a
+batch is padded up to its bucket, so the session only ever sees a handful of shapes: warm-up runs
+each bucket once (cuDNN's algorithm search, TensorRT's profile, a CUDA graph per bucket) instead
+of every size from 1 to ``max_batch``, and no request pays for a first call at a new size. The
+padded rows cost at most as much again on the GPU, where small batches are bound by latency, not
+arithmetic; on the CPU, where they would cost the same arithmetic, batches are not padded.
+
+* :class:`PlainRunner`: ``session.run`` on numpy arrays (onnxruntime copies the input to the
+  device and the outputs back inside the call).
+* :class:`BoundRunner`: per bucket an IO binding of an input and two outputs that live on the
+  device at fixed addresses, reused by every call: the input is copied in place, the outputs
+  copied back once. Fixed addresses are what a CUDA graph needs (``gpu_graph_id`` = bucket
+  number + 1); the same class runs on the CPU (``device="cpu"``), which is how it is tested
+  without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+__all__ = ["BoundRunner", "PlainRunner", "Runner", "bucket_for", "buckets"]
+
+#: ``(N, C, H, W) float32 -> (logits (N, K), embedding (N, p))``.
+Runner = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def buckets(max_batch: int) -> list[int]:
+    """``[1, 2, 4, ..., max_batch]``: powers of two below ``max_batch``, then ``max_batch``."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    sizes = []
+    size = 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_batch]
+
+
+def bucket_for(n: int, sizes: Sequence[int]) -> int:
+    """The smallest bucket that holds ``n`` images (``sizes`` ascending)."""
+    index = bisect.bisect_left(sizes, n)
+    if index == len(sizes):
+        raise ValueError(f"a batch of {n} is larger than the largest bucket ({sizes[-1]})")
+    return sizes[index]
+
+
+class PlainRunner:
+    """``session.run`` on numpy arrays; pads to a bucket where ``sizes`` is given."""
+
+    def __init__(self, session: ort.InferenceSession, sizes: Sequence[int] | None = None) -> None:
+        self.session = session
+        self.sizes = list(sizes) if sizes else None
+
+    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(images)
+        if self.sizes is not None and (size := bucket_for(n, self.sizes)) != n:
+            padded = np.zeros((size, *images.shape[1:]), np.float32)
+            padded[:n] = images
+            images = padded
+        logits, embedding = self.session.run(["logits", "embedding"], {"image": images})
+        return logits[:n], embedding[:n]
+
+
+class BoundRunner:
+    """IO binding with one set of device buffers per bucket (and a CUDA graph per bucket where
+    the session was created with ``enable_cuda_graph``)."""
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        input_shape: tuple[int, int, int],
+        num_classes: int,
+        embedding_dim: int,
+        sizes: Sequence[int],
+        device: str = "cuda",
+        device_id: int = 0,
+        graphs: bool = False,
+    ) -> None:
+        self.session = session
+        self.sizes = list(sizes)
+        self.graphs = graphs
+        self._lock = threading.Lock()  # a binding's buffers serve one call at a time
+        self._slots: dict[int, tuple[ort.IOBinding, ort.OrtValue, ort.RunOptions]] = {}
+        for number, size in enumerate(self.sizes):
+
+            def value(shape: tuple[int, ...]) -> ort.OrtValue:
+                return ort.OrtValue.ortvalue_from_shape_and_type(
+                    shape, np.float32, device, device_id
+                )
+
+            image = value((size, *input_shape))
+            image.update_inplace(np.zeros((size, *input_shape), np.float32))
+            binding = session.io_binding()
+            binding.bind_ortvalue_input("image", image)
+            binding.bind_ortvalue_output("logits", value((size, num_classes)))
+            binding.bind_ortvalue_output("embedding", value((size, embedding_dim)))
+            options = ort.RunOptions()
+            if graphs:
+                options.add_run_config_entry("gpu_graph_id", str(number + 1))
+            self._slots[size] = (binding, image, options)
+
+    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(images)
+        size = bucket_for(n, self.sizes)
+        if size != n:
+            padded = np.zeros((size, *images.shape[1:]), np.float32)
+            padded[:n] = images
+            images = padded
+        binding, image, options = self._slots[size]
+        with self._lock:
+            image.update_inplace(np.ascontiguousarray(images, np.float32))
+            self.session.run_with_iobinding(binding, options)
+            logits, embedding = binding.copy_outputs_to_cpu()
+        return logits[:n], embedding[:n]

@@ -1,0 +1,101 @@
+"""Execution providers and their options, without a GPU: what a TensorRT or CUDA session would
+be created with (engine cache, optimisation profile, CUDA graphs), and the CPU fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+from service import providers
+from service.backend import BackendOptions, OnnxBackend
+from service.providers import CPU, CUDA, TENSORRT, Accelerator, choose_providers, provider_options
+from service.settings import Settings
+
+ACCELERATOR = Accelerator((3, 224, 224), 64, Path("/cache/trt"), trt_fp16=True, cuda_graphs=True)
+
+
+def test_tensorrt_gets_one_profile_for_every_batch_and_a_persistent_engine_cache():
+    options = provider_options(TENSORRT, ACCELERATOR)
+    assert options["trt_profile_min_shapes"] == "image:1x3x224x224"
+    assert options["trt_profile_opt_shapes"] == "image:64x3x224x224"
+    assert options["trt_profile_max_shapes"] == "image:64x3x224x224"
+    assert options["trt_engine_cache_enable"] == "1"
+    assert options["trt_engine_cache_path"] == "/cache/trt"
+    assert options["trt_timing_cache_enable"] == "1"
+    assert options["trt_timing_cache_path"] == "/cache/trt"
+    assert options["trt_fp16_enable"] == "1"
+    plain = provider_options(TENSORRT, Accelerator((1, 28, 28), 16))
+    assert "trt_engine_cache_enable" not in plain and plain["trt_fp16_enable"] == "0"
+
+
+def test_cuda_gets_graphs_only_when_asked():
+    assert provider_options(CUDA, ACCELERATOR)["enable_cuda_graph"] == "1"
+    assert "enable_cuda_graph" not in provider_options(CUDA, Accelerator((1, 28, 28), 16))
+    assert provider_options(CPU, ACCELERATOR) == {}
+    assert provider_options(CUDA, None) == {}
+
+
+def test_option_names_are_ones_this_onnxruntime_knows():
+    """A misspelt option is refused by onnxruntime only on a GPU machine: check the names
+    against the provider libraries' own strings here."""
+    capi = Path(ort.__file__).parent / "capi"
+    for provider, library in ((TENSORRT, "tensorrt"), (CUDA, "cuda")):
+        path = capi / f"libonnxruntime_providers_{library}.so"
+        if not path.is_file():
+            pytest.skip(f"{path.name} is not part of this onnxruntime")
+        text = path.read_bytes()
+        for name in provider_options(provider, ACCELERATOR):
+            assert name.encode() + b"\0" in text, f"{provider} has no option {name!r}"
+
+
+def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_model):
+    calls = []
+
+    def fake_session(path, specs, threads, spinning):
+        calls.append(specs)
+        return ort.InferenceSession(str(path), providers=[CPU])
+
+    monkeypatch.setattr(providers, "_session", fake_session)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
+    choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=ACCELERATOR)
+    (specs,) = calls
+    assert [name for name, _ in specs] == [TENSORRT, CUDA, CPU]
+    assert specs[0][1] == provider_options(TENSORRT, ACCELERATOR)
+    assert specs[1][1]["enable_cuda_graph"] == "1"
+    assert specs[2][1] == {}
+
+
+def test_auto_tries_tensorrt_then_cuda_on_a_gpu_machine(monkeypatch, shipped_model):
+    """With a GPU present, 'auto' offers TensorRT (with CUDA and the CPU behind it), then CUDA;
+    a session that does not start on the accelerator is not kept."""
+    calls = []
+
+    def fake_session(path, specs, threads, spinning):
+        calls.append([name for name, _ in specs])
+        if specs[0][0] == TENSORRT:
+            raise RuntimeError("libnvinfer.so.10: cannot open shared object file")
+        return ort.InferenceSession(str(path), providers=[CPU])  # CUDA "did not load"
+
+    monkeypatch.setattr(providers, "_session", fake_session)
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
+    _, used = choose_providers("auto", Path(shipped_model), accelerator=ACCELERATOR)
+    assert calls == [[TENSORRT, CUDA, CPU], [CUDA, CPU], [CPU]]
+    assert used == [CPU]
+
+
+def test_settings_give_the_backend_its_options(shipped_model, tmp_path):
+    settings = Settings(model_path=shipped_model, max_batch_size=32, engine_cache_dir=tmp_path,
+                        trt_fp16=True, cuda_graphs=True)  # fmt: skip
+    options = settings.backend_options
+    assert options == BackendOptions("auto", 0, False, 32, tmp_path, True, False, True)
+    default = Settings(model_path=shipped_model).backend_options
+    assert default.engine_cache_dir == Path.home() / ".cache" / "smso" / "tensorrt"
+
+
+def test_gpu_options_are_harmless_on_the_cpu(shipped_model):
+    backend = OnnxBackend(shipped_model, BackendOptions(cuda_graphs=True, io_binding=True))
+    if backend.providers[0] == CPU:
+        assert backend.mode == "plain"

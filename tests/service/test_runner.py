@@ -1,0 +1,99 @@
+"""Batch-size buckets and the two runners, against the session's own ``run`` on the shipped
+model; the IO-binding runner on the CPU here, and on CUDA where there is a GPU (``-m cuda``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from service.backend import BackendOptions, OnnxBackend
+from service.providers import CUDA, has_nvidia_gpu
+from service.runner import BoundRunner, PlainRunner, bucket_for, buckets
+
+
+@pytest.mark.parametrize(
+    ("max_batch", "expected"),
+    [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (16, [1, 2, 4, 8, 16]), (48, [1, 2, 4, 8, 16, 32, 48])],
+)
+def test_buckets_are_powers_of_two_then_the_largest_batch(max_batch, expected):
+    assert buckets(max_batch) == expected
+
+
+def test_bucket_for_is_the_smallest_bucket_that_holds_the_batch():
+    sizes = buckets(48)
+    assert [bucket_for(n, sizes) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
+    with pytest.raises(ValueError, match="larger than the largest bucket"):
+        bucket_for(49, sizes)
+    with pytest.raises(ValueError, match=">= 1"):
+        buckets(0)
+
+
+@pytest.fixture(scope="module")
+def session(shipped_model):
+    return ort.InferenceSession(shipped_model, providers=["CPUExecutionProvider"])
+
+
+def reference(session, images):
+    return session.run(["logits", "embedding"], {"image": images})
+
+
+def images(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 1, 28, 28)).astype(np.float32)
+
+
+def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
+    runner = PlainRunner(session, buckets(8))
+    for n in (1, 3, 5, 8):
+        batch = images(n, seed=n)
+        logits, embedding = runner(batch)
+        want_logits, want_embedding = reference(session, batch)
+        assert logits.shape == want_logits.shape and embedding.shape == want_embedding.shape
+        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+
+
+def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):
+    runner = BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu")
+    for n in (2, 7, 8, 1, 7):  # a bucket reused with other data must not leak old rows
+        batch = images(n, seed=10 + n)
+        logits, embedding = runner(batch)
+        want_logits, want_embedding = reference(session, batch)
+        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
+    backend = OnnxBackend(shipped_model, BackendOptions(providers="CPUExecutionProvider",
+                                                        max_batch=16))  # fmt: skip
+    assert backend.providers == ["CPUExecutionProvider"]
+    assert backend.mode == "plain"
+    assert backend.warmup_batches == [1, 2, 4, 8, 16]
+    logits, embedding = backend.run(images(5))
+    assert logits.shape == (5, 10) and embedding.shape == (5, 64)
+
+
+cuda = pytest.mark.skipif(
+    not (has_nvidia_gpu() and CUDA in ort.get_available_providers()),
+    reason="needs onnxruntime's CUDA provider and an NVIDIA GPU",
+)
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("mode", ["buckets", "io-binding", "cuda-graphs"])
+def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
+    options = BackendOptions(
+        providers=f"{CUDA},CPUExecutionProvider", max_batch=8,
+        io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs",
+    )  # fmt: skip
+    backend = OnnxBackend(shipped_model, options)
+    assert backend.providers[0] == CUDA and backend.mode == mode
+    for size in backend.warmup_batches:
+        backend.run(images(size))
+    for n in (1, 3, 8, 3):
+        batch = images(n, seed=20 + n)
+        logits, embedding = backend.run(batch)
+        want_logits, want_embedding = reference(session, batch)
+        np.testing.assert_allclose(logits, want_logits, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-3, atol=1e-3)
