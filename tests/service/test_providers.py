@@ -27,7 +27,8 @@ def test_tensorrt_gets_one_profile_for_every_batch_and_a_persistent_engine_cache
     assert options["trt_timing_cache_path"] == "/cache/trt"
     assert options["trt_fp16_enable"] == "1"
     plain = provider_options(TENSORRT, Accelerator((1, 28, 28), 16))
-    assert "trt_engine_cache_enable" not in plain and plain["trt_fp16_enable"] == "0"
+    assert "trt_engine_cache_enable" not in plain
+    assert plain["trt_fp16_enable"] == "0"
 
 
 def test_cuda_gets_graphs_only_when_asked():

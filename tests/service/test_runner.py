@@ -22,7 +22,16 @@ def test_buckets_are_powers_of_two_then_the_largest_batch(max_batch, expected):
 
 def test_bucket_for_is_the_smallest_bucket_that_holds_the_batch():
     sizes = buckets(48)
-    assert [bucket_for(n, sizes) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
+    assert [bucket_for(n, sizes) for n in (1, 2, 3, 5, 16, 17, 33, 48)] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        48,
+        48,
+    ]
     with pytest.raises(ValueError, match="larger than the largest bucket"):
         bucket_for(49, sizes)
     with pytest.raises(ValueError, match=">= 1"):
@@ -48,7 +57,8 @@ def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
         batch = images(n, seed=n)
         logits, embedding = runner(batch)
         want_logits, want_embedding = reference(session, batch)
-        assert logits.shape == want_logits.shape and embedding.shape == want_embedding.shape
+        assert logits.shape == want_logits.shape
+        assert embedding.shape == want_embedding.shape
         np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
 
@@ -70,7 +80,8 @@ def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
     assert backend.mode == "plain"
     assert backend.warmup_batches == [1, 2, 4, 8, 16]
     logits, embedding = backend.run(images(5))
-    assert logits.shape == (5, 10) and embedding.shape == (5, 64)
+    assert logits.shape == (5, 10)
+    assert embedding.shape == (5, 64)
 
 
 cuda = pytest.mark.skipif(
@@ -88,7 +99,8 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
         io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs",
     )  # fmt: skip
     backend = OnnxBackend(shipped_model, options)
-    assert backend.providers[0] == CUDA and backend.mode == mode
+    assert backend.providers[0] == CUDA
+    assert backend.mode == mode
     for size in backend.warmup_batches:
         backend.run(images(size))
     for n in (1, 3, 8, 3):
