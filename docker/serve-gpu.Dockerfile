@@ -32,11 +32,13 @@ RUN pip install --quiet --no-deps . && rm -rf build ./*.egg-info
 COPY models models
 COPY docker/healthcheck.py /usr/local/bin/smso-healthcheck
 
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin smso
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin smso \
+    && mkdir -p /cache/tensorrt && chown smso /cache/tensorrt
 USER smso
 ENV SMSO_HOST=0.0.0.0 \
     SMSO_PORT=8000 \
-    SMSO_MODEL_PATH=/app/models/fashion-mnist-smso/model.onnx
+    SMSO_MODEL_PATH=/app/models/fashion-mnist-smso/model.onnx \
+    SMSO_ENGINE_CACHE_DIR=/cache/tensorrt
 EXPOSE 8000
 # start period: loading, TensorRT engine builds and warming up every batch size come first
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 CMD ["python3", "/usr/local/bin/smso-healthcheck"]
