@@ -15,6 +15,10 @@ For each model, in one run:
   to ``/v2/models/<name>/infer`` as binary ``BYTES`` and as preprocessed binary ``FP32``
   tensors (top-5 classification in both), in interleaved rounds.
 
+* a GPU-like stand-in backend (``bench/standin.py``: it sleeps as a GPU batch takes, with the
+  card of ResNet-50 at 224 px) behind the real server, against bare endpoints reading the same
+  requests: the serving path's own cost, which a GPU no longer hides.
+
 Models: the shipped Fashion-MNIST model with 640x480 JPEG uploads (Fashion-MNIST test images
 scaled up: real picture content), and ResNet-50 SMSO at 448 px, p = 2,048, random weights, with
 the same JPEGs. Targets: ResNet-50 service images/s at 16 clients >= 0.85 of the raw session's;
@@ -63,6 +67,10 @@ async def upload(request: Request):
     sizes = [len(await f.read()) for f in form.getlist("file")]
     await form.close()
     return {"sizes": sizes}
+
+@app.post("/body")
+async def body(request: Request):
+    return {"size": len(await request.body())}
 """
 
 
@@ -218,13 +226,14 @@ def protocol_case(base: str, model: Path, files: list[bytes], clients: int,
     return {name: merge(results) for name, results in runs.items()}
 
 
-def session_and_tensors(model: Path, files: list[bytes]) -> tuple[Any, np.ndarray]:
+def session_and_tensors(model: Path, files: list[bytes], max_batch: int = 256
+                        ) -> tuple[Any, np.ndarray]:  # fmt: skip
     """The model's onnxruntime backend and ``files`` preprocessed as the service does."""
     sys.path.insert(0, str(ROOT))
-    from service.backend import OnnxBackend
+    from service.backend import BackendOptions, OnnxBackend
     from service.images import Preprocessor
 
-    backend = OnnxBackend(model, "auto")
+    backend = OnnxBackend(model, BackendOptions(max_batch=max_batch))
     pre = Preprocessor(backend.card.preprocessing, 10**9)
     return backend, np.stack([pre(data) for data in files])
 
@@ -342,6 +351,74 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     }  # fmt: skip
 
 
+def standin(max_batch: int) -> contextlib.AbstractContextManager:
+    """The real server on the GPU-like stand-in backend (``bench/standin.py``)."""
+    env = os.environ | {"SMSO_LOG_LEVEL": "warning"}
+    command = [sys.executable, str(ROOT / "bench" / "standin.py"), "--port", "{port}",
+               "--max-batch-size", str(max_batch)]  # fmt: skip
+    return running(command, "/readyz", ROOT, env)
+
+
+def raw_body(url: str, bodies: list[tuple[bytes, int]]) -> Send:
+    """The protocol bodies posted to the bare endpoint's ``/body``, which only reads them."""
+
+    def send(client: httpx.Client, i: int) -> httpx.Response:
+        return client.post(url, content=bodies[i % len(bodies)][0])
+
+    return send
+
+
+def standin_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
+    """The serving path with a GPU-like backend (1.3 ms + 0.19 ms per image, ResNet-50's card at
+    224 px): ``/classify`` JPEGs against the bare multipart endpoint, ``/v2`` binary FP32
+    tensors against a bare endpoint that reads the same bodies, in interleaved rounds at
+    ``--clients``; then one client at a time, whose extra latency over the bare endpoint, less
+    decoding and the backend's own time (from the server's metrics), is the service's overhead
+    per request: queueing, thread hops, parsing and answering."""
+    sys.path.insert(0, str(ROOT))
+    from bench.standin import CARD
+    from service.card import parse_card
+    from service.images import Preprocessor
+
+    card, _ = parse_card({"smso.model_card": json.dumps(CARD)})
+    pre = Preprocessor(card.preprocessing, 10**9)
+    bodies = oip_bodies(files, np.stack([pre(data) for data in files]))
+    per_round = args.requests // args.rounds
+    with bare() as (bare_base, _), standin(64) as (base, _):
+        infer = f"{base}/v2/models/{card.name}/infer"
+        pairs = {
+            "/classify multipart JPEG": (multipart(f"{bare_base}/upload", files),
+                                         multipart(f"{base}/classify", files)),
+            "/v2 infer, preprocessed binary FP32": (raw_body(f"{bare_base}/body", bodies),
+                                                    oip(infer, bodies)),
+        }  # fmt: skip
+        results: dict[str, Any] = {}
+        for name, (bare_send, send) in pairs.items():
+            drive(bare_send, args.clients, args.clients)
+            drive(send, args.clients, args.clients)
+            bare_runs, runs = [], []
+            for _ in range(args.rounds):
+                bare_runs.append(drive(bare_send, args.clients, per_round))
+                runs.append(drive(send, args.clients, per_round))
+            ratios = [r["requests_per_second"] / b["requests_per_second"]
+                      for r, b in zip(runs, bare_runs, strict=True)]  # fmt: skip
+            one_bare = drive(bare_send, 1, per_round // 2)
+            before = scrape(f"{base}/metrics")
+            one = drive(send, 1, per_round // 2)
+            stages = split(before, scrape(f"{base}/metrics"), one["mean_ms"])
+            results[name] = {
+                "bare": merge(bare_runs), "service": merge(runs), "ratio_by_round": ratios,
+                "ratio": statistics.median(ratios),
+                "one_client": {
+                    "bare_p50_ms": one_bare["p50_ms"], "service_p50_ms": one["p50_ms"],
+                    "decode_ms": stages["decode_ms"], "inference_ms": stages["inference_ms"],
+                    "overhead_ms": one["p50_ms"] - one_bare["p50_ms"] - stages["decode_ms"]
+                    - stages["inference_ms"],
+                },
+            }  # fmt: skip
+    return results
+
+
 def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
     """ResNet-50 SMSO's service against its raw session at its best batch size, in interleaved
     rounds (the raw session runs while the server is idle)."""
@@ -437,18 +514,40 @@ def print_tables(shipped: dict[str, Any], resnet: dict[str, Any] | None) -> None
           f"(peak {memory['VmHWM']:.0f} MiB)")  # fmt: skip
 
 
+def print_standin(results: dict[str, Any]) -> None:
+    print()
+    print("GPU-like stand-in backend (1.3 ms + 0.19 ms per image; ResNet-50's card at 224 px), "
+          "against a bare endpoint reading the same requests (interleaved rounds):")  # fmt: skip
+    print()
+    print("| route | service req/s | bare req/s | ratio (rounds) | service p50 / p99 ms | "
+          "1 client: service p50 ms | bare p50 ms | decode ms | backend ms | overhead ms |")  # fmt: skip
+    print("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|")
+    for name, r in results.items():
+        rounds = ", ".join(f"{x:.2f}" for x in r["ratio_by_round"])
+        one = r["one_client"]
+        print(f"| {name} | {r['service']['requests_per_second']:.1f} | "
+              f"{r['bare']['requests_per_second']:.1f} | {r['ratio']:.2f} ({rounds}) | "
+              f"{r['service']['p50_ms']:.1f} / {r['service']['p99_ms']:.1f} | "
+              f"{one['service_p50_ms']:.2f} | {one['bare_p50_ms']:.2f} | {one['decode_ms']:.2f} | "
+              f"{one['inference_ms']:.2f} | {one['overhead_ms']:.2f} |")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     files = jpegs(32)
     shipped = shipped_case(args, files)
+    stand_in = standin_case(args, files)
     resnet = None if args.quick else resnet_case(args, files)
     print_tables(shipped, resnet)
+    print_standin(stand_in)
     report: dict[str, Any] = {
         "settings": vars(args) | {"json": str(args.json)},
         "bare": shipped["bare"],
         "cases": [{"service": c["service"], "raw": c["raw"], "ratio_by_round": c["ratio_by_round"]}
                   for c in (shipped, resnet) if c is not None],
+        "standin": stand_in,
         "ratios": {"shipped_rps_over_bare": shipped["ratio"]}
+        | {f"standin {name}: service over bare": r["ratio"] for name, r in stand_in.items()}
         | ({"resnet_service_over_raw": resnet["ratio"]} if resnet else {}),
     }  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
