@@ -14,6 +14,11 @@ The card is one JSON document in the ONNX model's ``metadata_props`` under the k
                              channel: x = (v / 255 - mean) / std
     outputs                  logits (N, K) and embedding (N, p)
     model                    backbone, head, head_options, reduce_dim, embedding_dim (p), form
+                             (the SMSO head's form in the graph, "conv" or "covariance"; null
+                             for other heads), form_choice (SMSO only, else null: form,
+                             requested ("conv", "covariance" or "auto"), positions n at the
+                             input size, multiply_adds per image modelled for "conv" and
+                             "covariance")
     dataset                  the training dataset's name
     metrics                  epoch, val_accuracy, test_accuracy, test_images (null when unknown)
     checkpoint               file name and sha256 of the checkpoint the file was made from

@@ -2,6 +2,7 @@
 
     smso-export runs/x/best.pt                      # -> runs/x/model.onnx, 1x1-conv form
     smso-export runs/x/best.pt -o m.onnx --form covariance --opset 18
+    smso-export runs/x/best.pt --form auto          # the SMSO form with the smaller modelled cost
     smso-export runs/x/best.pt --fp16               # float16 weights and compute
 
 Exit status 0 on success, 2 for a user's mistake (missing or corrupt checkpoint, a head ONNX
@@ -16,8 +17,9 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
-from export.onnx_export import DEFAULT_OPSET, ExportError, export_checkpoint
+from export.onnx_export import DEFAULT_OPSET, ExportError, FormChoice, export_checkpoint
 from export.parity import ParityError
 from training.cli import run_cli
 
@@ -32,8 +34,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
     parser.add_argument("-o", "--output", type=Path, help="ONNX file (default: CHECKPOINT's "
                         "folder / model.onnx)")  # fmt: skip
-    parser.add_argument("--form", choices=("conv", "covariance"), default="conv",
-                        help="how the SMSO head is computed in the graph")  # fmt: skip
+    parser.add_argument(
+        "--form",
+        choices=get_args(FormChoice),
+        default="conv",
+        help="how the SMSO head is computed in the graph: 'conv', a 1x1 conv + l2 pool (about "
+        "p*c*n multiply-adds per image, with n = h*w positions of the last feature map, c "
+        "channels, p outputs); 'covariance', through the c x c covariance (about c*c*n + p*c*c); "
+        "'auto', the one with fewer modelled multiply-adds at the trained input size (covariance "
+        "where p*(n - c) >= n*c), recorded with both costs in the model card",
+    )
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version")
     parser.add_argument("--fp16", action="store_true", help="float16 weights and compute")
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,

@@ -12,7 +12,8 @@ In eval mode SMSO's running covariance ``Sigma`` is a constant, so the per-outpu
 
 so ``alpha_j = 2 (n-1) / (w_j^T Sigma w_j)`` of Eq. 6 appears as the folded constant times the
 ``n`` the graph reads from its input's shape. ``form="covariance"`` computes ``s`` through the
-per-image covariance instead (cheaper when ``p (n - c) > n c``, see ``SMSO.md``).
+per-image covariance instead; :func:`form_costs` models what each form costs and
+:func:`cheaper_form` picks between them (``smso-export --form auto``).
 
 :func:`exportable` wraps a :class:`training.model.SecondOrderNet` as ``images -> (logits,
 embedding)``; heads ONNX cannot express raise :class:`UnsupportedHeadError`.
@@ -33,7 +34,15 @@ from training.model import SecondOrderNet
 from training.second_order import covariance
 from training.smso import SMSOPooling
 
-__all__ = ["ExportForm", "ExportModel", "FoldedSMSO", "UnsupportedHeadError", "exportable"]
+__all__ = [
+    "ExportForm",
+    "ExportModel",
+    "FoldedSMSO",
+    "UnsupportedHeadError",
+    "cheaper_form",
+    "exportable",
+    "form_costs",
+]
 
 ExportForm = Literal["conv", "covariance"]
 
@@ -48,6 +57,26 @@ UNSUPPORTED: dict[type[nn.Module], str] = {
 
 class UnsupportedHeadError(ValueError):
     """The model's head has no ONNX equivalent."""
+
+
+def form_costs(channels: int, dim: int, positions: int) -> dict[ExportForm, int]:
+    """Modelled multiply-adds per image of each form of the SMSO head (``SMSO.md``).
+
+    ``channels`` is ``c``, ``dim`` is ``p``, ``positions`` is ``n = h * w``. The 1x1 form costs
+    ``p c n`` (the convolution), the covariance form ``c^2 n + p c^2`` (the covariance, then
+    ``Y W``); the centring, squares and sums that both add are ``O((c + p) n)`` and left out.
+    """
+    return {
+        "conv": dim * channels * positions,
+        "covariance": channels * channels * positions + dim * channels * channels,
+    }
+
+
+def cheaper_form(channels: int, dim: int, positions: int) -> ExportForm:
+    """The form with the smaller :func:`form_costs`: the covariance form where
+    ``p (n - c) >= n c`` (ties go to it), the 1x1 form otherwise (always when ``n <= c``)."""
+    costs = form_costs(channels, dim, positions)
+    return "covariance" if costs["covariance"] <= costs["conv"] else "conv"
 
 
 class FoldedSMSO(nn.Module):

@@ -3,7 +3,8 @@
 :func:`export_checkpoint` runs the whole pipeline:
 
 1. load the checkpoint (``training.checkpoint``) and wrap it for tracing (``export.graph``: the
-   SMSO head folded, in its 1x1-conv + l2-pool form unless ``form="covariance"``);
+   SMSO head folded, in its 1x1-conv + l2-pool form unless ``form="covariance"``, or in the form
+   with the smaller modelled cost at the trained input size with ``form="auto"``);
 2. trace with ``torch.onnx.export(dynamo=True)``: input ``image`` ``(N, C, H, W)`` float32 with a
    dynamic batch, and dynamic ``H, W`` where the model allows it (falling back to the trained size
    where it does not); outputs ``logits (N, K)`` and ``embedding (N, p)``;
@@ -26,7 +27,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -35,13 +36,25 @@ import torch
 import torchvision
 
 from export.card import CARD_KEY, card_json, file_sha256
-from export.graph import ExportForm, ExportModel, exportable
+from export.graph import ExportForm, ExportModel, cheaper_form, exportable, form_costs
 from export.parity import ParityReport, check_parity
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
 from training.model import SecondOrderNet
+from training.smso import SMSOPooling
 
-__all__ = ["DEFAULT_OPSET", "ExportError", "ExportResult", "export_checkpoint", "real_images"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "ExportError",
+    "ExportResult",
+    "FormChoice",
+    "export_checkpoint",
+    "real_images",
+]
+
+#: What ``form`` may ask for: one of the SMSO head's forms, or "auto" for the cheaper at the
+#: trained input size (``export.graph.cheaper_form``).
+FormChoice = Literal["conv", "covariance", "auto"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +89,24 @@ def _input_geometry(model: SecondOrderNet, payload: dict[str, Any]) -> tuple[int
     channels = model.config.in_channels or spec.in_channels
     side = int(payload.get("preset", {}).get("image_size", 224))
     return channels, side
+
+
+def _head_form(
+    model: SecondOrderNet, requested: FormChoice, side: int, stride: int
+) -> tuple[ExportForm, dict[str, Any] | None]:
+    """The form the SMSO head is traced in and, for the card, the choice: that form, the form
+    asked for, and the modelled multiply-adds per image of both forms at the trained size, with
+    ``n = (side // stride)^2`` positions. Other heads have one form: ``("conv", None)``."""
+    head = model.head
+    if not isinstance(head, SMSOPooling):
+        return "conv", None
+    positions = max(side // stride, 1) ** 2
+    costs = form_costs(head.in_channels, head.dim, positions)
+    form = cheaper_form(head.in_channels, head.dim, positions) if requested == "auto" else requested
+    message = "SMSO head in the %s form (asked: %s); modelled multiply-adds per image at n = %d: %s"
+    log.info(message, form, requested, positions, costs)
+    choice = {"form": form, "requested": requested, "positions": positions, "multiply_adds": costs}
+    return form, choice
 
 
 def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int) -> onnx.ModelProto:
@@ -180,7 +211,7 @@ def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
 def export_checkpoint(
     checkpoint: str | os.PathLike[str],
     output: str | os.PathLike[str],
-    form: ExportForm = "conv",
+    form: FormChoice = "conv",
     opset: int = DEFAULT_OPSET,
     fp16: bool = False,
     optimize: bool = True,
@@ -194,9 +225,10 @@ def export_checkpoint(
     """
     checkpoint, output = Path(checkpoint), Path(output)
     model, payload = load_model(checkpoint)
-    module = exportable(model, form)
     channels, side = _input_geometry(model, payload)
     stride = backbone_spec(model.config.backbone).stride
+    traced_form, form_choice = _head_form(model, form, side, stride)
+    module = exportable(model, traced_form)
     example = torch.randn(2, channels, side, side)
     proto = _trace(module, example, opset, stride)
     dims = proto.graph.input[0].type.tensor_type.shape.dim
@@ -215,7 +247,7 @@ def export_checkpoint(
         precision = "float16" if fp16 else "float32"
         tolerance = None if fp16 else HEAD_TOLERANCE.get(model.config.head)
         parity = check_parity(_session(proto), module, inputs, batch_sizes, precision, tolerance)
-        card = _card(model, payload, checkpoint, channels, side, dynamic_size, form)
+        card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice)
         card["export"] = {
             "opset": opset, "precision": precision, "optimized": optimize,
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -242,7 +274,7 @@ def _card(
     channels: int,
     side: int,
     dynamic_size: bool,
-    form: ExportForm,
+    form_choice: dict[str, Any] | None,
 ) -> dict[str, Any]:
     config = model.config
     preset = payload.get("preset", {})
@@ -269,7 +301,8 @@ def _card(
             "backbone": config.backbone, "head": config.head,
             "head_options": dict(config.head_options), "reduce_dim": config.reduce_dim,
             "embedding_dim": model.embedding_dim,
-            "form": form if config.head == "smso" else None,
+            "form": None if form_choice is None else form_choice["form"],
+            "form_choice": form_choice,
         },
         "dataset": train_config.get("dataset", "unknown"),
         "metrics": _metrics(checkpoint, payload),

@@ -1,11 +1,12 @@
-"""FoldedSMSO computes what SMSOPooling computes in eval mode, in both forms."""
+"""FoldedSMSO computes what SMSOPooling computes in eval mode, in both forms; the cost model
+that picks between them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from export.graph import FoldedSMSO, UnsupportedHeadError, exportable
+from export.graph import FoldedSMSO, UnsupportedHeadError, cheaper_form, exportable, form_costs
 from training.model import ModelConfig, build_model
 from training.smso import SMSOPooling
 
@@ -51,3 +52,32 @@ def test_deepo2p_cannot_be_exported_and_the_error_says_why():
 def test_an_unknown_form_is_refused():
     with pytest.raises(ValueError, match="'conv' or 'covariance'"):
         FoldedSMSO(trained_pool(), "cholesky")  # type: ignore[arg-type]
+
+
+def test_the_cheaper_form_is_the_covariance_form_exactly_where_p_n_minus_c_reaches_n_c():
+    # the reference is SMSO.md's inequality, not the cost model's sums
+    for c in (1, 2, 7, 8, 64, 256):
+        for n in (2, 4, 49, 196, 784):
+            for p in (1, 4, 64, 379, 380, 381, 2048):
+                expected = "covariance" if p * (n - c) >= n * c else "conv"
+                assert cheaper_form(c, p, n) == expected, (c, p, n)
+
+
+@pytest.mark.parametrize(
+    ("c", "p", "n", "form"),
+    [
+        (256, 2048, 784, "covariance"),  # VGG-D at 448 px, p = 2,048 (bench/heads.py: 31 vs 103 ms)
+        (256, 380, 784, "conv"),  # VGG-D at 448 px: the 1x1 form wins below p = 380.1
+        (256, 381, 784, "covariance"),
+        (256, 2048, 196, "conv"),  # ResNet-50 at 448 px: n < c, the 1x1 form always
+        (256, 2048, 49, "conv"),  # ResNet-50 at 224 px
+        (2, 4, 4, "covariance"),  # a tie (32 multiply-adds each) goes to the covariance form
+    ],
+)
+def test_cheaper_form_on_the_paper_backbones(c, p, n, form):
+    assert cheaper_form(c, p, n) == form
+
+
+def test_form_costs_count_the_products_of_each_form():
+    costs = form_costs(channels=256, dim=2048, positions=784)
+    assert costs == {"conv": 2048 * 256 * 784, "covariance": 256 * 256 * 784 + 2048 * 256 * 256}

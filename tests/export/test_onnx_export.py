@@ -20,6 +20,7 @@ from export.cli import main as export_main
 from export.onnx_export import export_checkpoint
 from export.parity import ParityError
 from training.checkpoint import load_model, save_checkpoint
+from training.datasets.presets import PRESETS
 from training.model import ModelConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +104,11 @@ def test_the_model_card_says_what_a_server_needs(trained_run, exported):
     assert card["preprocessing"]["resize"] == 28  # no resize in training: the crop side
     assert card["preprocessing"]["crop"] == 28
     assert card["model"] | {"head": "smso", "embedding_dim": P, "form": "conv"} == card["model"]
+    n = 7 * 7  # 28 px at small_cnn's stride 4
+    assert card["model"]["form_choice"] == {
+        "form": "conv", "requested": "conv", "positions": n,
+        "multiply_adds": {"conv": P * C * n, "covariance": C * C * n + P * C * C},
+    }  # fmt: skip
     assert card["dataset"] == "fashion_mnist"
     report = json.loads((trained_run / "test.json").read_text())
     assert card["metrics"]["test_accuracy"] == report["test_accuracy"]
@@ -131,6 +137,27 @@ def test_every_head_onnx_can_express_exports_with_parity(head, options, tmp_path
     assert result.parity.passed
     assert result.parity.inputs == ["random"]
     assert card_of(result.path)["model"]["head"] == head
+
+
+@pytest.mark.parametrize(("dim", "form"), [(4, "conv"), (64, "covariance")])
+def test_form_auto_exports_the_cheaper_form_with_parity(dim, form, tmp_path, capsys):
+    # small_cnn at 28 px: n = 49 positions, c = 8; p (n - c) >= n c from p = 9.6 on
+    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": dim},
+                         reduce_dim=C)  # fmt: skip
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(tmp_path / "m.pt", build_model(config).eval(),
+                                 preset=PRESETS["fashion_mnist"].to_dict())  # fmt: skip
+    output = tmp_path / "m.onnx"
+    assert export_main([str(checkpoint), "-o", str(output), "--form", "auto"]) == 0
+    card = card_of(output)
+    assert card["model"]["form"] == form
+    assert card["model"]["form_choice"]["requested"] == "auto"
+    costs = card["model"]["form_choice"]["multiply_adds"]
+    assert min(costs, key=costs.get) == form
+    assert card["parity"]["passed"]
+    assert card["parity"]["max_relative_difference"]["embedding"] <= 1e-4
+    assert has_c_by_c(tensor_shapes(onnx.load(output)), C) == (form == "covariance")
+    assert "max relative difference" in capsys.readouterr().out
 
 
 def test_float16_export_has_half_weights_float_io_and_its_own_tolerance(trained_run, tmp_path):
