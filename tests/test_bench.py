@@ -202,3 +202,25 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     assert len(protocols) == 3
     assert "/v2 infer, preprocessed binary FP32" in protocols
     assert all(r["failures"] == 0 and r["requests_per_second"] > 0 for r in protocols.values())
+
+
+@pytest.mark.slow
+def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
+    """bench/serve_gpu.py --smoke: the one-go GPU measurement, tiny, with the shipped model."""
+    proc = run_script("bench/serve_gpu.py", "--smoke", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "serve_gpu.json").read_text())
+    assert report["skipped"] == []
+    assert {"fp32-conv/plain", "fp32-conv/io-binding", "fp32-conv/cuda-graphs"} <= set(
+        report["raw"]
+    )
+    assert report["ort_profile"]["ms_per_run_by_op"]
+    for variant in ("cuda", "cuda-graphs"):
+        loads = report["server"][variant]["loads"]
+        assert len(loads) == 4  # two routes at concurrency 1 and 4
+        assert all(load["failures"] == 0 and load["requests"] > 0 for load in loads)
+        assert all(
+            set(load["split"]) >= {"decode_ms", "queue_ms", "inference_ms"} for load in loads
+        )
+    assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
+    assert "| route | clients | req/s |" in (tmp_path / "serve_gpu.md").read_text()

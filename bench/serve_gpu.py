@@ -1,0 +1,617 @@
+"""The service on a GPU, measured in one go: where the time goes between the session and a client.
+
+On a CUDA machine with onnxruntime-gpu (about 6 minutes on a 16-core H100 machine; stages that
+would overrun ``--budget-s`` are skipped and say so):
+
+1. the machine: GPU, driver, CPU cores, versions;
+2. ResNet-50 SMSO, p = 2,048, 1,000 classes, random weights, the ``image_folder`` preset (resize
+   256, crop 224), exported three ways in parallel: float32 with the 1x1-conv form, float32 with
+   the covariance form, float16 with the 1x1-conv form (``export_checkpoint``, parity checked);
+3. the raw session by batch size (1, 8, 32, 64, 128) for each export, and for the float32 1x1
+   form also through IO binding and with a CUDA graph per bucket (``service.runner``): images/s
+   and ms per call, the same numpy input each call, no server;
+4. onnxruntime's own profiler on the float32 session at batch 64: the time by operator type,
+   with the host-device copies, per run;
+5. the real server (``smso-serve`` in a subprocess, CUDA provider, max batch 64), time until
+   ``/readyz``, then driven by client *processes* (one Python process tops out near 1-2k req/s)
+   at 1, 16 and 64 concurrent requests, on ``/classify`` with 640x480 JPEGs and on ``/v2`` with
+   binary FP32 tensors: req/s, p50/p95/p99, the server's stage split from ``/metrics``, GPU
+   utilisation read through NVML once a second (never ``nvidia-smi`` during a load: on some
+   virtual machines it stalls CUDA); for the default server and with CUDA graphs;
+6. a sampling profile of the server under the 64-client ``/v2`` load (``py-spy``, where
+   installed: a speedscope file and a dump of every thread);
+7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px.
+
+Writes ``OUT/serve_gpu.json``, ``OUT/serve_gpu.md`` (the tables, also printed), the profiles,
+and the server logs. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
+the test suite checks).
+
+    python bench/serve_gpu.py --out /tmp/gpu                  # on a CUDA machine
+    python bench/serve_gpu.py --smoke --out /tmp/gpu-smoke    # anywhere, about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.serve import (  # noqa: E402  (the repository root goes on the path first)
+    free_port,
+    jpegs,
+    oip_bodies,
+    scrape,
+    split,
+    wait_ready,
+)
+
+SHIPPED = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
+CUDA_PROVIDERS = "CUDAExecutionProvider,CPUExecutionProvider"
+
+
+class Budget:
+    """Seconds left of ``--budget-s``; a stage that needs more than is left is skipped."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def allows(self, seconds: float) -> bool:
+        return time.monotonic() + seconds <= self.end
+
+
+# --- 1. the machine ------------------------------------------------------------------------
+
+
+def nvml_handle() -> Any:
+    """The first GPU's NVML handle, or None without NVML (nvidia-ml-py) or a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # no library, no driver, no device: all mean "no NVML here"
+        return None
+
+
+def machine() -> dict[str, Any]:
+    import onnxruntime as ort
+
+    info: dict[str, Any] = {
+        "cpu_cores": os.cpu_count(), "python": platform.python_version(),
+        "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
+    }  # fmt: skip
+    with contextlib.suppress(ImportError):
+        import torch
+
+        info["torch"] = torch.__version__
+    handle = nvml_handle()
+    if handle is not None:
+        import pynvml
+
+        info["gpu"] = pynvml.nvmlDeviceGetName(handle)
+        info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        info["gpu_memory_gib"] = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+    return info
+
+
+class GpuSampler:
+    """GPU utilisation and memory through NVML, once every ``period_s``, in a thread."""
+
+    def __init__(self, period_s: float = 1.0) -> None:
+        self.handle = nvml_handle()
+        self.period_s = period_s
+        self.samples: list[tuple[float, float]] = []  # (utilisation %, memory used GiB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import pynvml
+
+        while not self._stop.wait(self.period_s):
+            rates = pynvml.nvmlDeviceGetUtilizationRates(self.handle)
+            used = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**30
+            self.samples.append((float(rates.gpu), used))
+
+    def __enter__(self) -> GpuSampler:
+        if self.handle is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def summary(self) -> dict[str, float] | None:
+        if not self.samples:
+            return None
+        return {"gpu_util_mean": statistics.fmean(u for u, _ in self.samples),
+                "gpu_util_max": max(u for u, _ in self.samples),
+                "memory_used_gib": max(m for _, m in self.samples)}  # fmt: skip
+
+
+# --- 2. the models -------------------------------------------------------------------------
+
+
+def export_one(workdir: str, name: str, form: str, fp16: bool) -> tuple[str, str, float]:
+    """One export of ResNet-50 SMSO p = 2,048 at 224 px (random weights, seed 0)."""
+    import torch
+
+    from export.onnx_export import export_checkpoint
+    from training.checkpoint import save_checkpoint
+    from training.datasets.presets import PRESETS
+    from training.model import ModelConfig, build_model
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 3))
+    start = time.perf_counter()
+    checkpoint = Path(workdir) / f"{name}.pt"
+    if not checkpoint.exists():
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(1000, "resnet50", "smso", {"dim": 2048})).eval()
+        save_checkpoint(checkpoint, model, preset=PRESETS["image_folder"].to_dict(),
+                        classes=[f"class{k}" for k in range(1000)])  # fmt: skip
+    result = export_checkpoint(checkpoint, Path(workdir) / f"{name}.onnx", form=form,  # type: ignore[arg-type]
+                               fp16=fp16, batch_sizes=(1, 2))  # fmt: skip
+    return name, str(result.path), time.perf_counter() - start
+
+
+def models(workdir: Path, smoke: bool) -> dict[str, Any]:
+    """``name -> path`` of the exports (the shipped model alone with ``smoke``)."""
+    if smoke:
+        return {"paths": {"fp32-conv": str(SHIPPED)}, "export_s": {}}
+    variants = [("fp32-conv", "conv", False), ("fp32-covariance", "covariance", False),
+                ("fp16-conv", "conv", True)]  # fmt: skip
+    spawn = multiprocessing.get_context("spawn")
+    paths, seconds = {}, {}
+    with concurrent.futures.ProcessPoolExecutor(len(variants), mp_context=spawn) as pool:
+        jobs = [pool.submit(export_one, str(workdir), *v) for v in variants]
+        for job in jobs:
+            name, path, took = job.result()
+            paths[name], seconds[name] = path, took
+    return {"paths": paths, "export_s": seconds}
+
+
+# --- 3. and 4. the raw session -----------------------------------------------------------
+
+
+def raw_session(path: str, mode: str, batches: list[int], providers: str, seconds: float
+                ) -> dict[str, Any]:  # fmt: skip
+    """Images/s and ms per call by batch size, through the service's own backend."""
+    from service.backend import BackendOptions, OnnxBackend
+
+    start = time.perf_counter()
+    options = BackendOptions(providers=providers, max_batch=max(batches),
+                             io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs")  # fmt: skip
+    backend = OnnxBackend(path, options)
+    spec = backend.card.input
+    rng = np.random.default_rng(0)
+    rows = {}
+    for batch in batches:
+        images = rng.standard_normal((batch, spec.channels, spec.height, spec.width), np.float32)
+        for _ in range(3):  # first call at this shape; a CUDA graph's capture
+            backend.run(images)
+        times = []
+        begin = time.perf_counter()
+        while len(times) < 5 or time.perf_counter() - begin < seconds:
+            t = time.perf_counter()
+            backend.run(images)
+            times.append(time.perf_counter() - t)
+        rows[batch] = {"images_per_second": batch * len(times) / sum(times),
+                       "ms_p50": 1e3 * statistics.median(times)}  # fmt: skip
+    return {"mode": backend.mode, "providers": backend.providers, "by_batch": rows,
+            "load_and_measure_s": time.perf_counter() - start}  # fmt: skip
+
+
+def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> dict[str, Any]:
+    """onnxruntime's profiler: milliseconds per run by operator type (copies included)."""
+    import onnxruntime as ort
+
+    from service.providers import Accelerator, provider_options
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(out / "ort_profile")
+    options.log_severity_level = 3
+    names = [p.strip() for p in providers.split(",")]
+    session = ort.InferenceSession(path, options, providers=[
+        (n, provider_options(n, Accelerator((3, 224, 224), batch))) for n in names])  # fmt: skip
+    from service.card import parse_card
+
+    spec = parse_card(session.get_modelmeta().custom_metadata_map)[0].input
+    shape = (batch, spec.channels, spec.height, spec.width)
+    images = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for _ in range(runs + 2):
+        session.run(None, {"image": images})
+    trace = json.loads(Path(session.end_profiling()).read_text())
+    by_op: dict[str, float] = {}
+    run_us = []
+    for event in trace:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            op = event.get("args", {}).get("op_name", "?")
+            provider = event.get("args", {}).get("provider", "")
+            key = f"{op} ({provider.replace('ExecutionProvider', '')})"
+            by_op[key] = by_op.get(key, 0.0) + event["dur"]
+        elif event.get("cat") == "Session" and event.get("name") == "model_run":
+            run_us.append(event["dur"])
+    total_runs = max(len(run_us), 1)
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:15]
+    return {"batch": batch, "run_ms_median": statistics.median(run_us) / 1e3 if run_us else None,
+            "ms_per_run_by_op": {k: v / 1e3 / total_runs for k, v in top},
+            "providers": session.get_providers()}  # fmt: skip
+
+
+# --- 5. and 6. the server under load -------------------------------------------------------
+
+_PAYLOADS: dict[str, Any] = {}
+
+
+def _client_init(payloads: dict[str, Any]) -> None:
+    _PAYLOADS.update(payloads)
+
+
+def _client_process(url: str, kind: str, threads: int, start_at: float, seconds: float
+                    ) -> tuple[list[float], int]:  # fmt: skip
+    """``threads`` clients in one process, each sending one request after another from
+    ``start_at`` (a ``time.time()``) for ``seconds``: latencies (s) and failures."""
+    import httpx
+
+    latencies: list[float] = []
+    failures = [0]
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        items = _PAYLOADS[kind]
+        with httpx.Client(timeout=60) as http:
+            time.sleep(max(0.0, start_at - time.time()))
+            i, end = k, start_at + seconds
+            mine = []
+            while time.time() < end:
+                t = time.perf_counter()
+                if kind == "jpeg":
+                    response = http.post(url, files=[("file", ("i.jpg", items[i % len(items)],
+                                                               "image/jpeg"))])  # fmt: skip
+                else:
+                    body, length = items[i % len(items)]
+                    response = http.post(url, content=body, headers={
+                        "Inference-Header-Content-Length": str(length),
+                        "Content-Type": "application/octet-stream"})  # fmt: skip
+                mine.append(time.perf_counter() - t)
+                if response.status_code != 200:
+                    with lock:
+                        failures[0] += 1
+                i += threads
+        with lock:
+            latencies.extend(mine)
+
+    pool = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return latencies, failures[0]
+
+
+class Clients:
+    """A pool of client processes that drives ``concurrency`` requests at a time."""
+
+    def __init__(self, payloads: dict[str, Any], processes: int) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.processes = processes
+        self.pool = concurrent.futures.ProcessPoolExecutor(
+            processes, mp_context=spawn, initializer=_client_init, initargs=(payloads,)
+        )
+
+    def load(self, url: str, kind: str, concurrency: int, seconds: float) -> dict[str, Any]:
+        processes = min(self.processes, concurrency)
+        threads = [concurrency // processes + (k < concurrency % processes)
+                   for k in range(processes)]  # fmt: skip
+        start_at = time.time() + 1.0
+        jobs = [self.pool.submit(_client_process, url, kind, t, start_at, seconds)
+                for t in threads]  # fmt: skip
+        latencies: list[float] = []
+        failures = 0
+        for job in jobs:
+            part, failed = job.result()
+            latencies.extend(part)
+            failures += failed
+        ms = sorted(1e3 * x for x in latencies)
+        if not ms:
+            return {"requests": 0, "failures": failures}
+        return {
+            "concurrency": concurrency, "requests": len(ms), "failures": failures,
+            "requests_per_second": len(ms) / seconds, "mean_ms": statistics.fmean(ms),
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "p99_ms": float(np.percentile(ms, 99)),
+        }  # fmt: skip
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+@contextlib.contextmanager
+def server(model: str, env_extra: dict[str, str], log: Path) -> Iterator[tuple[str, Any, float]]:
+    """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``."""
+    port = free_port()
+    env = os.environ | {"SMSO_MAX_BATCH_SIZE": "64", "SMSO_LOG_LEVEL": "warning",
+                        "SMSO_QUEUE_SIZE": "1024"} | env_extra  # fmt: skip
+    command = [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port)]
+    with log.open("w") as sink:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(f"{base}/readyz", process, timeout_s=600)
+            yield base, process, time.perf_counter() - start
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+
+
+def py_spy(pid: int, seconds: float, out: Path, name: str) -> dict[str, Any]:
+    """A sampling profile of the server (speedscope JSON) and a dump of its threads."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return {"skipped": "py-spy is not installed"}
+    record = subprocess.run(
+        [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+         "--format", "speedscope", "--output", str(out / f"{name}.speedscope.json"),
+         "--threads", "--nonblocking"],
+        capture_output=True, text=True, timeout=seconds + 60,
+    )  # fmt: skip
+    dump = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    (out / f"{name}.dump.txt").write_text(dump.stdout + dump.stderr)
+    return {"record_status": record.returncode, "record_stderr": record.stderr[-500:]}
+
+
+def serve_loads(model: str, variant: str, env_extra: dict[str, str], clients: Clients,
+                args: argparse.Namespace, out: Path, profile: bool) -> dict[str, Any]:  # fmt: skip
+    """Every route at every concurrency against one server; a py-spy profile of the busiest."""
+    from service.card import parse_card
+
+    result: dict[str, Any] = {"env": env_extra, "loads": []}
+    with server(model, env_extra, out / f"server-{variant}.log") as (base, process, ready_s):
+        import httpx
+
+        result["ready_s"] = ready_s
+        card = httpx.get(f"{base}/metadata", timeout=10).json()["card"]
+        name, _ = parse_card({"smso.model_card": json.dumps(card)})
+        routes = {"/classify JPEG": (f"{base}/classify", "jpeg"),
+                  "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32")}  # fmt: skip
+        for route, (url, kind) in routes.items():
+            clients.load(url, kind, max(args.concurrency), args.seconds / 2)  # warm connections
+            for concurrency in args.concurrency:
+                before = scrape(f"{base}/metrics")
+                with GpuSampler() as gpu:
+                    load = clients.load(url, kind, concurrency, args.seconds)
+                after = scrape(f"{base}/metrics")
+                if load.get("requests"):
+                    load["split"] = split(before, after, load["mean_ms"])
+                result["loads"].append({"route": route, **load, "gpu": gpu.summary()})
+        if profile:
+            url, kind = routes["/v2 FP32"]
+            worker = threading.Thread(
+                target=clients.load, args=(url, kind, max(args.concurrency), args.seconds + 4)
+            )
+            worker.start()
+            time.sleep(2.0)
+            result["py_spy"] = py_spy(process.pid, args.seconds, out, f"py-spy-{variant}")
+            worker.join()
+    return result
+
+
+# --- 7. decoding ---------------------------------------------------------------------------
+
+_PRE: Any = None
+
+
+def _decode_init(preprocessing: dict[str, Any]) -> None:
+    global _PRE
+    from service.card import Preprocessing
+    from service.images import Preprocessor
+
+    _PRE = Preprocessor(Preprocessing(**preprocessing), 10**9)
+
+
+def _decode(data: bytes) -> int:
+    return _PRE(data).shape[0]  # the array stays here: what a process pool would send back
+
+
+def decoding(files: list[bytes], preprocessing: dict[str, Any], workers: list[int],
+             seconds: float) -> dict[str, Any]:  # fmt: skip
+    """640x480 JPEG -> (3, 224, 224) float32 images/s with a thread pool and a process pool
+    (the process pool's figure leaves out sending the arrays back)."""
+    _decode_init(preprocessing)
+    spawn = multiprocessing.get_context("spawn")
+    rows = []
+    for kind in ("threads", "processes"):
+        for n in workers:
+            if kind == "threads":
+                pool: concurrent.futures.Executor = concurrent.futures.ThreadPoolExecutor(n)
+            else:
+                pool = concurrent.futures.ProcessPoolExecutor(
+                    n, mp_context=spawn, initializer=_decode_init, initargs=(preprocessing,)
+                )
+            with pool:
+                list(pool.map(_decode, files[: 2 * n]))  # start the workers
+                done, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    list(pool.map(_decode, files, chunksize=4 if kind == "processes" else 1))
+                    done += len(files)
+                rate = done / (time.perf_counter() - start)
+            rows.append({"kind": kind, "workers": n, "images_per_second": rate})
+    return {"rows": rows}
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"Machine: {json.dumps(report['machine'])}", ""]
+    raw = report.get("raw", {})
+    if raw:
+        lines += ["| export | mode | " + " | ".join(f"batch {b} img/s (ms)" for b in
+                                                   next(iter(raw.values()))["by_batch"]) + " |"]  # fmt: skip
+        lines += ["|---|---|" + "--:|" * len(next(iter(raw.values()))["by_batch"])]
+        for key, r in raw.items():
+            cells = [f"{v['images_per_second']:,.0f} ({v['ms_p50']:.2f})"
+                     for v in r["by_batch"].values()]  # fmt: skip
+            lines.append(f"| {key.split('/')[0]} | {r['mode']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    profile = report.get("ort_profile")
+    if profile and "ms_per_run_by_op" in profile:
+        lines += [f"onnxruntime profile, batch {profile['batch']}: run "
+                  f"{profile['run_ms_median']:.2f} ms (median)", "",
+                  "| operator (provider) | ms per run |", "|---|--:|"]  # fmt: skip
+        lines += [f"| {op} | {ms:.3f} |" for op, ms in profile["ms_per_run_by_op"].items()]
+        lines.append("")
+    for variant, result in report.get("server", {}).items():
+        if "loads" not in result:
+            lines += [f"server {variant}: {result}", ""]
+            continue
+        lines += [f"Server `{variant}` ({result['env'] or 'defaults'}), ready after "
+                  f"{result['ready_s']:.1f} s:", "",
+                  "| route | clients | req/s | p50 ms | p95 ms | p99 ms | decode | queue | "
+                  "inference | rest | mean batch | GPU util % |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+        for load in result["loads"]:
+            if not load.get("requests"):
+                lines.append(
+                    f"| {load['route']} | - | no answers ({load.get('failures')} failed) |"
+                )
+                continue
+            s, gpu = load["split"], load.get("gpu")
+            util = f"{gpu['gpu_util_mean']:.0f}" if gpu else "-"
+            lines.append(
+                f"| {load['route']} | {load['concurrency']} | {load['requests_per_second']:,.0f} "
+                f"| {load['p50_ms']:.1f} | {load['p95_ms']:.1f} | {load['p99_ms']:.1f} | "
+                f"{s['decode_ms']:.2f} | {s['queue_ms']:.2f} | {s['inference_ms']:.2f} | "
+                f"{s['response_ms']:.2f} | {s['mean_batch']:.1f} | {util} |"
+            )
+        lines.append("")
+    decode = report.get("decoding")
+    if decode:
+        lines += ["| JPEG decoding | workers | img/s |", "|---|--:|--:|"]
+        lines += [f"| {r['kind']} | {r['workers']} | {r['images_per_second']:,.0f} |"
+                  for r in decode["rows"]]  # fmt: skip
+        lines.append("")
+    if report.get("skipped"):
+        lines.append(f"Skipped for the time budget: {', '.join(report['skipped'])}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the results")
+    parser.add_argument("--smoke", action="store_true", help="every stage, tiny, on the CPU")
+    parser.add_argument("--budget-s", type=float, default=450, help="skip stages past this")
+    parser.add_argument("--seconds", type=float, default=5.0, help="per load")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--client-processes", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.seconds, args.concurrency, args.batches = 1.0, [1, 4], [1, 8]
+        args.client_processes = 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget_s)
+    providers = "auto" if args.smoke else CUDA_PROVIDERS
+    report: dict[str, Any] = {"settings": vars(args) | {"out": str(out)}, "skipped": []}
+    report["machine"] = machine()
+    print(f"machine: {report['machine']}", flush=True)
+
+    def save() -> None:
+        (out / "serve_gpu.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (out / "serve_gpu.md").write_text(markdown(report))
+
+    with tempfile.TemporaryDirectory(prefix="serve-gpu-") as tmp:
+        exported = models(Path(tmp), args.smoke)
+        report["export_s"] = exported["export_s"]
+        paths = exported["paths"]
+        print(f"exported: {exported['export_s']}", flush=True)
+        raw_plan = [(name, "plain") for name in paths] + [("fp32-conv", "io-binding"),
+                                                          ("fp32-conv", "cuda-graphs")]  # fmt: skip
+        report["raw"] = {}
+        for name, mode in raw_plan:
+            if not budget.allows(60 + 200):
+                report["skipped"].append(f"raw {name} {mode}")
+                continue
+            report["raw"][f"{name}/{mode}"] = raw_session(paths[name], mode, args.batches,
+                                                          providers, args.seconds / 5)  # fmt: skip
+            print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']['by_batch']}", flush=True)
+            save()
+        report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
+                                            if args.smoke else CUDA_PROVIDERS,
+                                            8 if args.smoke else 64, 5, out)  # fmt: skip
+        save()
+
+        files = jpegs(32)
+        from service.backend import BackendOptions, OnnxBackend
+        from service.images import Preprocessor
+
+        card = OnnxBackend(
+            paths["fp32-conv"], BackendOptions(providers="CPUExecutionProvider")
+        ).card
+        pre = Preprocessor(card.preprocessing, 10**9)
+        payloads = {"jpeg": files, "fp32": oip_bodies(files, np.stack([pre(f) for f in files]))}
+        clients = Clients(payloads, args.client_processes)
+        report["server"] = {}
+        variants = {"cuda": {}, "cuda-graphs": {"SMSO_CUDA_GRAPHS": "true"}}
+        try:
+            for variant, env in variants.items():
+                if not budget.allows(120):
+                    report["skipped"].append(f"server {variant}")
+                    continue
+                env = {"SMSO_PROVIDERS": providers} | env
+                try:
+                    report["server"][variant] = serve_loads(
+                        paths["fp32-conv"], variant, env, clients, args, out,
+                        profile=variant == "cuda",
+                    )  # fmt: skip
+                except (RuntimeError, TimeoutError) as error:
+                    report["server"][variant] = {"error": str(error)}
+                print(f"server {variant}: done", flush=True)
+                save()
+        finally:
+            clients.close()
+        if budget.allows(30):
+            cores = os.cpu_count() or 2
+            workers = sorted({1, max(1, cores // 4), max(1, cores // 2), cores})
+            report["decoding"] = decoding(files, card.preprocessing.model_dump(), workers,
+                                          0.5 if args.smoke else 2.0)  # fmt: skip
+        else:
+            report["skipped"].append("decoding")
+    save()
+    print(markdown(report))
+    print(f"Results written to {out / 'serve_gpu.json'} and {out / 'serve_gpu.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
