@@ -56,7 +56,8 @@ SERVER_NAME = "smso"
 EXTENSIONS = ["classification", "binary_tensor_data"]
 TENSOR_INPUT, BYTES_INPUT = "image", "image_bytes"
 OUTPUTS = ("logits", "embedding")
-#: Request bodies at least this large are parsed in the decode pool, off the event loop.
+#: Requests whose JSON part is at least this large (or compressed bodies) are parsed in the
+#: decode pool, off the event loop.
 INLINE_PARSE_BYTES = 256 * 1024
 
 INFER_BODY = {
@@ -260,7 +261,8 @@ async def _infer(state: ServiceState, http: Request, route: str) -> Response:
     length = int(raw_length) if raw_length is not None else None
     encoding = http.headers.get("content-encoding")
     try:
-        if len(body) < INLINE_PARSE_BYTES and not encoding:
+        # the JSON part is what costs: binary tensor data after it is only sliced
+        if (length if length is not None else len(body)) < INLINE_PARSE_BYTES and not encoding:
             request = _parse(body, encoding, length, settings)
         else:  # inflating or parsing megabytes would hold up every other request
             loop = asyncio.get_running_loop()
