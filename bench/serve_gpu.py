@@ -17,7 +17,8 @@ would overrun ``--budget-s`` are skipped and say so):
    at 1, 16 and 64 concurrent requests, on ``/classify`` with 640x480 JPEGs and on ``/v2`` with
    binary FP32 tensors: req/s, p50/p95/p99, the server's stage split from ``/metrics``, GPU
    utilisation read through NVML once a second (never ``nvidia-smi`` during a load: on some
-   virtual machines it stalls CUDA); for the default server and with CUDA graphs;
+   virtual machines it stalls CUDA); for the default server, with CUDA graphs, and with four
+   worker processes;
 6. a sampling profile of the server under the 64-client ``/v2`` load (``py-spy``, where
    installed: a speedscope file and a dump of every thread);
 7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px.
@@ -582,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         payloads = {"jpeg": files, "fp32": oip_bodies(files, np.stack([pre(f) for f in files]))}
         clients = Clients(payloads, args.client_processes)
         report["server"] = {}
-        variants = {"cuda": {}, "cuda-graphs": {"SMSO_CUDA_GRAPHS": "true"}}
+        workers = str(2 if args.smoke else 4)
+        variants = {"cuda": {}, "cuda-graphs": {"SMSO_CUDA_GRAPHS": "true"},
+                    f"{workers}-workers": {"SMSO_WORKERS": workers}}  # fmt: skip
         try:
             for variant, env in variants.items():
                 if not budget.allows(120):

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
 from service.backend import Backend, OnnxBackend
@@ -32,13 +32,13 @@ from service.dependencies import ReadyState, authorize
 from service.errors import ServiceError, install_error_handlers
 from service.images import Preprocessor
 from service.inputs import Upload, read_uploads
-from service.metrics import Metrics, MetricsMiddleware
+from service.metrics import Metrics, MetricsMiddleware, exposition
 from service.oip import build_router
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
 from service.runner import buckets
 from service.settings import Settings
 
-__all__ = ["create_app"]
+__all__ = ["app_from_environment", "create_app"]
 
 log = logging.getLogger("service")
 
@@ -69,7 +69,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The server accepts connections at once (/healthz answers, /readyz says "loading");
         # loading and warm-up run in the background and turn /readyz ready when done.
-        state.metrics = Metrics(lambda: state.batcher.depth if state.batcher else 0)
+        state.metrics = Metrics()
         state.decoder = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="decode")
         if settings.api_key is None:
             log.warning("no API key set (SMSO_API_KEY): /classify, /embed and /metadata are "
@@ -123,9 +123,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics() -> Response:
         """Prometheus metrics."""
-        if state.metrics is None:
-            return Response(b"", media_type=CONTENT_TYPE_LATEST)
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(state.metrics), media_type=CONTENT_TYPE_LATEST)
 
     @app.post(
         "/classify", response_model=schemas.ClassifyResponse, tags=["inference"],
@@ -175,6 +173,16 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
 
     app.include_router(build_router())
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker process when ``smso-serve`` runs several: settings from the
+    ``SMSO_*`` environment (which ``smso-serve`` set from its flags, and already validated)."""
+    settings = Settings()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=settings.log_level.upper(),
+                            format="%(asctime)s %(process)d %(name)s %(message)s")  # fmt: skip
+    return create_app(settings)
 
 
 def _model(state: ServiceState) -> dict[str, str]:

@@ -21,7 +21,7 @@ from service.card import ModelCard, parse_card
 from service.providers import ACCELERATED, CPU, CUDA, Accelerator, choose_providers, has_nvidia_gpu
 from service.runner import BoundRunner, PlainRunner, Runner, buckets
 
-__all__ = ["Backend", "BackendOptions", "OnnxBackend", "choose_providers"]
+__all__ = ["Backend", "BackendOptions", "OnnxBackend", "choose_providers", "read_card"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,17 @@ def _cpu_session(path: Path) -> ort.InferenceSession:
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), options, providers=[CPU])
+
+
+def read_card(path: str | Path) -> ModelCard:
+    """The model card of an ONNX file, without setting up a session to run it (quick, and no
+    GPU context: what a parent process checks before its workers load the model)."""
+    try:
+        metadata = _cpu_session(Path(path)).get_modelmeta().custom_metadata_map
+    except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...
+        message = str(error).splitlines()[0][:300]
+        raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
+    return parse_card(metadata)[0]
 
 
 def _may_accelerate(spec: str) -> bool:

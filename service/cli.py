@@ -4,22 +4,30 @@ Every setting is a flag (``--max-batch-size 32``) or an environment variable wit
 ``SMSO_`` (``SMSO_MAX_BATCH_SIZE=32``); flags win. Settings are validated once, here: a wrong
 one prints one line saying what is accepted and exits with status 2. SIGTERM (or Ctrl-C) stops
 taking new connections, answers the requests in flight and exits.
+
+With ``--workers N`` (N > 1) uvicorn's supervisor runs N server processes on the one port, each
+loading the model with its own session, batcher and decode threads; ``/metrics`` combines their
+values (prometheus_client's multiprocess mode, in a temporary folder).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
+from uvicorn.supervisors import Multiprocess
 
 from service.app import create_app
-from service.backend import OnnxBackend
+from service.backend import OnnxBackend, read_card
 from service.card import CardError
+from service.metrics import MULTIPROC_ENV
 from service.settings import Settings
 
 __all__ = ["main"]
@@ -55,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"smso-serve: error: {_one_line(error)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if settings.workers > 1:
+        return _serve_workers(settings, overrides)
     try:
         # load here, before the server starts: a bad model file is one line and exit status 2
         backend = OnnxBackend(settings.model_path, settings.backend_options)
@@ -73,6 +83,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
     return 0 if server.started else 1
+
+
+def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
+    """``settings.workers`` processes on one port (uvicorn's supervisor), each loading the model
+    itself from the ``SMSO_*`` environment; metrics combined through a shared folder."""
+    try:
+        read_card(settings.model_path)  # a bad model file: one line and exit status 2 here
+    except (CardError, ValueError) as error:
+        print(f"smso-serve: error: {error}", file=sys.stderr)
+        return 2
+    for name, value in overrides.items():  # flags win over the environment, in the workers too
+        os.environ[f"SMSO_{name.upper()}"] = str(value)
+    with tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder:
+        os.environ[MULTIPROC_ENV] = folder
+        config = uvicorn.Config(
+            "service.app:app_from_environment", factory=True, workers=settings.workers,
+            host=settings.host, port=settings.port, log_level=settings.log_level,
+            timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+        )  # fmt: skip
+        try:
+            socket = config.bind_socket()
+        except SystemExit:  # uvicorn logged why (the port is taken, the host does not exist)
+            print(f"smso-serve: error: cannot listen on {settings.host}:{settings.port}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        Multiprocess(config, sockets=[socket]).run()
+    return 0
 
 
 if __name__ == "__main__":

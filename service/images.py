@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -87,7 +88,7 @@ class Preprocessor:
                 self._draft(image)
                 image.seek(0)
                 image.load()
-                image = ImageOps.exif_transpose(image) or image
+                ImageOps.exif_transpose(image, in_place=True)  # else it copies even upright images
                 return _to_mode(image, self.mode)
         except ImageTooLargeError:
             raise
@@ -125,9 +126,31 @@ class Preprocessor:
         return image
 
     def tensor(self, image: Image.Image) -> np.ndarray:
-        """``(C, S, S)`` float32: ``(v / 255 - mean) / std``."""
-        array = np.asarray(image, dtype=np.float32) / 255.0
-        array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)  # (C, S, S)
+        """``(C, S, S)`` float32: ``(v / 255 - mean) / std``.
+
+        For 8-bit images (what :meth:`open` returns) each channel's 256 possible results are
+        computed once (:attr:`_table`) and looked up per pixel (``np.take``, which runs without
+        the GIL): the same float32 values as the arithmetic, in one pass instead of five.
+        """
+        pixels = np.asarray(image)
+        planes = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)  # (C, S, S)
+        table = self._table  # (C, 256)
+        if pixels.dtype != np.uint8 or len(planes) != len(table):
+            return self._normalise(planes)
+        out = np.empty(planes.shape, np.float32)
+        for channel, plane in enumerate(planes):
+            np.take(table[channel], plane, out=out[channel])
+        return out
+
+    @cached_property
+    def _table(self) -> np.ndarray:
+        """``(C, 256)`` float32: :meth:`_normalise` of every 8-bit value, per channel."""
+        values = np.arange(256, dtype=np.uint8)[None, None]  # (1, 1, 256)
+        return self._normalise(values)[:, 0]
+
+    def _normalise(self, planes: np.ndarray) -> np.ndarray:
+        """``(v / 255 - mean) / std`` in float32 of ``(C, H, W)`` (or broadcastable) values."""
+        array = planes.astype(np.float32) / 255.0
         mean = np.asarray(self.spec.mean, np.float32)[:, None, None]
         std = np.asarray(self.spec.std, np.float32)[:, None, None]
         return np.ascontiguousarray((array - mean) / std, dtype=np.float32)

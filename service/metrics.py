@@ -8,16 +8,27 @@ checks and scrapes (``/healthz``, ``/readyz``, ``/metrics``, and the Open Infere
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import BatchStats
 from service.errors import OIP_PREFIX
 
-__all__ = ["NOT_COUNTED", "Metrics", "MetricsMiddleware", "counted"]
+__all__ = ["MULTIPROC_ENV", "NOT_COUNTED", "Metrics", "MetricsMiddleware", "counted", "exposition"]
+
+#: Where worker processes keep their metric values (prometheus_client's multiprocess mode).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 NOT_COUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -36,7 +47,7 @@ def counted(path: str) -> bool:
 class Metrics:
     """The service's metrics in their own registry."""
 
-    def __init__(self, queue_depth: Callable[[], float]) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -66,14 +77,26 @@ class Metrics:
             "smso_batch_size", "Images per onnxruntime call",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
         )  # fmt: skip
-        self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference", registry=r)
-        self.queue_depth.set_function(queue_depth)
+        # set on every submit and after every batch; summed over the live worker processes
+        self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference",
+                                 registry=r, multiprocess_mode="livesum")  # fmt: skip
 
     def observe_batch(self, stats: BatchStats) -> None:
+        self.queue_depth.set(stats.queue_depth)
         self.batch_size.observe(stats.size)
         self.inference.observe(stats.inference_s)
         for wait in stats.queue_wait_s:
             self.queue_wait.observe(wait)
+
+
+def exposition(metrics: Metrics | None) -> bytes:
+    """The Prometheus text page: this process's registry, or, with several worker processes
+    (``PROMETHEUS_MULTIPROC_DIR`` set), every worker's values combined."""
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return b"" if metrics is None else generate_latest(metrics.registry)
 
 
 class MetricsMiddleware:

@@ -110,6 +110,7 @@ async def run_batched(
             future.cancel()
         raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
                            headers={"Retry-After": "1"}) from None  # fmt: skip
+    state.metrics.queue_depth.set(state.batcher.depth)  # type: ignore[union-attr]
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
             outputs = await asyncio.gather(*futures)

@@ -51,10 +51,15 @@ class Settings(BaseSettings):
         description="the JSON part of an Open Inference Protocol request (parsing JSON holds the "
         "interpreter); larger tensors go as binary data",
     )  # fmt: skip
+    workers: int = Field(
+        1, ge=1, le=64,
+        description="server processes, each with its own model session, batcher and decode "
+        "threads, sharing the port (and the GPU): HTTP, JSON and decoding on more cores",
+    )  # fmt: skip
     decode_threads: int = Field(
         0, ge=0, le=256,
-        description="threads decoding images; 0: half the CPU cores, at least 1 (more threads "
-        "than that contend with onnxruntime and the event loop for the cores)",
+        description="threads decoding images, per worker; 0: half the CPU cores over the workers, "
+        "at least 1 (more threads than that contend with onnxruntime and the event loop)",
     )  # fmt: skip
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
     intra_op_spinning: bool = Field(
@@ -93,8 +98,9 @@ class Settings(BaseSettings):
 
     @property
     def decode_workers(self) -> int:
-        """``decode_threads``, with 0 resolved to half the CPU cores (at least 1)."""
-        return self.decode_threads or max(1, (os.cpu_count() or 2) // 2)
+        """``decode_threads``, with 0 resolved to half the CPU cores shared among the worker
+        processes (at least 1)."""
+        return self.decode_threads or max(1, (os.cpu_count() or 2) // 2 // self.workers)
 
     @property
     def backend_options(self) -> BackendOptions:

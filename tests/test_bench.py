@@ -215,7 +215,7 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
         report["raw"]
     )
     assert report["ort_profile"]["ms_per_run_by_op"]
-    for variant in ("cuda", "cuda-graphs"):
+    for variant in ("cuda", "cuda-graphs", "2-workers"):
         loads = report["server"][variant]["loads"]
         assert len(loads) == 4  # two routes at concurrency 1 and 4
         assert all(load["failures"] == 0 and load["requests"] > 0 for load in loads)

@@ -109,3 +109,42 @@ def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "not a loadable ONNX model" in proc.stderr
+
+
+@pytest.mark.slow
+def test_several_workers_share_the_port_and_their_metrics(shipped_model):
+    """--workers 2: two processes answer on one port, /metrics counts the requests of both,
+    SIGTERM stops them all."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "--model-path", shipped_model, "--port", str(port),
+         "--workers", "2", "--log-level", "warning"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
+        image = png(np.full((28, 28), 128, np.uint8))
+        # new connections are spread over the workers by the kernel: wait until ten fresh
+        # connections in a row find a ready worker (each worker warms up on its own)
+        deadline, streak = time.monotonic() + 60, 0
+        while streak < 10:
+            assert time.monotonic() < deadline, "a worker never became ready"
+            ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
+            streak = streak + 1 if ok else 0
+            time.sleep(0.02)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            statuses = list(pool.map(lambda i: httpx.post(
+                f"{base}/classify", files=[("file", (f"{i}.png", image, "image/png"))],
+                timeout=30).status_code, range(20)))  # fmt: skip
+        assert statuses == [200] * 20
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'smso_images_total{route="/classify"} 20.0' in metrics
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) in (0, -signal.SIGTERM)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
