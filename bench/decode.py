@@ -132,7 +132,8 @@ class Steps:
         return image
 
     def colour(self, image: Image.Image) -> Image.Image:
-        return _to_mode(ImageOps.exif_transpose(image) or image, self.pre.mode)
+        ImageOps.exif_transpose(image, in_place=True)
+        return _to_mode(image, self.pre.mode)
 
     def resize(self, image: Image.Image) -> Image.Image:
         if self.pre.spec.resize is None:
