@@ -22,7 +22,9 @@ The card is one JSON document in the ONNX model's ``metadata_props`` under the k
     dataset                  the training dataset's name
     metrics                  epoch, val_accuracy, test_accuracy, test_images (null when unknown)
     checkpoint               file name and sha256 of the checkpoint the file was made from
-    export                   opset, precision ("float32" or "float16"), optimized, exported_at
+    export                   opset, precision ("float32", or "float16": backbone in float16, head
+                             and classifier in float32), optimized (whether onnxruntime's offline
+                             optimisation ran: never for float16), exported_at
     parity                   the checks run at export (see export.parity)
     versions                 torch, torchvision, onnx, onnxruntime, python, smso
 

@@ -3,7 +3,7 @@
     smso-export runs/x/best.pt                      # -> runs/x/model.onnx, 1x1-conv form
     smso-export runs/x/best.pt -o m.onnx --form covariance --opset 18
     smso-export runs/x/best.pt --form auto          # the SMSO form with the smaller modelled cost
-    smso-export runs/x/best.pt --fp16               # float16 weights and compute
+    smso-export runs/x/best.pt --fp16               # backbone in float16, SMSO head in float32
 
 Exit status 0 on success, 2 for a user's mistake (missing or corrupt checkpoint, a head ONNX
 cannot express, a bad option), 1 when the exported file fails its parity check (no file is
@@ -45,9 +45,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "where p*(n - c) >= n*c), recorded with both costs in the model card",
     )
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version")
-    parser.add_argument("--fp16", action="store_true", help="float16 weights and compute")
+    parser.add_argument(
+        "--fp16",
+        action="store_true",
+        help="backbone in float16 (weights and compute; BatchNorm folded into the convolutions), "
+        "head and classifier in float32 (its sums of squares can overflow float16), float32 "
+        "input and outputs; for GPUs: on a CPU the float32 file is faster",
+    )
     parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
-                        help="simplify the graph with onnxruntime's offline optimisation")  # fmt: skip
+                        help="simplify the graph with onnxruntime's offline optimisation (float32 "
+                        "only: with --fp16 it would make the convolutions compute in "
+                        "float32)")  # fmt: skip
     parser.add_argument("--data-root", help="dataset folder for the parity check on real images "
                         "(default: the one the checkpoint was trained on)")  # fmt: skip
     return parser.parse_args(argv)

@@ -16,7 +16,8 @@ per-image covariance instead; :func:`form_costs` models what each form costs and
 :func:`cheaper_form` picks between them (``smso-export --form auto``).
 
 :func:`exportable` wraps a :class:`training.model.SecondOrderNet` as ``images -> (logits,
-embedding)``; heads ONNX cannot express raise :class:`UnsupportedHeadError`.
+embedding)``, with its backbone in float32 or float16 and its head always in float32; heads ONNX
+cannot express raise :class:`UnsupportedHeadError`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "ExportForm",
     "ExportModel",
     "FoldedSMSO",
+    "Precision",
     "UnsupportedHeadError",
     "cheaper_form",
     "exportable",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 ExportForm = Literal["conv", "covariance"]
+Precision = Literal["float32", "float16"]  # of the backbone: the head always computes in float32
 
 #: Heads ONNX has no operator for, and why.
 UNSUPPORTED: dict[type[nn.Module], str] = {
@@ -123,10 +126,20 @@ class FoldedSMSO(nn.Module):
 
 
 class ExportModel(nn.Module):
-    """``images (N, C, H, W) float32 -> (logits (N, K), embedding (N, D))``, eval mode."""
+    """``images (N, C, H, W) float32 -> (logits (N, K), embedding (N, D)) float32``, eval mode.
 
-    def __init__(self, model: SecondOrderNet, form: ExportForm = "conv") -> None:
+    ``precision="float16"`` runs the backbone and the channel reduction (weights and activations)
+    in float16 and the head and classifier in float32, so the traced graph casts twice: the image
+    to float16 on entry, the head's input back to float32. The head stays in float32 because its
+    sums of squares over ``n`` positions can exceed float16's largest value, 65,504 (``SMSO.md``).
+    """
+
+    def __init__(
+        self, model: SecondOrderNet, form: ExportForm = "conv", precision: Precision = "float32"
+    ) -> None:
         super().__init__()
+        if precision not in ("float32", "float16"):
+            raise ValueError(f"precision must be 'float32' or 'float16', got {precision!r}")
         model = copy.deepcopy(model).float().eval()
         head = model.head
         for kind, reason in UNSUPPORTED.items():
@@ -134,16 +147,20 @@ class ExportModel(nn.Module):
                 raise UnsupportedHeadError(
                     f"head {model.config.head!r} cannot be exported: {reason}"
                 )
-        self.backbone = model.backbone
-        self.reduce = model.reduce
+        self.trunk_dtype = torch.float16 if precision == "float16" else torch.float32
+        self.backbone = model.backbone.to(self.trunk_dtype)
+        self.reduce = model.reduce.to(self.trunk_dtype)
         self.head = FoldedSMSO(head, form) if isinstance(head, SMSOPooling) else head
         self.classifier = model.classifier
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        embedding = self.head(self.reduce(self.backbone(images)))
+        features = self.reduce(self.backbone(images.to(self.trunk_dtype)))  # (N, c, h, w)
+        embedding = self.head(features.float())  # (N, D): float32 from the head on
         return self.classifier(embedding), embedding
 
 
-def exportable(model: SecondOrderNet, form: ExportForm = "conv") -> ExportModel:
+def exportable(
+    model: SecondOrderNet, form: ExportForm = "conv", precision: Precision = "float32"
+) -> ExportModel:
     """The module to trace; raises :class:`UnsupportedHeadError` for heads ONNX cannot express."""
-    return ExportModel(model, form).eval()
+    return ExportModel(model, form, precision).eval()

@@ -8,9 +8,12 @@
 2. trace with ``torch.onnx.export(dynamo=True)``: input ``image`` ``(N, C, H, W)`` float32 with a
    dynamic batch, and dynamic ``H, W`` where the model allows it (falling back to the trained size
    where it does not); outputs ``logits (N, K)`` and ``embedding (N, p)``;
-3. optionally convert weights and compute to float16 (inputs and outputs stay float32), and
-   simplify the graph with onnxruntime's offline optimisation (the portable "basic" level:
-   constant folding and redundant-node removal, no hardware-specific fused operators);
+3. simplify a float32 graph with onnxruntime's offline optimisation (the portable "basic"
+   level: constant folding and redundant-node removal, no hardware-specific fused operators).
+   ``fp16=True`` traces the backbone in float16 instead, the head and classifier in float32
+   (inputs and outputs stay float32): BatchNorm is already folded into the convolutions by the
+   exporter, and onnxruntime's offline pass is skipped, because it can only run here with the CPU
+   provider, which has no float16 convolutions and would rewrite the graph to compute in float32;
 4. check parity with PyTorch in onnxruntime at batch sizes 1, 3 and 8 on random images and, where
    the checkpoint's dataset is at hand, on real ones (``export.parity``);
 5. write the model card (``export.card``) into the metadata, run ``onnx.checker`` with
@@ -36,7 +39,14 @@ import torch
 import torchvision
 
 from export.card import CARD_KEY, card_json, file_sha256
-from export.graph import ExportForm, ExportModel, cheaper_form, exportable, form_costs
+from export.graph import (
+    ExportForm,
+    ExportModel,
+    Precision,
+    cheaper_form,
+    exportable,
+    form_costs,
+)
 from export.parity import ParityReport, check_parity
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
@@ -136,13 +146,6 @@ def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int) 
     raise ExportError("torch.onnx.export could not trace the model: " + " | ".join(errors))
 
 
-def _to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Float16 weights and compute, float32 inputs and outputs (onnxruntime's converter)."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    return convert_float_to_float16(proto, keep_io_types=True)
-
-
 def _optimize(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
     """onnxruntime's offline graph optimisation at the portable "basic" level."""
     source, target = workdir / "traced.onnx", workdir / "optimized.onnx"
@@ -228,28 +231,34 @@ def export_checkpoint(
     channels, side = _input_geometry(model, payload)
     stride = backbone_spec(model.config.backbone).stride
     traced_form, form_choice = _head_form(model, form, side, stride)
-    module = exportable(model, traced_form)
+    precision: Precision = "float16" if fp16 else "float32"
+    module = exportable(model, traced_form)  # the float32 reference parity compares with
+    traced = exportable(model, traced_form, precision) if fp16 else module
     example = torch.randn(2, channels, side, side)
-    proto = _trace(module, example, opset, stride)
+    proto = _trace(traced, example, opset, stride)
     dims = proto.graph.input[0].type.tensor_type.shape.dim
     dynamic_size = bool(dims[2].dim_param) and bool(dims[3].dim_param)
 
     with tempfile.TemporaryDirectory(prefix="smso-export-") as tmp:
-        if fp16:
-            proto = _to_float16(proto)
-        if optimize:
+        optimized = optimize and not fp16
+        if optimized:
             proto = _optimize(proto, Path(tmp))
+        elif optimize:
+            log.info(
+                "float16: onnxruntime's offline optimisation skipped (its CPU provider would "
+                "rewrite the float16 convolutions to compute in float32); onnxruntime still "
+                "optimises the graph for the serving device when a session loads it"
+            )
         inputs = {"random": torch.randn(8, channels, side, side, generator=torch.Generator()
                                         .manual_seed(0)).numpy()}  # fmt: skip
         real = real_images(checkpoint, data_root)
         if real is not None:
             inputs["real"] = real
-        precision = "float16" if fp16 else "float32"
         tolerance = None if fp16 else HEAD_TOLERANCE.get(model.config.head)
         parity = check_parity(_session(proto), module, inputs, batch_sizes, precision, tolerance)
         card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice)
         card["export"] = {
-            "opset": opset, "precision": precision, "optimized": optimize,
+            "opset": opset, "precision": precision, "optimized": optimized,
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }  # fmt: skip
         card["parity"] = parity.to_dict()

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from export import onnx_export
 from export.card import CARD_KEY, file_sha256
@@ -160,15 +161,100 @@ def test_form_auto_exports_the_cheaper_form_with_parity(dim, form, tmp_path, cap
     assert "max relative difference" in capsys.readouterr().out
 
 
-def test_float16_export_has_half_weights_float_io_and_its_own_tolerance(trained_run, tmp_path):
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every initializer, input, output and inferred intermediate tensor."""
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    types = {init.name: init.data_type for init in model.graph.initializer}
+    for value in [*inferred.value_info, *inferred.input, *inferred.output]:
+        types[value.name] = value.type.tensor_type.elem_type
+    return types
+
+
+def downstream(graph: onnx.GraphProto, tensor: str) -> list[onnx.NodeProto]:
+    """Every node that reads ``tensor`` directly or through other nodes."""
+    reached, frontier, nodes = {tensor}, [tensor], []
+    while frontier:
+        name = frontier.pop()
+        for node in graph.node:
+            if name in node.input and node not in nodes:
+                nodes.append(node)
+                frontier.extend(o for o in node.output if o not in reached)
+                reached.update(node.output)
+    return nodes
+
+
+def test_float16_export_runs_the_backbone_in_half_and_the_head_in_float(
+    trained_run, exported, tmp_path
+):
     result = export_checkpoint(trained_run / "best.pt", tmp_path / "h.onnx", fp16=True)
     model = onnx.load(result.path)
-    types = {init.data_type for init in model.graph.initializer if init.dims}
-    assert onnx.TensorProto.FLOAT16 in types
-    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    assert result.parity.precision == "float16"
+    graph, types = model.graph, elem_types(model)
+    half, full = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    assert "BatchNormalization" not in {node.op_type for node in graph.node}  # folded into Conv
+    convs = [node for node in graph.node if node.op_type == "Conv"]
+    # every Conv of the backbone and the reduction, weights and bias, in float16; the head's
+    # 1x1 conv in float32
+    assert [types[node.output[0]] for node in convs] == [half] * (len(convs) - 1) + [full]
+    assert all(types[name] == half for node in convs[:-1] for name in node.input)
+    # two casts more than the float32 file, between float types: the image to float16 on entry,
+    # the head's input back to float32; no pairs of casts around single operators
+    casts = [node for node in graph.node if node.op_type == "Cast"]
+    float32_casts = [node for node in onnx.load(exported).graph.node if node.op_type == "Cast"]
+    assert len(casts) == len(float32_casts) + 2
+    changes = [node for node in casts if types[node.input[0]] in (half, full)]
+    assert [(types[n.input[0]], types[n.output[0]]) for n in changes] == [
+        (full, half),
+        (half, full),
+    ]
+    assert changes[0].input[0] == "image"
+    # the head and the classifier: everything after the second cast, all in float32
+    head = downstream(graph, changes[1].output[0])
+    assert {"Conv", "ReduceMean", "Sqrt", "Gemm"} <= {node.op_type for node in head}
+    assert {"logits", "embedding"} <= {name for node in head for name in node.output}
+    assert all(types[name] != half for node in head for name in [*node.input, *node.output])
+    assert [types[v.name] for v in [*graph.input, *graph.output]] == [full] * 3
+    card = card_of(result.path)
+    assert card["export"] | {"precision": "float16", "optimized": False} == card["export"]
+    assert result.parity.passed
     assert result.parity.tolerance == 2e-2
-    assert card_of(result.path)["export"]["precision"] == "float16"
+    assert result.size_bytes < 0.75 * exported.stat().st_size
+
+
+@pytest.mark.parametrize(("batch", "side"), [(1, 28), (4, 36)])
+def test_the_float16_file_matches_float32_pytorch_within_its_tolerance(
+    trained_run, tmp_path, batch, side
+):
+    path = export_checkpoint(trained_run / "best.pt", tmp_path / "h.onnx", fp16=True).path
+    model, _ = load_model(trained_run / "best.pt")
+    images = torch.randn(batch, 1, side, side, generator=torch.Generator().manual_seed(1))
+    logits, embedding = session(path).run(None, {"image": images.numpy()})
+    with torch.inference_mode():
+        expected = model(images)
+    for got, want in [(logits, expected.logits), (embedding, expected.embedding)]:
+        assert got.dtype == np.float32
+        assert np.abs(got - want.numpy()).max() <= 2e-2 * np.abs(want.numpy()).max()
+
+
+def test_a_float16_export_keeps_sums_of_squares_beyond_float16s_range(trained_run, tmp_path):
+    model, payload = load_model(trained_run / "best.pt")
+    with torch.no_grad():
+        model.head.weight.mul_(1000)  # u = W x grows 1,000-fold; Sigma's fold cancels it
+    path = save_checkpoint(tmp_path / "big.pt", model, preset=payload["preset"])
+    images = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = model(images)
+        x = model.forward_features(images)
+        u = torch.einsum("pc,bchw->bphw", model.head.weight, x - x.mean((-2, -1), keepdim=True))
+    assert u.square().sum((-2, -1)).max() > 65504  # float16's largest value
+    result = export_checkpoint(path, tmp_path / "h.onnx", fp16=True, data_root="/nonexistent")
+    assert result.parity.passed
+    # onnxruntime's CPU provider runs float16 operators it has no float16 kernel for in float32,
+    # which hides an overflow; onnx's reference evaluator computes in each tensor's own type
+    evaluator = ReferenceEvaluator(onnx.load(result.path))
+    logits, embedding = evaluator.run(None, {"image": images.numpy()})
+    for got, want in [(logits, expected.logits), (embedding, expected.embedding)]:
+        assert np.isfinite(got).all()
+        assert np.abs(got - want.numpy()).max() <= 2e-2 * np.abs(want.numpy()).max()
 
 
 def test_a_parity_failure_names_the_outputs_and_writes_nothing(trained_run, tmp_path, monkeypatch):
