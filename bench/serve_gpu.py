@@ -23,8 +23,9 @@ would overrun ``--budget-s`` are skipped and say so):
    installed: a speedscope file and a dump of every thread);
 7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px.
 
-Writes ``OUT/serve_gpu.json``, ``OUT/serve_gpu.md`` (the tables, also printed), the profiles,
-and the server logs. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
+Writes ``OUT/serve_gpu.json`` (with the end of each server's log), ``OUT/serve_gpu.md`` (the
+tables, also printed) and py-spy's two files: five files with ``bench/gpu_serve.sh``'s test log,
+within what a lent machine sends back. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
 the test suite checks).
 
     python bench/serve_gpu.py --out /tmp/gpu                  # on a CUDA machine
@@ -243,7 +244,9 @@ def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> 
     images = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     for _ in range(runs + 2):
         session.run(None, {"image": images})
-    trace = json.loads(Path(session.end_profiling()).read_text())
+    trace_file = Path(session.end_profiling())
+    trace = json.loads(trace_file.read_text())
+    trace_file.unlink()  # tens of MB; the summary below is what is kept
     by_op: dict[str, float] = {}
     run_us = []
     for event in trace:
@@ -388,37 +391,48 @@ def py_spy(pid: int, seconds: float, out: Path, name: str) -> dict[str, Any]:
 def serve_loads(model: str, variant: str, env_extra: dict[str, str], clients: Clients,
                 args: argparse.Namespace, out: Path, profile: bool) -> dict[str, Any]:  # fmt: skip
     """Every route at every concurrency against one server; a py-spy profile of the busiest."""
-    from service.card import parse_card
 
     result: dict[str, Any] = {"env": env_extra, "loads": []}
-    with server(model, env_extra, out / f"server-{variant}.log") as (base, process, ready_s):
-        import httpx
-
-        result["ready_s"] = ready_s
-        card = httpx.get(f"{base}/metadata", timeout=10).json()["card"]
-        name, _ = parse_card({"smso.model_card": json.dumps(card)})
-        routes = {"/classify JPEG": (f"{base}/classify", "jpeg"),
-                  "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32")}  # fmt: skip
-        for route, (url, kind) in routes.items():
-            clients.load(url, kind, max(args.concurrency), args.seconds / 2)  # warm connections
-            for concurrency in args.concurrency:
-                before = scrape(f"{base}/metrics")
-                with GpuSampler() as gpu:
-                    load = clients.load(url, kind, concurrency, args.seconds)
-                after = scrape(f"{base}/metrics")
-                if load.get("requests"):
-                    load["split"] = split(before, after, load["mean_ms"])
-                result["loads"].append({"route": route, **load, "gpu": gpu.summary()})
-        if profile:
-            url, kind = routes["/v2 FP32"]
-            worker = threading.Thread(
-                target=clients.load, args=(url, kind, max(args.concurrency), args.seconds + 4)
-            )
-            worker.start()
-            time.sleep(2.0)
-            result["py_spy"] = py_spy(process.pid, args.seconds, out, f"py-spy-{variant}")
-            worker.join()
+    log = Path(tempfile.mkdtemp(prefix="serve-gpu-log-")) / f"server-{variant}.log"
+    try:
+        with server(model, env_extra, log) as (base, process, ready_s):
+            _drive(base, process, ready_s, result, clients, args, out, variant, profile)
+    finally:  # the machine's file transfer is limited: the log's end goes into the report
+        result["log_tail"] = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     return result
+
+
+def _drive(base: str, process: Any, ready_s: float, result: dict[str, Any], clients: Clients,
+           args: argparse.Namespace, out: Path, variant: str, profile: bool) -> None:  # fmt: skip
+    """The loads of :func:`serve_loads` against a running server; results into ``result``."""
+    import httpx
+
+    from service.card import parse_card
+
+    result["ready_s"] = ready_s
+    card = httpx.get(f"{base}/metadata", timeout=10).json()["card"]
+    name, _ = parse_card({"smso.model_card": json.dumps(card)})
+    routes = {"/classify JPEG": (f"{base}/classify", "jpeg"),
+              "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32")}  # fmt: skip
+    for route, (url, kind) in routes.items():
+        clients.load(url, kind, max(args.concurrency), args.seconds / 2)  # warm connections
+        for concurrency in args.concurrency:
+            before = scrape(f"{base}/metrics")
+            with GpuSampler() as gpu:
+                load = clients.load(url, kind, concurrency, args.seconds)
+            after = scrape(f"{base}/metrics")
+            if load.get("requests"):
+                load["split"] = split(before, after, load["mean_ms"])
+            result["loads"].append({"route": route, **load, "gpu": gpu.summary()})
+    if profile:
+        url, kind = routes["/v2 FP32"]
+        worker = threading.Thread(
+            target=clients.load, args=(url, kind, max(args.concurrency), args.seconds + 4)
+        )
+        worker.start()
+        time.sleep(2.0)
+        result["py_spy"] = py_spy(process.pid, args.seconds, out, f"py-spy-{variant}")
+        worker.join()
 
 
 # --- 7. decoding ---------------------------------------------------------------------------
@@ -569,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             save()
         report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
                                             if args.smoke else CUDA_PROVIDERS,
-                                            8 if args.smoke else 64, 5, out)  # fmt: skip
+                                            8 if args.smoke else 64, 5, Path(tmp))  # fmt: skip
         save()
 
         files = jpegs(32)
