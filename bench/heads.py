@@ -59,7 +59,6 @@ import torch
 from torch import Tensor, nn
 
 from training.heads import HEADS, create_head
-from training.smso import FORMS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +67,9 @@ log = logging.getLogger("bench.heads")
 BATCH = 8
 DEFAULT_CHANNELS = 256  # c for heads the registry leaves at the backbone's width (gap)
 SIDES = (14, 28)  # n = 196 and n = 784
-SMSO_DIMS = (64, 2048)
-LRBP_CLASSES = 67  # MIT-Indoor
+#: Sizes (option ``dim``) measured per head; a head not listed runs at its default size.
+DIMS: dict[str, tuple[int, ...]] = {"smso": (64, 2048)}
+NUM_CLASSES = 67  # K for heads that score the classes themselves (LRBP): MIT-Indoor's
 SPEEDUP_CLAIM = 5.0  # check 1: SMSO p=64 at least this much faster than MPN and BP
 REFERENCE = ("smso", "conv", 64)  # the row the ratio column divides by
 DEFAULT_JSON = ROOT / "bench" / "results" / "heads.json"
@@ -97,8 +97,8 @@ class Config:
 
     @property
     def dim(self) -> int | None:
-        """SMSO's ``p`` (option ``dim``), None for the other heads."""
-        return self.options.get("dim") if self.head == "smso" else None
+        """The size option ``dim`` where it was set (SMSO's ``p``), else None."""
+        return self.options.get("dim")
 
     def label(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.options.items())
@@ -125,32 +125,30 @@ class Result:
 
 
 def configs(head_names: Sequence[str], sides: Sequence[int]) -> list[Config]:
-    """Every head at every side, in registry order; SMSO for each ``p`` in both forms."""
+    """Every head at every side, in registry order: each size of ``DIMS`` in each of its forms."""
     out: list[Config] = []
     for side in sides:
         for name in head_names:
-            channels = HEADS[name].paper_channels or DEFAULT_CHANNELS
-            if name == "smso":
-                out += [
-                    Config(name, channels, side, {"dim": p, "form": form})
-                    for p in SMSO_DIMS
-                    for form in FORMS
-                ]
-            elif name == "lrbp":
-                out.append(Config(name, channels, side, {"num_classes": LRBP_CLASSES}))
-            else:
-                out.append(Config(name, channels, side))
+            spec = HEADS[name]
+            channels = spec.paper_channels or DEFAULT_CHANNELS
+            base = {"num_classes": NUM_CLASSES} if spec.needs_num_classes else {}
+            sizes = [{"dim": dim} for dim in DIMS.get(name, ())] or [{}]
+            forms = [{"form": form} for form in spec.forms] or [{}]
+            out += [
+                Config(name, channels, side, {**base, **size, **form})
+                for size in sizes
+                for form in forms
+            ]
     return out
 
 
 def setting_label(config: Config, head: nn.Module) -> str:
-    """The head's size knob for the table: SMSO's p, CBP's d, LRBP's number of classes."""
-    if config.head == "smso":
-        return f"p={config.dim}"
-    if config.head in ("cbp_ts", "cbp_rm"):
-        return f"d={head.output_dim}"
-    if config.head == "lrbp":
-        return f"K={config.options['num_classes']}"
+    """The head's size knob for the table: SMSO's p, CBP's d, the classes a classifier scores."""
+    spec = HEADS[config.head]
+    if spec.scores_classes:
+        return f"K={head.output_dim}"
+    if spec.size_symbol is not None:
+        return f"{spec.size_symbol}={head.output_dim}"
     return "-"
 
 
@@ -299,10 +297,10 @@ def form_check(results: Sequence[Result]) -> dict[str, Any]:
     """Check 2: the conv form is cheaper than the covariance form exactly where p(n-c) < nc."""
     rows: list[dict[str, Any]] = []
     for r in results:
-        if r.head != "smso" or r.form != "conv":
+        if r.form != "conv":
             continue
         p, n, c = r.options["dim"], r.positions, r.channels
-        cov = find(results, "smso", n, form="covariance", dim=p)
+        cov = find(results, r.head, n, form="covariance", dim=p)
         if cov is None:
             continue
         predicted = "conv" if p * (n - c) < n * c else "covariance"
@@ -456,9 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sides": args.sides,
             "positions": [s * s for s in args.sides],
             "heads": args.heads,
-            "smso_dims": list(SMSO_DIMS),
-            "smso_forms": list(FORMS),
-            "lrbp_num_classes": LRBP_CLASSES,
+            "smso_dims": list(DIMS["smso"]),
+            "smso_forms": list(HEADS["smso"].forms),
+            "lrbp_num_classes": NUM_CLASSES,
             "max_repeats": args.repeats,
             "budget_s": args.budget,
             "quick": args.quick,

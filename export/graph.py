@@ -31,9 +31,9 @@ from torch import Tensor, nn
 
 from training.chi2_transforms import chi2_to_normal
 from training.heads.deepo2p import DeepO2P
+from training.heads.smso import SMSOPooling
 from training.model import SecondOrderNet
 from training.second_order import covariance
-from training.smso import SMSOPooling
 
 __all__ = [
     "ExportForm",

@@ -50,8 +50,8 @@ from export.graph import (
 from export.parity import ParityReport, check_parity
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
+from training.heads.smso import SMSOPooling
 from training.model import SecondOrderNet
-from training.smso import SMSOPooling
 
 __all__ = [
     "DEFAULT_OPSET",

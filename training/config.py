@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.heads import head_spec
 from training.model import ModelConfig
 
 __all__ = ["LR_BY_BACKBONE", "ConfigError", "TrainConfig", "parse_train_config"]
@@ -107,10 +108,11 @@ class TrainConfig:
             in_channels=in_channels, pretrained=self.pretrained,
         )  # fmt: skip
 
-    def resolve(self, preferred_loss: str = "cross_entropy") -> TrainConfig:
-        """The same config with every recipe default made explicit."""
+    def resolve(self) -> TrainConfig:
+        """The same config with every recipe default made explicit (the loss from the head's
+        spec; raises ``UnknownHeadError`` for an unknown head)."""
         lr = self.lr if self.lr is not None else LR_BY_BACKBONE.get(self.backbone, 0.01)
-        loss = preferred_loss if self.loss == "auto" else self.loss
+        loss = head_spec(self.head).loss if self.loss == "auto" else self.loss
         return dataclasses.replace(self, lr=lr, loss=loss)
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from training.cli import run_cli
 from training.evaluate import load_with_splits
-from training.smso import SMSOPooling
+from training.heads.smso import SMSOPooling
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
 

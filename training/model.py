@@ -76,7 +76,8 @@ class SecondOrderNet(nn.Module):
 
     Shapes: image ``(B, C_in, H, W)`` -> feature map ``(B, c, H/s, W/s)`` -> embedding
     ``(B, D)`` -> logits ``(B, K)``, with ``s`` the backbone's stride, ``D = head.output_dim``.
-    Heads that score classes themselves (LRBP) have no classifier: their output is both.
+    Heads whose spec says they score the classes themselves (LRBP) have no classifier: their
+    output is both.
     New layers (1x1 conv, head projections, classifier) get Glorot-normal weights.
     """
 
@@ -94,15 +95,15 @@ class SecondOrderNet(nn.Module):
             nn.init.xavier_normal_(conv.weight)
             self.reduce = nn.Sequential(conv, nn.BatchNorm2d(config.reduce_dim))
             channels = config.reduce_dim
+        spec = head_spec(config.head)
         options = dict(config.head_options)
-        if config.head == "lrbp":
+        if spec.needs_num_classes:
             options.setdefault("num_classes", config.num_classes)
         self.head = create_head(config.head, channels, **options)
-        takes_fc = hasattr(self.head, "load_torchvision_classifier")  # VGG-D's fc6 and fc7
-        if takes_fc and state is not None and "classifier.0.weight" in state:
-            self.head.load_torchvision_classifier(state)
+        if spec.load_pretrained is not None and state is not None:
+            spec.load_pretrained(self.head, state)  # VGG-D's fc6 and fc7
         self.embedding_dim: int = self.head.output_dim
-        if getattr(self.head, "scores_classes", False):
+        if spec.scores_classes:
             if self.head.output_dim != config.num_classes:
                 raise ValueError(
                     f"head {config.head!r} scores {self.head.output_dim} classes, "

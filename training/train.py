@@ -132,7 +132,7 @@ class _Run:
         torch.manual_seed(cfg.seed)
         model_config = cfg.model_config(len(self.splits.classes), self.preset.channels)
         self.model = build_model(model_config).to(runtime.device)
-        self.cfg = cfg.resolve(getattr(self.model.head, "preferred_loss", "cross_entropy"))
+        self.cfg = cfg.resolve()
         if self.cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.criterion = make_criterion(self.cfg.loss, self.cfg.label_smoothing)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from export.graph import FoldedSMSO, UnsupportedHeadError, cheaper_form, exportable, form_costs
+from training.heads.smso import SMSOPooling
 from training.model import ModelConfig, build_model
-from training.smso import SMSOPooling
 
 
 def trained_pool(transform: str = "sqrt", affine: str = "both") -> SMSOPooling:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from training.checkpoint import load_model
+from training.heads.smso import SMSOPooling
 from training.model import ModelConfig, build_model
-from training.smso import SMSOPooling
 from training.train import fit
 
 from .test_train import tiny_config

@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from training.heads import HEADS, UnknownHeadError, create_head
+from training.heads import HEADS, Head, HeadSpec, UnknownHeadError, create_head
 from training.heads.deepo2p import SymmetricLog
 from training.heads.mpn import newton_schulz_sqrt
 from training.second_order import covariance
@@ -47,6 +47,27 @@ def test_every_registered_head_is_covered() -> None:
     """Registering a head without adding it here fails: each table must name every head."""
     assert set(PAPER_SETTINGS) == set(HEADS)
     assert set(SMALL) == set(HEADS)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_every_head_is_a_head_in_each_form_its_spec_declares(name: str) -> None:
+    c, options = SMALL[name]
+    head = create_head(name, c, **options).eval()
+    assert isinstance(head, Head)
+    x = torch.randn(2, c, 3, 3)
+    with torch.no_grad():
+        ref = head(x)
+        for form in HEADS[name].forms:  # one function, other arithmetic: same state, same output
+            other = create_head(name, c, **{**options, "form": form}).eval()
+            other.load_state_dict(head.state_dict())
+            torch.testing.assert_close(other(x), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_spec_that_scores_classes_must_take_their_number() -> None:
+    with pytest.raises(ValueError, match="must declare needs_num_classes"):
+        HeadSpec(create_head, None, "x", scores_classes=True)
+    with pytest.raises(ValueError, match="valid losses: cross_entropy, hinge"):
+        HeadSpec(create_head, None, "x", loss="l2")
 
 
 def test_unknown_head_lists_the_valid_names() -> None:
@@ -224,8 +245,10 @@ def test_lrbp_matches_formula_and_scores_classes() -> None:
     head = create_head("lrbp", c, num_classes=k, projection_dim=m, rank=r)
     with torch.no_grad():
         head.bias.normal_()
-    assert head.scores_classes
-    assert head.preferred_loss == "hinge"
+    spec = HEADS["lrbp"]
+    assert spec.needs_num_classes
+    assert spec.scores_classes
+    assert spec.loss == "hinge"
     x = torch.randn(2, c, 3, 3)
     pos = _positions(x)
     p_t = head.projection.detach().double().numpy()  # (m, c)

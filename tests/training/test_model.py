@@ -56,6 +56,19 @@ def test_structure_is_backbone_conv_bn_head_classifier() -> None:
     assert model.classifier.out_features == 3
 
 
+def test_smso_state_dict_keys_are_those_of_earlier_checkpoints() -> None:
+    """The SMSO head moved into training.heads; checkpoints written before must still load."""
+    model = build_model(small_config("smso"))
+    head_keys = [k for k in model.state_dict() if k.startswith("head.")]
+    assert head_keys == [
+        "head.weight",
+        "head.log_gamma",
+        "head.beta",
+        "head.running_cov",
+        "head.num_batches_tracked",
+    ]
+
+
 def test_new_layers_are_glorot_normal() -> None:
     model = build_model(ModelConfig(num_classes=200, backbone="resnet18", head="smso"))
     conv_w = model.reduce[0].weight  # (256, 512, 1, 1)

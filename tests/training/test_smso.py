@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.smso import AFFINES, FORMS, SMSOPooling
+from training.heads.smso import AFFINES, FORMS, SMSOPooling
 
 
 def reference_smso(x: np.ndarray, w: np.ndarray, sigma: np.ndarray, gamma, beta) -> np.ndarray:

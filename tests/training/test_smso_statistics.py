@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from training.smso import SMSOPooling
+from training.heads.smso import SMSOPooling
 
 C, P, H = 8, 6, 14
 N = H * H

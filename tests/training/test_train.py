@@ -97,7 +97,7 @@ def test_config_file_then_flags(tmp_path):
     assert cfg.resolve().lr == 0.2
     assert TrainConfig(backbone="vgg16").resolve().lr == 0.001  # the paper's recipe
     assert TrainConfig(backbone="resnet50").resolve().lr == 0.01
-    assert TrainConfig(head="lrbp").resolve("hinge").loss == "hinge"
+    assert TrainConfig(head="lrbp").resolve().loss == "hinge"  # the head's own
 
 
 @pytest.mark.parametrize(

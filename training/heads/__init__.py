@@ -1,9 +1,19 @@
 """Pooling heads: SMSO and the baselines the paper compares it with.
 
-``create_head(name, in_channels, **options)`` builds one; ``HEADS`` lists them.
+``create_head(name, in_channels, **options)`` builds one; ``HEADS`` lists them, each with its
+``HeadSpec`` (what callers need to know about the head). ``SMSOPooling`` is the SMSO layer.
 """
 
 from training.heads.base import Head
 from training.heads.registry import HEADS, HeadSpec, UnknownHeadError, create_head, head_spec
+from training.heads.smso import SMSOPooling
 
-__all__ = ["HEADS", "Head", "HeadSpec", "UnknownHeadError", "create_head", "head_spec"]
+__all__ = [
+    "HEADS",
+    "Head",
+    "HeadSpec",
+    "SMSOPooling",
+    "UnknownHeadError",
+    "create_head",
+    "head_spec",
+]

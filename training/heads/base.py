@@ -18,16 +18,14 @@ class Head(nn.Module):
     autocast disabled, because second-order statistics lose their small terms in fp16/bf16 and sums
     of squares over hundreds of positions overflow fp16.
 
+    What a caller needs to know about a head (whether it takes the number of classes and scores
+    them itself, the loss it was designed for, its forms, ...) is declared in its registry entry,
+    ``training.heads.HeadSpec``, not probed on the module.
+
     Attributes:
         in_channels: ``c``.
         output_dim: size of the embedding.
-        scores_classes: True when the head's output already is the class scores (LRBP), so the
-            model adds no classifier after it.
-        preferred_loss: the loss the head was designed for: ``"cross_entropy"`` or ``"hinge"``.
     """
-
-    scores_classes: bool = False
-    preferred_loss: str = "cross_entropy"
 
     def __init__(self, in_channels: int, output_dim: int) -> None:
         super().__init__()

@@ -24,9 +24,6 @@ class LowRankBilinear(Head):
     Gram matrix, as Kong & Fowlkes do.
     """
 
-    scores_classes = True
-    preferred_loss = "hinge"
-
     def __init__(
         self, in_channels: int, num_classes: int, projection_dim: int = 100, rank: int = 8
     ) -> None:

@@ -1,23 +1,32 @@
-"""The head registry: a name selects a pooling head (timm-style ``create_head``)."""
+"""The head registry: a name selects a pooling head (timm-style ``create_head``).
+
+Each entry is a :class:`HeadSpec`: how to build the head and everything a caller needs to know
+about it (does it take the number of classes, does it score them itself, which loss it was made
+for, its forms, ...), so that no caller looks at a head's name or probes its attributes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from torch import Tensor
 
+from training.heads.base import Head
 from training.heads.bilinear import BilinearPooling
 from training.heads.compact_bilinear import RandomMaclaurin, TensorSketch
 from training.heads.deepo2p import DeepO2P
 from training.heads.first_order import GlobalAvgPool
 from training.heads.lrbp import LowRankBilinear
 from training.heads.mpn import MPNCOV
+from training.heads.smso import FORMS, SMSOPooling
 from training.heads.vgg_fc import VGGClassifierHead
-from training.smso import SMSOPooling
 
-__all__ = ["HEADS", "HeadSpec", "UnknownHeadError", "create_head", "head_spec"]
+__all__ = ["HEADS", "LOSSES", "HeadSpec", "UnknownHeadError", "create_head", "head_spec"]
+
+#: The losses a head can be designed for (``training.engine.make_criterion`` builds them).
+LOSSES: tuple[str, ...] = ("cross_entropy", "hinge")
 
 
 class UnknownHeadError(ValueError):
@@ -26,27 +35,58 @@ class UnknownHeadError(ValueError):
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """How to build one head and the paper's setting for it."""
+    """How to build one head, the paper's setting for it, and what callers need to know about it."""
 
-    factory: Callable[..., nn.Module]  # called as factory(in_channels, **options)
+    factory: Callable[..., Head]  # called as factory(in_channels, **options)
     paper_channels: int | None  # c the paper feeds it (the 1x1 reduction); None: backbone's own
     summary: str  # one line for listings and --help
+    needs_num_classes: bool = False  # the factory takes num_classes=K (the model passes it)
+    scores_classes: bool = False  # its output is the K class scores: the model adds no classifier
+    loss: str = "cross_entropy"  # the loss it was designed for (TrainConfig's loss="auto")
+    forms: tuple[str, ...] = ()  # values of its `form` option: one function, other arithmetic
+    size_symbol: str | None = None  # how tables name the size its `dim` option sets ("p", "d")
+    # copies its own layers from the backbone's pretrained state dict (VGG-D's fc6 and fc7)
+    load_pretrained: Callable[[Any, Mapping[str, Tensor]], None] | None = None
 
-
-def _smso(in_channels: int, dim: int = 2048, **options: Any) -> SMSOPooling:
-    return SMSOPooling(in_channels, dim, **options)
+    def __post_init__(self) -> None:
+        if self.scores_classes and not self.needs_num_classes:
+            raise ValueError("a head that scores classes must declare needs_num_classes")
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}; valid losses: {', '.join(LOSSES)}")
 
 
 HEADS: dict[str, HeadSpec] = {
     "gap": HeadSpec(GlobalAvgPool, None, "first-order global average pooling, c-d"),
-    "vgg_fc": HeadSpec(VGGClassifierHead, None, "first-order VGG-D: pool5, fc6, fc7, 4,096-d"),
+    "vgg_fc": HeadSpec(
+        VGGClassifierHead,
+        None,
+        "first-order VGG-D: pool5, fc6, fc7, 4,096-d",
+        load_pretrained=VGGClassifierHead.load_torchvision_classifier,
+    ),
     "bp": HeadSpec(BilinearPooling, 512, "bilinear pooling + signed sqrt + l2, c^2-d"),
     "deepo2p": HeadSpec(DeepO2P, 512, "matrix logarithm of the covariance, c^2-d"),
     "mpn": HeadSpec(MPNCOV, 256, "iSQRT-COV matrix square root, c(c+1)/2-d"),
-    "cbp_ts": HeadSpec(TensorSketch, 512, "compact bilinear, Tensor Sketch, 8,192-d"),
-    "cbp_rm": HeadSpec(RandomMaclaurin, 512, "compact bilinear, Random Maclaurin, 8,192-d"),
-    "lrbp": HeadSpec(LowRankBilinear, 256, "low-rank bilinear classifier (needs num_classes)"),
-    "smso": HeadSpec(_smso, 256, "SMSO pooling, p-d (option dim, default 2,048)"),
+    "cbp_ts": HeadSpec(
+        TensorSketch, 512, "compact bilinear, Tensor Sketch, 8,192-d", size_symbol="d"
+    ),
+    "cbp_rm": HeadSpec(
+        RandomMaclaurin, 512, "compact bilinear, Random Maclaurin, 8,192-d", size_symbol="d"
+    ),
+    "lrbp": HeadSpec(
+        LowRankBilinear,
+        256,
+        "low-rank bilinear classifier, K-d (scores the K classes)",
+        needs_num_classes=True,
+        scores_classes=True,
+        loss="hinge",
+    ),
+    "smso": HeadSpec(
+        SMSOPooling,
+        256,
+        "SMSO pooling, p-d (option dim, default 2,048)",
+        forms=FORMS,
+        size_symbol="p",
+    ),
 }
 
 
@@ -60,12 +100,12 @@ def head_spec(name: str) -> HeadSpec:
         ) from None
 
 
-def create_head(name: str, in_channels: int, **options: Any) -> nn.Module:
+def create_head(name: str, in_channels: int, **options: Any) -> Head:
     """Build the head ``name`` for ``in_channels`` input channels.
 
     Every head maps ``(B, in_channels, h, w)`` to ``(B, head.output_dim)``. Options are the head's
     own keyword arguments (``dim`` for ``smso``, ``cbp_ts`` and ``cbp_rm``; ``num_classes`` for
-    ``lrbp``; ...).
+    the heads whose spec says ``needs_num_classes``; ...).
 
     Raises:
         UnknownHeadError: ``name`` is not registered; the message lists the valid names.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor, nn
 
@@ -38,8 +40,13 @@ class VGGClassifierHead(Head):
         return self.fc(self.pooling(x).flatten(1))  # (B, c pool^2) -> (B, hidden)
 
     @torch.no_grad()
-    def load_torchvision_classifier(self, state: dict[str, Tensor]) -> None:
-        """Copy fc6 and fc7 from a torchvision VGG-16 state dict (``classifier.0``, ``.3``)."""
+    def load_torchvision_classifier(self, state: Mapping[str, Tensor]) -> None:
+        """Copy fc6 and fc7 from a torchvision VGG-16 state dict (``classifier.0``, ``.3``).
+
+        A state without them (a backbone-only weights file) leaves the Glorot-initialised layers.
+        """
+        if "classifier.0.weight" not in state:
+            return
         for layer, key in ((self.fc[0], "classifier.0"), (self.fc[3], "classifier.3")):
             layer.weight.copy_(state[f"{key}.weight"])
             layer.bias.copy_(state[f"{key}.bias"])

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training.chi2_transforms import TRANSFORMS, chi2_to_normal
-from training.second_order import at_least_float32, check_feature_map, covariance
+from training.heads.base import Head
+from training.second_order import at_least_float32, covariance
 
 __all__ = ["AFFINES", "FORMS", "SMSOPooling"]
 
@@ -39,12 +40,12 @@ FORMS: tuple[str, ...] = ("conv", "covariance")
 AFFINES: tuple[str, ...] = ("both", "beta", "gamma", "none")
 
 
-class SMSOPooling(nn.Module):
+class SMSOPooling(Head):
     """SMSO pooling: ``(B, c, h, w)`` feature map -> ``(B, p)`` embedding ``z''``.
 
     Args:
         in_channels: ``c``, channels of the input feature map.
-        dim: ``p``, the embedding dimension (number of PV projections).
+        dim: ``p``, the embedding dimension (number of PV projections); 2,048 by default.
         form: ``"conv"`` (1x1 conv + l2 pool, no ``c x c`` matrix) or ``"covariance"``. Both forms
             have the same parameters and buffers, so their state dicts are interchangeable.
         transform: how ``z`` is made Gaussian: ``"sqrt"`` (paper default), ``"log"``,
@@ -63,20 +64,20 @@ class SMSOPooling(nn.Module):
         num_batches_tracked: scalar buffer, number of training batches seen.
 
     Shapes:
-        input ``(B, c, h, w)`` with ``h * w >= 2``, any float dtype (computed in float32, or
-        float64 for float64 input); output ``(B, p)`` in that dtype.
+        input ``(B, c, h, w)`` with ``h * w >= 2``, any float dtype; output ``(B, p)`` in float32
+        (float64 for float64 input): as every ``Head``, it computes in at least float32 with
+        autocast disabled.
     """
 
     def __init__(
         self,
         in_channels: int,
-        dim: int,
+        dim: int = 2048,
         form: Form = "conv",
         transform: str = "sqrt",
         affine: str = "both",
         momentum: float | None = 0.1,
     ) -> None:
-        super().__init__()
         if in_channels < 1 or dim < 1:
             raise ValueError(f"in_channels and dim must be >= 1, got {in_channels} and {dim}")
         if form not in FORMS:
@@ -89,7 +90,7 @@ class SMSOPooling(nn.Module):
             raise ValueError(f"unknown affine {affine!r}; valid values: {', '.join(AFFINES)}")
         if momentum is not None and not 0.0 < momentum <= 1.0:
             raise ValueError(f"momentum must be in (0, 1] or None, got {momentum}")
-        self.in_channels = in_channels
+        super().__init__(in_channels, dim)
         self.dim = dim
         self.form = form
         self.transform = transform
@@ -104,11 +105,6 @@ class SMSOPooling(nn.Module):
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
 
     @property
-    def output_dim(self) -> int:
-        """``p``, the size of the embedding."""
-        return self.dim
-
-    @property
     def gamma(self) -> Tensor | None:
         """The positive scale ``gamma = exp(log_gamma)``, ``(p,)``, or None without it."""
         return None if self.log_gamma is None else self.log_gamma.exp()
@@ -119,25 +115,23 @@ class SMSOPooling(nn.Module):
             f"affine={self.affine!r}, momentum={self.momentum}"
         )
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, c, h, w)`` -> ``(B, p)`` embedding ``z''``."""
-        n = self._check_input(x)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            x = at_least_float32(x)
-            if self.form == "covariance":
-                y = covariance(x)  # (B, c, c)
-                if self.training:
-                    self._update_running_cov(y.detach().mean(dim=0))
-                z = self.project(y)  # (B, p)
-            else:
-                if self.training:
-                    self._update_running_cov(self.pooled_covariance(x))
-                z = self.vectorize(x)  # (B, p)
-            out = self.standardize(z, n)  # (B, p)
-            if self.log_gamma is not None:
-                out = out * self.log_gamma.exp()
-            if self.beta is not None:
-                out = out + self.beta
+    def pool(self, x: Tensor) -> Tensor:
+        """``(B, c, h, w)`` float32 (or float64) -> ``(B, p)`` embedding ``z''``."""
+        n = self._check_positions(x)
+        if self.form == "covariance":
+            y = covariance(x)  # (B, c, c)
+            if self.training:
+                self._update_running_cov(y.detach().mean(dim=0))
+            z = self.project(y)  # (B, p)
+        else:
+            if self.training:
+                self._update_running_cov(self.pooled_covariance(x))
+            z = self.vectorize(x)  # (B, p)
+        out = self.standardize(z, n)  # (B, p)
+        if self.log_gamma is not None:
+            out = out * self.log_gamma.exp()
+        if self.beta is not None:
+            out = out + self.beta
         return out
 
     def vectorize(self, x: Tensor) -> Tensor:
@@ -193,9 +187,9 @@ class SMSOPooling(nn.Module):
         factor = momentum if momentum is not None else 1.0 / float(self.num_batches_tracked)
         self.running_cov.lerp_(batch_cov, factor)
 
-    def _check_input(self, x: Tensor) -> int:
-        """Raise ``ValueError`` unless ``x`` is ``(B, c, h, w)`` with ``h * w >= 2``; return n."""
-        check_feature_map(x, self.in_channels, "SMSOPooling")
+    @staticmethod
+    def _check_positions(x: Tensor) -> int:
+        """Raise ``ValueError`` unless ``x`` has ``h * w >= 2`` positions; return ``n``."""
         n = x.shape[-2] * x.shape[-1]
         if n < 2:
             raise ValueError(
