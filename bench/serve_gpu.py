@@ -5,9 +5,11 @@ would overrun ``--budget-s`` are skipped and say so):
 
 1. the machine: GPU, driver, CPU cores, versions;
 2. ResNet-50 SMSO, p = 2,048, 1,000 classes, random weights, the ``image_folder`` preset (resize
-   256, crop 224), exported three ways in parallel: float32 with the 1x1-conv form, float32 with
-   the covariance form, float16 with the 1x1-conv form (``export_checkpoint``, parity checked);
-3. the raw session by batch size (1, 8, 32, 64, 128) for each export, and for the float32 1x1
+   256, crop 224), exported in parallel: float32 with the 1x1-conv form, float32 with the
+   covariance form, float16 with the 1x1-conv form, and both float32 forms at 448 px (the
+   ``dtd`` preset) (``export_checkpoint``, parity checked);
+3. the raw session by batch size (1, 8, 32, 64, 128; at 448 px up to 64) for each export, and
+   for the float32 1x1
    form also through IO binding and with a CUDA graph per bucket (``service.runner``): images/s
    and ms per call, the same numpy input each call, no server;
 4. onnxruntime's own profiler on the float32 session at batch 64: the time by operator type,
@@ -155,8 +157,10 @@ class GpuSampler:
 # --- 2. the models -------------------------------------------------------------------------
 
 
-def export_one(workdir: str, name: str, form: str, fp16: bool) -> tuple[str, str, float]:
-    """One export of ResNet-50 SMSO p = 2,048 at 224 px (random weights, seed 0)."""
+def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224
+               ) -> tuple[str, str, float]:  # fmt: skip
+    """One export of ResNet-50 SMSO p = 2,048 at 224 px (the ``image_folder`` preset) or 448 px
+    (the ``dtd`` preset: resize 512), random weights, seed 0."""
     import torch
 
     from export.onnx_export import export_checkpoint
@@ -167,11 +171,13 @@ def export_one(workdir: str, name: str, form: str, fp16: bool) -> tuple[str, str
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 3))
     start = time.perf_counter()
     checkpoint = Path(workdir) / f"{name}.pt"
-    if not checkpoint.exists():
-        torch.manual_seed(0)
-        model = build_model(ModelConfig(1000, "resnet50", "smso", {"dim": 2048})).eval()
-        save_checkpoint(checkpoint, model, preset=PRESETS["image_folder"].to_dict(),
-                        classes=[f"class{k}" for k in range(1000)])  # fmt: skip
+    preset = PRESETS["image_folder" if side == 224 else "dtd"]
+    if preset.image_size != side:
+        raise ValueError(f"no preset at {side} px")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(1000, "resnet50", "smso", {"dim": 2048})).eval()
+    save_checkpoint(checkpoint, model, preset=preset.to_dict(),
+                    classes=[f"class{k}" for k in range(1000)])  # fmt: skip
     result = export_checkpoint(checkpoint, Path(workdir) / f"{name}.onnx", form=form,  # type: ignore[arg-type]
                                fp16=fp16, batch_sizes=(1, 2))  # fmt: skip
     return name, str(result.path), time.perf_counter() - start
@@ -181,8 +187,9 @@ def models(workdir: Path, smoke: bool) -> dict[str, Any]:
     """``name -> path`` of the exports (the shipped model alone with ``smoke``)."""
     if smoke:
         return {"paths": {"fp32-conv": str(SHIPPED)}, "export_s": {}}
-    variants = [("fp32-conv", "conv", False), ("fp32-covariance", "covariance", False),
-                ("fp16-conv", "conv", True)]  # fmt: skip
+    variants = [("fp32-conv", "conv", False, 224), ("fp32-covariance", "covariance", False, 224),
+                ("fp16-conv", "conv", True, 224), ("fp32-conv-448", "conv", False, 448),
+                ("fp32-covariance-448", "covariance", False, 448)]  # fmt: skip
     spawn = multiprocessing.get_context("spawn")
     paths, seconds = {}, {}
     with concurrent.futures.ProcessPoolExecutor(len(variants), mp_context=spawn) as pool:
@@ -485,12 +492,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"Machine: {json.dumps(report['machine'])}", ""]
     raw = report.get("raw", {})
     if raw:
-        lines += ["| export | mode | " + " | ".join(f"batch {b} img/s (ms)" for b in
-                                                   next(iter(raw.values()))["by_batch"]) + " |"]  # fmt: skip
-        lines += ["|---|---|" + "--:|" * len(next(iter(raw.values()))["by_batch"])]
+        columns = sorted({int(b) for r in raw.values() for b in r["by_batch"]})
+        lines += ["| export | mode | " + " | ".join(f"batch {b} img/s (ms)" for b in columns)
+                  + " |", "|---|---|" + "--:|" * len(columns)]  # fmt: skip
         for key, r in raw.items():
-            cells = [f"{v['images_per_second']:,.0f} ({v['ms_p50']:.2f})"
-                     for v in r["by_batch"].values()]  # fmt: skip
+            by_batch = {int(b): v for b, v in r["by_batch"].items()}
+            cells = [f"{by_batch[b]['images_per_second']:,.0f} ({by_batch[b]['ms_p50']:.2f})"
+                     if b in by_batch else "-" for b in columns]  # fmt: skip
             lines.append(f"| {key.split('/')[0]} | {r['mode']} | " + " | ".join(cells) + " |")
         lines.append("")
     profile = report.get("ort_profile")
@@ -577,8 +585,9 @@ def main(argv: list[str] | None = None) -> int:
             if not budget.allows(60 + 200):
                 report["skipped"].append(f"raw {name} {mode}")
                 continue
-            report["raw"][f"{name}/{mode}"] = raw_session(paths[name], mode, args.batches,
-                                                          providers, args.seconds / 5)  # fmt: skip
+            batches = [b for b in args.batches if b <= 64] if "448" in name else args.batches
+            report["raw"][f"{name}/{mode}"] = raw_session(paths[name], mode, batches, providers,
+                                                          args.seconds / 5)  # fmt: skip
             print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']['by_batch']}", flush=True)
             save()
         report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
