@@ -22,7 +22,8 @@ import torch
 from training.model import ModelConfig, SecondOrderNet
 
 __all__ = [
-    "CheckpointError", "load_checkpoint", "load_model", "save_checkpoint", "write_atomically",
+    "CheckpointError", "load_checkpoint", "load_model", "resave_checkpoint", "save_checkpoint",
+    "write_atomically",
 ]  # fmt: skip
 
 FORMAT = "smso-checkpoint"
@@ -47,6 +48,18 @@ def save_checkpoint(path: str | os.PathLike[str], model: SecondOrderNet, **extra
     }
     write_atomically(path, lambda tmp: torch.save(payload, tmp))
     return path
+
+
+def resave_checkpoint(
+    path: str | os.PathLike[str], model: SecondOrderNet, payload: dict[str, Any], **changes: Any
+) -> Path:
+    """Write ``model`` to ``path`` with the extra entries of ``payload`` (a loaded checkpoint of
+    the same model), ``changes`` added or replacing them; returns the path."""
+    if payload.get("model_config") != model.config.to_dict():
+        raise CheckpointError(f"{path}: the payload describes another model than the one to save")
+    own = ("format", "version", "model_config", "model_state")
+    extra = {k: v for k, v in payload.items() if k not in own}
+    return save_checkpoint(path, model, **{**extra, **changes})
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:

@@ -73,6 +73,9 @@ class TrainConfig:
     resume: bool = False  # continue from out/last.pt
     stop_after: int | None = None  # stop after this epoch (resume later); None: run all epochs
     eval_test: bool = True  # evaluate best.pt on the test split at the end
+    recalibrate: bool = (
+        True  # at the end, re-estimate SMSO's Sigma in best.pt over the train images
+    )
 
     def __post_init__(self) -> None:
         checks = [

@@ -7,7 +7,9 @@
 ``smso-figure fig2 CHECKPOINT``     histograms of (a) the head's input features along their first
                                     two principal components, (b) z after PV, (c) the final
                                     representation z'', and a Shapiro-Wilk test of z'' (Fig. 2,
-                                    Sec. 3.4); the numbers go to a JSON file beside the PNG.
+                                    Sec. 3.4), with the per-dimension mean and standard deviation
+                                    of z' (before gamma and beta); the numbers go to a JSON file
+                                    beside the PNG.
 """
 
 from __future__ import annotations
@@ -80,15 +82,18 @@ def fig4(results: Path, out: Path) -> Path:
 
 @torch.no_grad()
 def collect_stages(model: torch.nn.Module, loader: DataLoader, limit: int) -> dict[str, np.ndarray]:
-    """Per-position head inputs ``(N n, c)``, PV outputs ``z`` ``(N, p)`` and ``z''`` ``(N, p)``."""
+    """Per-position head inputs ``(N n, c)``, PV outputs ``z`` ``(N, p)``, the standardised
+    ``z'`` before gamma and beta ``(N, p)`` and the final ``z''`` ``(N, p)``."""
     head = model.head
     if not isinstance(head, SMSOPooling):
         raise ValueError("fig2 needs a checkpoint with the SMSO head")
-    feats, zs, finals, seen = [], [], [], 0
+    feats, zs, standardized, finals, seen = [], [], [], [], 0
     for images, _ in loader:
         x = model.forward_features(images)  # (B, c, h, w)
         feats.append(x.flatten(2).transpose(1, 2).reshape(-1, x.shape[1]))
-        zs.append(head.vectorize(x))
+        z = head.vectorize(x)  # (B, p)
+        zs.append(z)
+        standardized.append(head.standardize(z, x.shape[-2] * x.shape[-1]))
         finals.append(head(x))
         seen += images.shape[0]
         if seen >= limit:
@@ -96,6 +101,7 @@ def collect_stages(model: torch.nn.Module, loader: DataLoader, limit: int) -> di
     return {
         "features": torch.cat(feats).numpy(),
         "z": torch.cat(zs)[:limit].numpy(),
+        "z_prime": torch.cat(standardized)[:limit].numpy(),
         "final": torch.cat(finals)[:limit].numpy(),
     }
 
@@ -132,12 +138,21 @@ def fig2(stages: dict[str, np.ndarray], out: Path, dims: int = 4, seed: int = 0)
         "fraction_not_rejected_at_0.05": float((pvalues > 0.05).mean()) if len(varying) else None,
         "skewness_z_median": _median_skew(stages["z"]),
         "skewness_final_median": _median_skew(stages["final"]),
+        # what Sigma sets: z' is N(0, 1) per dimension when the features are i.i.d. Gaussian
+        "z_prime_mean": _spread(stages["z_prime"].mean(axis=0)),
+        "z_prime_std": _spread(stages["z_prime"].std(axis=0)),
     }  # fmt: skip
 
 
 def _varying(x: np.ndarray) -> np.ndarray:
     """Indices of the columns of ``x`` that are not (numerically) constant."""
     return np.flatnonzero(x.std(axis=0) > 1e-6 * (np.abs(x.mean(axis=0)) + 1.0))
+
+
+def _spread(values: np.ndarray) -> dict[str, float]:
+    """Median, smallest and largest of per-dimension values."""
+    return {"median": float(np.median(values)), "min": float(values.min()),
+            "max": float(values.max())}  # fmt: skip
 
 
 def _median_skew(x: np.ndarray) -> float | None:

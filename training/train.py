@@ -3,6 +3,10 @@
 A run folder holds ``config.json`` (the resolved settings), ``metrics.jsonl`` (a line per epoch),
 ``last.pt`` (written every epoch, for ``--resume``), ``best.pt`` (best validation accuracy) and, at
 the end, ``test.json`` (the best checkpoint's test accuracy and confusion matrix).
+
+When the run has finished, heads that set state from statistics of their input after training
+(SMSO's ``Sigma``) have it re-estimated in ``best.pt`` over the training images before the test
+(``training.recalibrate``; ``--no-recalibrate`` skips it).
 """
 
 from __future__ import annotations
@@ -25,12 +29,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Subset
 from tqdm import tqdm
 
-from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resave_checkpoint,
+    save_checkpoint,
+)
 from training.cli import run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import PRESETS, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
+from training.heads import head_spec
 from training.model import SecondOrderNet, build_model
+from training.recalibrate import recalibrate
 from training.runtime import Runtime, setup_runtime, teardown_runtime
 
 __all__ = ["RunResult", "fit", "main"]
@@ -46,7 +57,9 @@ class RunResult:
     epochs_run: int
     best_val_accuracy: float
     test: EvalResult | None
-    model: SecondOrderNet  # as it ended (best.pt's weights when the test split was evaluated)
+    # best.pt's weights when the run finished and best.pt was recalibrated or tested, else the
+    # weights of the last epoch run
+    model: SecondOrderNet
 
 
 def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -256,10 +269,29 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
             log.info(
                 "epoch %d: val accuracy %.4f (best %.4f)", epoch, val.accuracy, run.best_accuracy
             )
+    finished = last == cfg.epochs
+    if finished and cfg.recalibrate and head_spec(cfg.head).input_statistics == "after_training":
+        _recalibrate_best(run, runtime, val_loader)
     test = None
-    if cfg.eval_test and last == cfg.epochs:
+    if cfg.eval_test and finished:
         test = _test_best(run, runtime)
     return RunResult(out, last - run.start_epoch + 1, run.best_accuracy, test, run.model)
+
+
+def _recalibrate_best(run: _Run, runtime: Runtime, val_loader: DataLoader) -> None:
+    """Re-estimate the head's statistics in ``best.pt`` over the training images: every rank
+    computes on its share and receives the estimate over all of them, rank 0 writes the file."""
+    if runtime.distributed:
+        dist.barrier()  # rank 0 has written best.pt
+    path = run.out / "best.pt"
+    payload = load_checkpoint(path, map_location=str(runtime.device))
+    run.model.load_state_dict(payload["model_state"])
+    report = recalibrate(
+        run.model, _eval_loader(run.splits.train_eval, run.cfg, runtime), val_loader,
+        run.criterion, len(run.splits.classes), runtime,
+    )  # fmt: skip
+    if runtime.is_main:
+        resave_checkpoint(path, run.model, payload, recalibration=report)
 
 
 def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
@@ -275,6 +307,7 @@ def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
     if runtime.is_main:
         report = {
             "checkpoint": str(run.out / "best.pt"), "epoch": payload["epoch"],
+            "recalibration": payload.get("recalibration"),
             "val_accuracy": payload["val_accuracy"], "test_accuracy": result.accuracy,
             "test_loss": result.loss, "test_images": result.count,
             "classes": run.splits.classes, "confusion": result.confusion.tolist(),

@@ -14,7 +14,9 @@ import torch
 
 from training.checkpoint import CheckpointError, load_checkpoint, load_model
 from training.config import ConfigError, TrainConfig, parse_train_config
+from training.evaluate import load_with_splits
 from training.evaluate import main as eval_main
+from training.head_statistics import accumulate_input_statistics
 from training.train import fit
 from training.train import main as train_main
 
@@ -166,6 +168,20 @@ def test_two_cpu_processes_with_gloo_end_with_identical_weights(tiny_fashion_mni
     assert any(not torch.equal(initial[k], ranks[0][k]) for k in initial)  # it did train
     metrics = (out / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 2
+    # Sigma recalibrated over both ranks' shares of the 160 training images, not rank 0's
+    assert load_checkpoint(out / "best.pt")["recalibration"]["images"] == 160
+    model, _, splits = load_with_splits(out / "best.pt")
+    sigma = model.head.running_cov.clone()
+    assert torch.equal(ranks[0]["head.running_cov"], sigma)
+
+    def estimate(indices: range) -> torch.Tensor:
+        images = torch.stack([splits.train_eval[i][0] for i in indices])
+        with torch.no_grad():
+            accumulate_input_statistics(model.head, [model.forward_features(images)])
+        return model.head.running_cov.clone()
+
+    torch.testing.assert_close(estimate(range(160)), sigma, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(estimate(range(0, 160, 2)), sigma, rtol=1e-3, atol=1e-4)
 
 
 def test_missing_pretrained_weights_are_a_user_error(tiny_fashion_mnist, tmp_path, capsys):

@@ -207,15 +207,24 @@ class ImageList(Dataset):
             image = img.convert(self.mode)
         return (self.transform(image) if self.transform else image), label
 
+    def with_transform(self, transform: Callable[[Image.Image], Any] | None) -> ImageList:
+        """The same images and labels behind another transform."""
+        return ImageList(self.samples, self.classes, transform, self.mode)
+
 
 @dataclass(frozen=True)
 class Splits:
-    """A dataset's train / validation / test splits (already transformed) and its class names."""
+    """A dataset's train / validation / test splits (already transformed) and its class names.
+
+    ``train_eval`` holds the training images with the evaluation transform (no augmentation): the
+    data for statistics of the trained model's inputs, such as SMSO's recalibrated ``Sigma``.
+    """
 
     train: Dataset
     val: Dataset
     test: Dataset
     classes: list[str]
+    train_eval: Dataset
 
 
 def image_splits(
@@ -228,9 +237,11 @@ def image_splits(
     """RGB ``ImageList`` splits: train with the preset's training transform, val and test with
     its evaluation transform."""
     train_tf, eval_tf = preset.train_transform(), preset.eval_transform()
+    train_images = ImageList(train, classes, train_tf)
     return Splits(
-        train=ImageList(train, classes, train_tf),
+        train=train_images,
         val=ImageList(val, classes, eval_tf),
         test=ImageList(test, classes, eval_tf),
         classes=list(classes),
+        train_eval=train_images.with_transform(eval_tf),
     )

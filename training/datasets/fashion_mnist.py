@@ -11,6 +11,7 @@ seeded permutation; the 10,000 test images are only for the reported accuracy.
 
 from __future__ import annotations
 
+import copy
 import gzip
 from collections.abc import Callable
 from pathlib import Path
@@ -111,6 +112,12 @@ class TensorImages(Dataset):
         image = self.images[index][None]  # (1, H, W)
         return (self.transform(image) if self.transform else image), int(self.labels[index])
 
+    def with_transform(self, transform: Callable[[Tensor], Any] | None) -> TensorImages:
+        """The same images and labels (shared, not copied) behind another transform."""
+        other = copy.copy(self)
+        other.transform = transform
+        return other
+
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, int]]:
         """A batch at once (the data loader's fast path): one batched transform when it has one."""
         batch_fn = getattr(self.transform, "batch", None)
@@ -148,9 +155,11 @@ def fashion_mnist(
     order = np.random.default_rng(seed).permutation(len(labels))
     val_idx, train_idx = np.sort(order[:val_size]), np.sort(order[val_size:])
     test_images, test_labels = load_arrays(root, "test")
+    train = TensorImages(images[train_idx], labels[train_idx], CLASSES, train_transform)
     return Splits(
-        train=TensorImages(images[train_idx], labels[train_idx], CLASSES, train_transform),
+        train=train,
         val=TensorImages(images[val_idx], labels[val_idx], CLASSES, eval_transform),
         test=TensorImages(test_images, test_labels, CLASSES, eval_transform),
         classes=list(CLASSES),
+        train_eval=train.with_transform(eval_transform),
     )

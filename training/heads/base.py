@@ -44,6 +44,19 @@ class Head(nn.Module):
         """The head's computation on a float32 (or float64) feature map ``(B, c, h, w)``."""
         raise NotImplementedError
 
+    def input_statistics(self, x: Tensor) -> tuple[Tensor, int]:
+        """Float64 sums over a batch of inputs ``(B, c, h, w)`` and the number of terms they add.
+
+        ``set_input_statistics`` turns the sums over a whole dataset into the head's data-driven
+        state (``training.head_statistics`` runs the pass). Only heads whose ``HeadSpec`` declares
+        ``input_statistics`` implement the pair.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no statistics of its input")
+
+    def set_input_statistics(self, sums: Tensor, count: int) -> None:
+        """Set the head's data-driven state from ``input_statistics`` summed over a dataset."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no statistics of its input")
+
 
 def signed_sqrt_l2(z: Tensor, eps: float = 1e-8) -> Tensor:
     """BP's normalisation: ``y = sign(z) (sqrt(|z| + eps) - sqrt(eps))``, then ``y / ||y||_2``.

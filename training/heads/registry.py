@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -47,6 +47,9 @@ class HeadSpec:
     size_symbol: str | None = None  # how tables name the size its `dim` option sets ("p", "d")
     # copies its own layers from the backbone's pretrained state dict (VGG-D's fc6 and fc7)
     load_pretrained: Callable[[Any, Mapping[str, Tensor]], None] | None = None
+    # when smso-train sets the head's state from statistics of its input over the training
+    # images (Head.input_statistics): "after_training" re-estimates SMSO's Sigma
+    input_statistics: Literal["after_training"] | None = None
 
     def __post_init__(self) -> None:
         if self.scores_classes and not self.needs_num_classes:
@@ -86,6 +89,7 @@ HEADS: dict[str, HeadSpec] = {
         "SMSO pooling, p-d (option dim, default 2,048)",
         forms=FORMS,
         size_symbol="p",
+        input_statistics="after_training",
     ),
 }
 

@@ -18,6 +18,13 @@ updated like BatchNorm's running statistics: in training mode each batch moves i
 within-image covariance ``mean_b Y_b`` (exponential average with ``momentum``, or a cumulative
 average when ``momentum is None``); ``alpha`` is then computed from the updated buffer. In eval mode
 (and in an exported graph) the buffer is constant, so ``alpha`` is a constant per output.
+
+With ``momentum = 0.1`` the running average follows the last few dozen batches, so its error never
+settles: in eval mode each output's ``z'`` carries a constant offset (about 0.04 of its standard
+deviation on synthetic Gaussian features). After training, ``Sigma`` is therefore re-estimated
+as a cumulative average over the training images, like "precise BatchNorm"
+(``input_statistics`` / ``set_input_statistics``, run by ``training.recalibrate``); the exporter
+folds whatever ``running_cov`` holds.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from torch import Tensor, nn
 
 from training.chi2_transforms import TRANSFORMS, chi2_to_normal
 from training.heads.base import Head
-from training.second_order import at_least_float32, covariance
+from training.second_order import at_least_float32, check_feature_map, covariance
 
 __all__ = ["AFFINES", "FORMS", "SMSOPooling"]
 
@@ -177,6 +184,26 @@ class SMSOPooling(Head):
         b, c, n = xs.shape
         flat = xs.transpose(0, 1).reshape(c, b * n)  # (c, B n)
         return flat @ flat.T / (b * (n - 1))
+
+    @torch.no_grad()
+    def input_statistics(self, x: Tensor) -> tuple[Tensor, int]:
+        """``Sigma``'s sums over a batch: ``sum_b sum_i x~_i x~_i^T`` ``(c, c)`` in float64, and
+        ``sum_b (n - 1)``, the count that divides it (see ``set_input_statistics``)."""
+        check_feature_map(x, self.in_channels, type(self).__name__)
+        n = self._check_positions(x)
+        xs = x.detach().double().flatten(2)  # (B, c, n)
+        xs = xs - xs.mean(dim=-1, keepdim=True)
+        b, c, _ = xs.shape
+        flat = xs.transpose(0, 1).reshape(c, b * n)  # (c, B n)
+        return flat @ flat.T, b * (n - 1)
+
+    @torch.no_grad()
+    def set_input_statistics(self, sums: Tensor, count: int) -> None:
+        """``running_cov = sums / count``: the pooled within-image covariance as a cumulative
+        average over every image the sums cover, in place of the running average."""
+        if count < 1:
+            raise ValueError(f"Sigma needs at least one image with 2 positions, got count {count}")
+        self.running_cov.copy_((sums / count).to(self.running_cov.dtype))
 
     @torch.no_grad()
     def _update_running_cov(self, batch_cov: Tensor) -> None:

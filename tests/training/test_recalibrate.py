@@ -1,0 +1,192 @@
+"""Sigma re-estimated after training: z' is N(0, 1) in eval mode, in smso-train and for a checkpoint.
+
+The running average with the default ``momentum = 0.1`` leaves every output of ``z'`` a constant
+offset; the cumulative average over the training images (``training.recalibrate``) removes it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch import nn
+
+from export.graph import exportable
+from training.checkpoint import load_checkpoint, load_model
+from training.evaluate import load_with_splits
+from training.head_statistics import accumulate_input_statistics
+from training.heads import SMSOPooling
+from training.model import ModelConfig, build_model
+from training.recalibrate import main as recalibrate_main
+from training.recalibrate import recalibrate_checkpoint
+from training.train import fit
+
+from .test_train import tiny_config
+
+C, P, H = 8, 24, 14
+N = H * H
+
+
+def gaussian_features(seed: int):
+    """``draw(b)``: ``b`` images of ``x_i ~ N(0, Sigma)`` ``(b, C, H, H)``, and ``Sigma``."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(C, C, generator=gen, dtype=torch.float64)
+    sigma = a @ a.T / C + 0.5 * torch.eye(C, dtype=torch.float64)  # non-diagonal, SPD
+    chol = torch.linalg.cholesky(sigma).float()
+
+    def draw(b: int) -> torch.Tensor:
+        return (torch.randn(b, H, H, C, generator=gen) @ chol.T).permute(0, 3, 1, 2)
+
+    return draw, sigma
+
+
+@torch.no_grad()
+def pre_affine(layer: SMSOPooling, draw, images: int) -> np.ndarray:
+    """``z'`` in eval mode (before gamma and beta) of ``images`` fresh images, ``(images, P)``."""
+    layer.eval()
+    return np.concatenate(
+        [layer.standardize(layer.vectorize(draw(2000)), N).numpy() for _ in range(images // 2000)]
+    )
+
+
+def ks_pvalues(z: np.ndarray, chunk: int = 5000) -> np.ndarray:
+    """KS p-values against N(0, 1), per dimension and per chunk of ``chunk`` images.
+
+    Chunks of 5,000: with more images KS starts to detect the square root's own small skewness
+    (Wilson-Hilferty is an approximation), which Sigma cannot remove.
+    """
+    return np.array([
+        stats.kstest(z[start : start + chunk, j], "norm").pvalue
+        for start in range(0, len(z), chunk)
+        for j in range(z.shape[1])
+    ])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[SMSOPooling, torch.Tensor, object]:
+    """An SMSO layer trained 100 steps with the default momentum on Gaussian features."""
+    draw, sigma = gaussian_features(1234)
+    torch.manual_seed(0)
+    layer = SMSOPooling(C, P)
+    assert layer.momentum == 0.1
+    readout = nn.Linear(P, 4)
+    optimizer = torch.optim.SGD([*layer.parameters(), *readout.parameters()], lr=0.05)
+    for _ in range(100):
+        labels = torch.randint(4, (64,))
+        loss = nn.functional.cross_entropy(readout(layer(draw(64))), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return layer.eval(), sigma, draw
+
+
+def test_recalibrated_sigma_makes_z_prime_standard_normal_per_dimension(trained) -> None:
+    layer, sigma, draw = trained
+    before = pre_affine(layer, draw, 100_000)
+    images = accumulate_input_statistics(layer, (draw(2000) for _ in range(50)))
+    assert images == 100_000
+    err = (layer.running_cov.double() - sigma).abs().max() / sigma.abs().max()
+    assert err < 2e-3
+    after = pre_affine(layer, draw, 100_000)
+
+    # the running average's offsets, which the test must be able to see
+    assert np.abs(before.mean(0)).max() > 0.05
+    assert (ks_pvalues(before) < 0.01).mean() > 0.2
+    # after: every dimension centred and scaled, KS p-values not piled up below 0.01
+    assert np.abs(after.mean(0)).max() < 0.02
+    assert np.abs(after.std(0) - 1).max() < 0.05
+    pvalues = ks_pvalues(after)  # 20 chunks x 24 dimensions
+    assert (pvalues < 0.01).mean() < 0.03  # 0.01 expected
+    assert stats.kstest(pvalues, "uniform").pvalue > 0.001  # p-values roughly uniform
+
+
+def test_the_exporter_folds_the_recalibrated_sigma(trained) -> None:
+    layer, _, draw = trained
+    accumulate_input_statistics(layer, (draw(500) for _ in range(4)))
+    w, sigma = layer.weight.detach().double(), layer.running_cov.double()
+    folded = exportable_head(layer).inv_variance.double()
+    torch.testing.assert_close(folded, 1 / ((w @ sigma) * w).sum(1), rtol=1e-5, atol=0)
+
+
+def exportable_head(layer: SMSOPooling) -> nn.Module:
+    """The folded head of an export module around ``layer``."""
+    config = ModelConfig(3, backbone="small_cnn", head="smso", head_options={"dim": P},
+                         reduce_dim=C)  # fmt: skip
+    model = build_model(config)
+    model.head.load_state_dict(layer.state_dict())
+    return exportable(model).head
+
+
+def test_input_statistics_need_an_image() -> None:
+    with pytest.raises(ValueError, match="no images to estimate"):
+        accumulate_input_statistics(SMSOPooling(C, P), [])
+
+
+# --- smso-train and smso-recalibrate -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run(tiny_fashion_mnist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("recal") / "run"
+    fit(tiny_config(tiny_fashion_mnist, out, epochs=1))
+    return out
+
+
+def test_smso_train_recalibrates_best_pt_over_the_training_images(run: Path) -> None:
+    payload = load_checkpoint(run / "best.pt")
+    report = payload["recalibration"]
+    assert report["images"] == 160  # 200 training images less 40 held out for validation
+    assert (report["split"], report["transform"]) == ("train", "eval")
+    assert json.loads((run / "test.json").read_text())["recalibration"] == report
+    assert "recalibration" not in load_checkpoint(run / "last.pt")  # kept for --resume as it was
+    # best.pt's Sigma is the cumulative average over those images, recomputed here
+    model, _ = load_model(run / "best.pt")
+    expected = model.head.running_cov.clone()
+    _, _, splits = load_with_splits(run / "best.pt")
+    with torch.no_grad():
+        features = [model.forward_features(x[None]) for x, _ in splits.train_eval]
+    accumulate_input_statistics(model.head, features)
+    torch.testing.assert_close(model.head.running_cov, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_no_recalibrate_keeps_the_running_sigma(tiny_fashion_mnist: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    fit(tiny_config(tiny_fashion_mnist, out, epochs=1, recalibrate=False))
+    best, last = load_checkpoint(out / "best.pt"), load_checkpoint(out / "last.pt")
+    assert "recalibration" not in best
+    assert torch.equal(
+        best["model_state"]["head.running_cov"], last["model_state"]["head.running_cov"]
+    )
+
+
+def test_smso_recalibrate_writes_a_recalibrated_copy(run: Path, tmp_path: Path, capsys) -> None:
+    source = tmp_path / "model.pt"
+    payload = load_checkpoint(run / "best.pt")
+    torch.save({k: v for k, v in payload.items() if k != "recalibration"}, source)
+    before = source.read_bytes()
+    copy = tmp_path / "recalibrated.pt"
+    assert recalibrate_main([str(source), "-o", str(copy), "--workers", "0"]) == 0
+    assert "Sigma from 160 training images" in capsys.readouterr().out
+    assert source.read_bytes() == before  # the source is untouched
+    written = load_checkpoint(copy)
+    assert written["recalibration"]["images"] == 160
+    assert written["train_config"] == payload["train_config"]
+    torch.testing.assert_close(
+        written["model_state"]["head.running_cov"], payload["model_state"]["head.running_cov"]
+    )  # the same estimate smso-train made
+
+
+def test_smso_recalibrate_refuses_a_head_without_sigma(
+    tiny_fashion_mnist: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "gap"
+    fit(tiny_config(tiny_fashion_mnist, out, epochs=1, head="gap", head_options={}))
+    assert "recalibration" not in load_checkpoint(out / "best.pt")
+    with pytest.raises(ValueError, match="has no statistics to re-estimate"):
+        recalibrate_checkpoint(out / "best.pt", workers=0)
+    assert recalibrate_main([str(out / "best.pt")]) == 2
+    assert "smso-recalibrate: error:" in capsys.readouterr().err
