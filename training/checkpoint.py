@@ -22,8 +22,8 @@ import torch
 from training.model import ModelConfig, SecondOrderNet
 
 __all__ = [
-    "CheckpointError", "load_checkpoint", "load_model", "resave_checkpoint", "save_checkpoint",
-    "write_atomically",
+    "CheckpointError", "load_backbone", "load_checkpoint", "load_model", "resave_checkpoint",
+    "save_checkpoint", "write_atomically",
 ]  # fmt: skip
 
 FORMAT = "smso-checkpoint"
@@ -126,3 +126,30 @@ def load_model(
             f"{path}: weights do not match the model its config describes: {' '.join(first[:3])}"
         ) from exc
     return model.to(map_location).eval(), payload
+
+
+def load_backbone(model: SecondOrderNet, path: str | os.PathLike[str]) -> None:
+    """Start ``model``'s backbone from the backbone of the checkpoint at ``path``, a run with the
+    same backbone and any head (the paper starts LRBP from BP's fine-tuned weights).
+
+    Only ``backbone.*`` weights are copied; ``CheckpointError`` when they do not fit.
+    """
+    payload = load_checkpoint(path)
+    source = payload["model_config"].get("backbone")
+    if source != model.config.backbone:
+        raise CheckpointError(
+            f"{path} holds a {source!r} backbone, this model has {model.config.backbone!r}"
+        )
+    prefix = "backbone."
+    state = {
+        key.removeprefix(prefix): value
+        for key, value in payload["model_state"].items()
+        if key.startswith(prefix)
+    }
+    try:
+        model.backbone.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()
+        raise CheckpointError(
+            f"{path}: its backbone weights do not fit this model's: {' '.join(first[:3])}"
+        ) from exc

@@ -51,6 +51,7 @@ class TrainConfig:
     head_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"dim": 64}
     reduce_dim: int | str | None = "paper"  # 1x1 conv width; "paper": 512 BP/DeepO2P/CBP, 256 else
     pretrained: str | None = None  # "imagenet", a weights file, or None (random init)
+    init_from: str | None = None  # a checkpoint whose backbone starts the run (LRBP from BP's)
     # optimisation (the paper: SGD with momentum, lr / 10 after 8 epochs without a better val loss)
     epochs: int = 30
     batch_size: int = 32  # per process

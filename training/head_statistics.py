@@ -1,6 +1,7 @@
 """Head state from statistics of the head's input over a dataset, in one pass.
 
-Some heads set part of their state from data rather than by gradient descent: SMSO's ``Sigma``
+Some heads set part of their state from data rather than by gradient descent: LRBP's projection
+(the top eigenvectors of the features' Gram matrix, before training) and SMSO's ``Sigma``
 (re-estimated after training, ``training.recalibrate``). Such a head implements
 ``Head.input_statistics`` (float64 sums over a batch and the number of terms they add) and
 ``Head.set_input_statistics``, and its ``HeadSpec`` says when smso-train runs the pass.

@@ -4,9 +4,10 @@ A run folder holds ``config.json`` (the resolved settings), ``metrics.jsonl`` (a
 ``last.pt`` (written every epoch, for ``--resume``), ``best.pt`` (best validation accuracy) and, at
 the end, ``test.json`` (the best checkpoint's test accuracy and confusion matrix).
 
-When the run has finished, heads that set state from statistics of their input after training
-(SMSO's ``Sigma``) have it re-estimated in ``best.pt`` over the training images before the test
-(``training.recalibrate``; ``--no-recalibrate`` skips it).
+Heads that set state from statistics of their input over the training images get it before the
+first epoch (LRBP's projection) or, when the run has finished, in ``best.pt`` before the test
+(SMSO's ``Sigma``, ``training.recalibrate``; ``--no-recalibrate`` skips it). ``--init-from`` starts
+the backbone from another run's checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from training.checkpoint import (
     CheckpointError,
+    load_backbone,
     load_checkpoint,
     resave_checkpoint,
     save_checkpoint,
@@ -39,6 +41,7 @@ from training.cli import run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import PRESETS, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
+from training.head_statistics import fit_input_statistics
 from training.heads import head_spec
 from training.model import SecondOrderNet, build_model
 from training.recalibrate import recalibrate
@@ -173,6 +176,18 @@ class _Run:
         self.start_epoch = 1
         self.best_accuracy = -1.0
 
+    def start(self) -> None:
+        """What a new run does before its first epoch: its backbone from ``init_from`` (the
+        paper's warm start of LRBP from BP), then the head statistics its spec sets before
+        training (LRBP's projection from the Gram matrix of the training features)."""
+        if self.cfg.init_from is not None:
+            load_backbone(self.model, self.cfg.init_from)
+            log.info("backbone weights from %s", self.cfg.init_from)
+        if head_spec(self.cfg.head).input_statistics == "before_training":
+            loader = _eval_loader(self.splits.train_eval, self.cfg, self.runtime)
+            images = fit_input_statistics(self.model, loader, self.runtime)
+            log.info("head statistics from %d training images", images)
+
     def resume(self) -> None:
         payload = load_checkpoint(self.out / "last.pt", map_location=str(self.runtime.device))
         if payload.get("model_config") != self.model.config.to_dict():
@@ -231,6 +246,8 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
         run.resume()
     elif (out / "last.pt").exists():
         raise ConfigError(f"{out} already holds a run; pass --resume or choose another --out")
+    else:
+        run.start()
     metrics_path = out / "metrics.jsonl"
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)

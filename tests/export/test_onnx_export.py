@@ -128,8 +128,9 @@ def test_the_file_passes_the_full_onnx_check(exported):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("head", "options"),
-    [("gap", {}), ("bp", {}), ("mpn", {}), ("cbp_ts", {"dim": 32}), ("cbp_rm", {"dim": 32}),
-     ("lrbp", {"projection_dim": 4}), ("smso", {"dim": 6, "transform": "log"})],
+    [("gap", {}), ("bp", {}), ("bp", {"vectorize": "triu"}), ("mpn", {}), ("cbp_ts", {"dim": 32}),
+     ("cbp_rm", {"dim": 32}), ("lrbp", {"projection_dim": 4}), ("flatten", {}),
+     ("smso", {"dim": 6, "transform": "log"})],
 )  # fmt: skip
 def test_every_head_onnx_can_express_exports_with_parity(head, options, tmp_path):
     config = ModelConfig(10, backbone="small_cnn", head=head, head_options=options, reduce_dim=8)

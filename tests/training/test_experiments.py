@@ -9,6 +9,7 @@ import pytest
 
 from tests.training.test_datasets import make_dtd, make_minc
 from training import figures
+from training.config import ConfigError
 from training.experiments import TABLES, main, report, row_config, run_row
 from training.figures import fig2_from_checkpoint
 
@@ -44,9 +45,17 @@ def test_every_table1_row_runs_and_is_reported(table1: Path) -> None:
     assert "| 69.26 |" in table  # the paper's number beside the measured one
 
 
-def test_lrbp_row_trains_with_the_hinge_loss(table1: Path) -> None:
+def test_lrbp_row_is_run_as_the_paper_ran_it(table1: Path) -> None:
     config = json.loads((table1 / "dtd-lrbp" / "config.json").read_text())
     assert config["loss"] == "hinge"
+    assert config["init_from"] == str(table1 / "dtd-bp" / "best.pt")  # from BP's weights
+    assert config["reduce_dim"] is None  # P projects conv5_3 itself
+    assert config["head_options"] == {"sqrt_scale": 2e5}
+
+
+def test_lrbp_row_without_its_bp_row_says_what_to_run(dtd_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="run `smso-experiment run table1 bp` with the same"):
+        run_row("table1", "lrbp", "dtd", tmp_path, scratch=True, data_root=str(dtd_root), **SMOKE)
 
 
 def test_fig3_draws_loss_curves(table1: Path, tmp_path: Path) -> None:
@@ -80,12 +89,21 @@ def test_table2_table3_and_fig4_run(
     out = tmp_path / "runs"
     common = {"scratch": True, "data_root": str(minc), **SMOKE}
     run_row("table2", "smso-64", "minc2500", out, image_size=64, **common)  # ResNet-50
+    run_row("table2", "bp", "minc2500", out, image_size=64, **common)
+    run_row("table3", "flatten", "minc2500", out, image_size=32, **common)
     run_row("table3", "log-both", "minc2500", out, image_size=32, **common)
     for name in ("p-16", "p-32"):
         run_row("fig4", name, "minc2500", out, image_size=32, **common)
     figures.fig4(out / "results.jsonl", tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 10_000
     assert "| PV, log transform, affine both | minc2500 | 2,048 |" in report("table3", out)
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    dims = {(line["table"], line["row"]): line["feature_dim"] for line in lines}
+    assert dims[("table2", "bp")] == 32_896  # the paper's BP on ResNet-50: c = 256, triangle
+    assert dims[("table3", "flatten")] == 65_536  # the covariance at c = 256, no PV
+    assert "| Flatten (Wishart), no transform, no normalisation | minc2500 | 65,536 |" in report(
+        "table3", out
+    )
     cfg = json.loads((out / "minc2500-log-both" / "config.json").read_text())
     assert cfg["head_options"] == {"dim": 2048, "transform": "log", "affine": "both"}
 

@@ -18,12 +18,13 @@ from training.second_order import covariance
 PAPER_SETTINGS: dict[str, list[tuple[int, dict[str, Any], int]]] = {
     "gap": [(2048, {}, 2048)],
     "vgg_fc": [(512, {}, 4096)],
-    "bp": [(512, {}, 262_144)],
+    "bp": [(512, {}, 262_144), (256, {"vectorize": "triu"}, 32_896)],  # Table 1, Table 2
     "deepo2p": [(512, {}, 262_144)],
     "mpn": [(256, {}, 32_896)],
     "cbp_ts": [(512, {}, 8192)],
     "cbp_rm": [(512, {}, 8192)],
-    "lrbp": [(256, {"num_classes": 67}, 67)],
+    "lrbp": [(512, {"num_classes": 67}, 67)],
+    "flatten": [(256, {}, 65_536), (256, {"vectorize": "triu"}, 32_896)],
     "smso": [(256, {"dim": 64}, 64), (256, {"dim": 2048}, 2048), (256, {}, 2048)],
 }
 
@@ -37,6 +38,7 @@ SMALL: dict[str, tuple[int, dict[str, Any]]] = {
     "cbp_ts": (4, {"dim": 16}),
     "cbp_rm": (4, {"dim": 16}),
     "lrbp": (4, {"num_classes": 3, "projection_dim": 3, "rank": 2}),
+    "flatten": (4, {}),
     "smso": (4, {"dim": 3}),
 }
 
@@ -71,7 +73,9 @@ def test_a_spec_that_scores_classes_must_take_their_number() -> None:
 
 
 def test_unknown_head_lists_the_valid_names() -> None:
-    with pytest.raises(UnknownHeadError, match="valid heads: bp, cbp_rm, cbp_ts, deepo2p, gap"):
+    with pytest.raises(
+        UnknownHeadError, match="valid heads: bp, cbp_rm, cbp_ts, deepo2p, flatten, gap"
+    ):
         create_head("nope", 8)
 
 
@@ -141,6 +145,25 @@ def test_bp_matches_formula() -> None:
     gram = np.einsum("bni,bnj->bij", pos, pos) / pos.shape[1]
     ref = _bp_normalise(gram.reshape(2, -1))
     np.testing.assert_allclose(create_head("bp", 5)(x).numpy(), ref, atol=1e-6)
+
+
+def test_bp_upper_triangle_is_the_same_numbers_once_each() -> None:
+    x = torch.randn(2, 5, 3, 4)
+    pos = _positions(x)
+    gram = np.einsum("bni,bnj->bij", pos, pos) / pos.shape[1]
+    rows, cols = np.triu_indices(5)
+    ref = _bp_normalise(gram[:, rows, cols])
+    np.testing.assert_allclose(create_head("bp", 5, vectorize="triu")(x).numpy(), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("vectorize", ["full", "triu"])
+def test_flatten_is_the_covariance_vectorised(vectorize: str) -> None:
+    x = torch.randn(2, 6, 3, 5)
+    covs = np.stack([np.cov(img.T) for img in _positions(x)])  # Eq. 1: mean removed, n - 1
+    rows, cols = np.triu_indices(6)
+    ref = covs.reshape(2, -1) if vectorize == "full" else covs[:, rows, cols]
+    out = create_head("flatten", 6, vectorize=vectorize)(x).numpy()
+    np.testing.assert_allclose(out, ref, atol=1e-6)
 
 
 def test_deepo2p_matches_scipy_logm() -> None:
@@ -264,6 +287,20 @@ def test_lrbp_matches_formula_and_scores_classes() -> None:
     np.testing.assert_allclose(head(x).detach().numpy(), ref, atol=1e-5)
 
 
+def test_lrbp_scaled_square_root_comes_first() -> None:
+    """Kong & Fowlkes' ``sign(x) sqrt(|x| / s)`` on the features, then the same classifier."""
+    options = {"num_classes": 4, "projection_dim": 5, "rank": 4}
+    plain = create_head("lrbp", 6, **options)
+    rooted = create_head("lrbp", 6, **options, sqrt_scale=2e5, eps=0.0)
+    rooted.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 6, 3, 3) * 100
+    expected = plain(torch.sign(x) * torch.sqrt(x.abs() / 2e5))
+    torch.testing.assert_close(rooted(x), expected)
+    blank = torch.zeros(2, 6, 3, 3, requires_grad=True)  # with its eps the root has a gradient
+    create_head("lrbp", 6, num_classes=4, sqrt_scale=2e5, projection_dim=5)(blank).sum().backward()
+    assert torch.isfinite(blank.grad).all()
+
+
 def test_lrbp_projection_from_gram_svd() -> None:
     head = create_head("lrbp", 6, num_classes=3, projection_dim=2)
     feats = torch.randn(10, 6, 4, 4) * torch.tensor([5.0, 1, 1, 1, 3, 1])[None, :, None, None]
@@ -279,6 +316,8 @@ def test_lrbp_projection_from_gram_svd() -> None:
         ("lrbp", {"num_classes": 3, "projection_dim": 99}, "projection_dim must be in"),
         ("mpn", {"iterations": 0}, "iterations must be >= 1"),
         ("deepo2p", {"eps": 0.0}, "eps must be > 0"),
+        ("lrbp", {"num_classes": 3, "projection_dim": 4, "sqrt_scale": 0.0}, "sqrt_scale must be"),
+        ("bp", {"vectorize": "lower"}, "valid values: full, triu"),
     ],
 )
 def test_bad_head_options_are_named(name: str, options: dict, message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -12,11 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import CheckpointError, load_checkpoint, load_model
+from training.checkpoint import (
+    CheckpointError,
+    load_backbone,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.evaluate import load_with_splits
 from training.evaluate import main as eval_main
 from training.head_statistics import accumulate_input_statistics
+from training.model import ModelConfig, build_model
 from training.train import fit
 from training.train import main as train_main
 
@@ -191,3 +199,63 @@ def test_missing_pretrained_weights_are_a_user_error(tiny_fashion_mnist, tmp_pat
     assert "pretrained weights file /nonexistent/resnet18.pth does not exist" in (
         capsys.readouterr().err
     )
+
+
+def test_lrbp_starts_from_the_gram_matrix_of_the_training_features(tiny_fashion_mnist, tmp_path):
+    """Kong & Fowlkes' initialisation: P spans the top eigenvectors of the features' Gram matrix
+    over the training images, computed before the first epoch (lr ~ 0 keeps it there)."""
+    options = {"projection_dim": 3, "rank": 2}
+    cfg = tiny_config(
+        tiny_fashion_mnist,
+        tmp_path / "run",
+        epochs=1,
+        lr=1e-12,
+        head="lrbp",
+        head_options=options,
+        eval_test=False,
+    )
+    projection = fit(cfg).model.head.projection.detach().double()  # (m, c)
+    torch.manual_seed(cfg.seed)  # the model fit built, before its first epoch
+    fresh = build_model(cfg.model_config(10, 1)).eval()
+    _, _, splits = load_with_splits(tmp_path / "run" / "best.pt")
+    images = torch.stack([image for image, _ in splits.train_eval])
+    with torch.no_grad():
+        x = fresh.forward_features(images).double().flatten(2)  # (N, c, n)
+    gram = torch.einsum("bcn,bdn->cd", x, x)
+    top = torch.linalg.eigh(gram).eigenvectors[:, -3:]  # (c, m)
+    torch.testing.assert_close(projection @ projection.T, torch.eye(3, dtype=torch.float64))
+    torch.testing.assert_close(projection.T @ projection, top @ top.T, atol=1e-4, rtol=0)
+
+
+def test_init_from_starts_the_backbone_from_another_run(tmp_path):
+    source = build_model(ModelConfig(10, backbone="small_cnn", head="bp", reduce_dim=8))
+    path = save_checkpoint(tmp_path / "bp.pt", source)
+    lrbp = ModelConfig(10, "small_cnn", "lrbp", {"projection_dim": 4}, reduce_dim=None)
+    target = build_model(lrbp)
+    head_before = copy.deepcopy(target.head.state_dict())
+    load_backbone(target, path)
+    for key, value in source.backbone.state_dict().items():
+        assert torch.equal(target.backbone.state_dict()[key], value), key
+    for key, value in head_before.items():
+        assert torch.equal(target.head.state_dict()[key], value), key
+    other = build_model(ModelConfig(10, backbone="resnet18", head="gap", reduce_dim=None))
+    with pytest.raises(CheckpointError, match="holds a 'small_cnn' backbone, this model has"):
+        load_backbone(other, path)
+
+
+def test_a_run_with_init_from_trains_from_those_weights(tiny_fashion_mnist, tmp_path):
+    fit(tiny_config(tiny_fashion_mnist, tmp_path / "bp", epochs=1, head="bp", head_options={}))
+    bp_best = str(tmp_path / "bp" / "best.pt")
+    cfg = tiny_config(
+        tiny_fashion_mnist,
+        tmp_path / "lrbp",
+        epochs=1,
+        head="lrbp",
+        head_options={"projection_dim": 4},
+        init_from=bp_best,
+    )
+    result = fit(cfg)
+    assert json.loads((tmp_path / "lrbp" / "config.json").read_text())["init_from"].endswith(
+        "bp/best.pt"
+    )
+    assert result.test is not None

@@ -1,4 +1,5 @@
-"""What every pooling head shares: input checks, float32 compute, BP's normalisation."""
+"""What every pooling head shares: input checks, float32 compute, vectorising a symmetric matrix,
+BP's normalisation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from torch import Tensor, nn
 
 from training.second_order import at_least_float32, check_feature_map
 
-__all__ = ["Head", "signed_sqrt_l2"]
+__all__ = ["VECTORIZATIONS", "Head", "SymmetricVectorizer", "signed_sqrt_l2"]
+
+#: How a head turns a symmetric ``c x c`` matrix into a vector: every entry (``c^2``, BP's
+#: 262,144-d at c = 512) or the upper triangle with the diagonal (``c(c+1)/2``, 32,896-d at
+#: c = 256), which holds the same numbers once each.
+VECTORIZATIONS: tuple[str, ...] = ("full", "triu")
 
 
 class Head(nn.Module):
@@ -56,6 +62,29 @@ class Head(nn.Module):
     def set_input_statistics(self, sums: Tensor, count: int) -> None:
         """Set the head's data-driven state from ``input_statistics`` summed over a dataset."""
         raise NotImplementedError(f"{type(self).__name__} keeps no statistics of its input")
+
+
+class SymmetricVectorizer(nn.Module):
+    """``(B, c, c)`` symmetric -> ``(B, c^2)`` (``"full"``) or ``(B, c(c+1)/2)`` (``"triu"``,
+    row by row, diagonal included). No state in the state dict: the index is rebuilt from ``c``.
+    """
+
+    def __init__(self, channels: int, vectorize: str = "full") -> None:
+        super().__init__()
+        if vectorize not in VECTORIZATIONS:
+            raise ValueError(
+                f"unknown vectorize {vectorize!r}; valid values: {', '.join(VECTORIZATIONS)}"
+            )
+        self.vectorize = vectorize
+        full = vectorize == "full"
+        self.output_dim = channels * channels if full else channels * (channels + 1) // 2
+        rows, cols = torch.triu_indices(channels, channels)
+        index = None if full else rows * channels + cols
+        self.register_buffer("index", index, persistent=False)
+
+    def forward(self, y: Tensor) -> Tensor:
+        flat = y.flatten(1)  # (B, c^2)
+        return flat if self.index is None else flat[:, self.index]
 
 
 def signed_sqrt_l2(z: Tensor, eps: float = 1e-8) -> Tensor:

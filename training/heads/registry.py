@@ -18,6 +18,7 @@ from training.heads.bilinear import BilinearPooling
 from training.heads.compact_bilinear import RandomMaclaurin, TensorSketch
 from training.heads.deepo2p import DeepO2P
 from training.heads.first_order import GlobalAvgPool
+from training.heads.flatten import CovarianceFlatten
 from training.heads.lrbp import LowRankBilinear
 from training.heads.mpn import MPNCOV
 from training.heads.smso import FORMS, SMSOPooling
@@ -48,8 +49,9 @@ class HeadSpec:
     # copies its own layers from the backbone's pretrained state dict (VGG-D's fc6 and fc7)
     load_pretrained: Callable[[Any, Mapping[str, Tensor]], None] | None = None
     # when smso-train sets the head's state from statistics of its input over the training
-    # images (Head.input_statistics): "after_training" re-estimates SMSO's Sigma
-    input_statistics: Literal["after_training"] | None = None
+    # images (Head.input_statistics): "before_training" (LRBP's projection from the Gram
+    # matrix), "after_training" (SMSO's Sigma re-estimated)
+    input_statistics: Literal["before_training", "after_training"] | None = None
 
     def __post_init__(self) -> None:
         if self.scores_classes and not self.needs_num_classes:
@@ -66,7 +68,9 @@ HEADS: dict[str, HeadSpec] = {
         "first-order VGG-D: pool5, fc6, fc7, 4,096-d",
         load_pretrained=VGGClassifierHead.load_torchvision_classifier,
     ),
-    "bp": HeadSpec(BilinearPooling, 512, "bilinear pooling + signed sqrt + l2, c^2-d"),
+    "bp": HeadSpec(
+        BilinearPooling, 512, "bilinear pooling + signed sqrt + l2, c^2-d (triu: c(c+1)/2-d)"
+    ),
     "deepo2p": HeadSpec(DeepO2P, 512, "matrix logarithm of the covariance, c^2-d"),
     "mpn": HeadSpec(MPNCOV, 256, "iSQRT-COV matrix square root, c(c+1)/2-d"),
     "cbp_ts": HeadSpec(
@@ -77,11 +81,15 @@ HEADS: dict[str, HeadSpec] = {
     ),
     "lrbp": HeadSpec(
         LowRankBilinear,
-        256,
+        None,  # Kong & Fowlkes project conv5_3 itself: P is LRBP's own reduction
         "low-rank bilinear classifier, K-d (scores the K classes)",
         needs_num_classes=True,
         scores_classes=True,
         loss="hinge",
+        input_statistics="before_training",
+    ),
+    "flatten": HeadSpec(
+        CovarianceFlatten, 256, "covariance flattened, no PV or normalisation (Table 3), c^2-d"
     ),
     "smso": HeadSpec(
         SMSOPooling,
