@@ -46,7 +46,7 @@ preprocessings, the shipped model's (its model card: grey, 28 px) and an ImageNe
   process pool with ``s`` = the parent's GIL time (py-spy; else its CPU time) per image over a
   worker's time per image.
 
-    python bench/decode.py                  # both preprocessings (about two minutes on 2 cores)
+    python bench/decode.py                  # both preprocessings (about a minute on 2 cores)
     python bench/decode.py --quick          # fewer images, rounds and samples (a smoke test)
 
 Prints markdown tables and writes ``bench/results/decode.json`` (``--json PATH``).
@@ -585,6 +585,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    load = os.getloadavg()[0]
     spy = None if args.no_py_spy else PySpy.find()
     files = jpegs(20)
     cases = [("shipped model (L, resize 28, crop 28)", shipped_preprocessing()),
@@ -598,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print_calibration(report["calibration"])
     for result in report["cases"]:
         print_case(result)
+    report["load_average_before_after"] = [load, os.getloadavg()[0]]  # neighbours' CPU use
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     return report
