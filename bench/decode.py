@@ -31,7 +31,7 @@ preprocessings, the shipped model's (its model card: grey, 28 px) and an ImageNe
      the process from outside at 1 kHz, once recording every sample and once only those in
      which a thread holds the GIL (``--gil``, read from the interpreter's own GIL state), so
      the ratio is the GIL-held fraction without disturbing the GIL; the stacks give it per step.
-     On the synthetic workload it reads the known fraction within a few percent.
+     On the synthetic workload it reads the known fraction within a few percentage points.
 
 * **throughput**: a ``ThreadPoolExecutor`` of 1 and 2 workers and a ``ProcessPoolExecutor``
   (spawned workers, warmed up) of 1 and 2 workers, each given the JPEG bytes one task per
