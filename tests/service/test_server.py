@@ -4,11 +4,13 @@ refuses bad settings in one line."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,27 @@ from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 from .conftest import free_port, png, wait_http_ready, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def real_server(model: str, *args: str, env: dict[str, str] | None = None
+                ) -> Iterator[tuple[str, subprocess.Popen[str]]]:  # fmt: skip
+    """``smso-serve`` on a free port, ready: ``(base URL, process)``; killed if still running."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port), *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
+        yield base, server
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 def test_the_shipped_model_classifies_real_fashion_mnist_images(shipped_model):
@@ -42,15 +65,8 @@ def test_the_shipped_model_classifies_real_fashion_mnist_images(shipped_model):
 
 @pytest.mark.slow
 def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
-    port = free_port()
     env = os.environ | {"SMSO_MAX_WAIT_MS": "1000", "SMSO_MAX_BATCH_SIZE": "8"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "--model-path", shipped_model, "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
+    with real_server(shipped_model, env=env) as (base, server):
         image = png(np.full((28, 28), 128, np.uint8))
 
         def post(i: int) -> int:
@@ -70,12 +86,6 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
         assert statuses == [200] * 6  # none lost
         # uvicorn exits by re-raising the signal once it has shut down gracefully
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
 
 
 @pytest.mark.parametrize(
@@ -115,15 +125,7 @@ def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
 def test_several_workers_share_the_port_and_their_metrics(shipped_model):
     """--workers 2: two processes answer on one port, /metrics counts the requests of both,
     SIGTERM stops them all."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "--model-path", shipped_model, "--port", str(port),
-         "--workers", "2", "--log-level", "warning"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
+    with real_server(shipped_model, "--workers", "2", "--log-level", "warning") as (base, server):
         image = png(np.full((28, 28), 128, np.uint8))
         # new connections are spread over the workers by the kernel: wait until ten fresh
         # connections in a row find a ready worker (each worker warms up on its own)
@@ -142,9 +144,3 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
         assert 'smso_images_total{route="/classify"} 20.0' in metrics
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
