@@ -7,12 +7,14 @@ quietly). An explicit list is used as given, after checking that this onnxruntim
 Options of the accelerated providers (:func:`provider_options`):
 
 * TensorRT: engines and the timing cache are kept in ``engine_cache_dir`` (a volume in a
-  container), so a restart loads the engines instead of building them for minutes; one
+  container; created with its parents before the session, :func:`prepare_engine_cache`), so a
+  restart loads the engines instead of building them for minutes; one
   optimisation profile covers batch 1 to ``max_batch`` at the model's input size (an engine per
   new shape otherwise); float16 kernels where ``trt_fp16``.
-* CUDA: ``enable_cuda_graph`` where ``cuda_graphs`` (the backend then runs through IO binding
-  with fixed buffers per batch-size bucket: see :mod:`service.runner`); cuDNN's exhaustive
-  algorithm search (once per input shape, during warm-up).
+* CUDA: ``enable_cuda_graph`` where ``cuda_graphs`` and CUDA leads the session (the backend
+  then runs through IO binding with fixed buffers per batch-size bucket: see
+  :mod:`service.runner`); cuDNN's exhaustive algorithm search (once per input shape, during
+  warm-up).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ __all__ = [
     "TENSORRT",
     "Accelerator",
     "ProviderSpec",
+    "check_providers",
     "choose_providers",
     "has_nvidia_gpu",
+    "prepare_engine_cache",
     "provider_options",
 ]
 
@@ -98,6 +102,43 @@ def provider_options(provider: str, accelerator: Accelerator | None, input_name:
     return {}
 
 
+def prepare_engine_cache(folder: Path | None) -> None:
+    """Create TensorRT's cache folder with its parents: onnxruntime's TensorRT provider creates
+    only the last folder of its path and fails the session where the parent is missing (as
+    ``~/.cache/smso`` is on a fresh machine). A ValueError saying what to change where the
+    folder cannot be made or written."""
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        problem = f"cannot be created ({error.strerror or error})"
+    else:
+        if os.access(folder, os.W_OK | os.X_OK):
+            return
+        problem = "is not writable"
+    raise ValueError(
+        f"the TensorRT engine cache folder {folder} {problem}; set engine_cache_dir "
+        "(--engine-cache-dir, SMSO_ENGINE_CACHE_DIR) to a writable folder"
+    )
+
+
+def check_providers(spec: str) -> list[str]:
+    """The providers an explicit ``spec`` names, each one this onnxruntime has (a ValueError
+    listing the available ones otherwise); ``[]`` for ``"auto"``."""
+    if spec == "auto":
+        return []
+    available = ort.get_available_providers()
+    wanted = [p.strip() for p in spec.split(",") if p.strip()]
+    missing = [p for p in wanted if p not in available]
+    if missing:
+        raise ValueError(
+            f"execution providers {missing} are not available in this onnxruntime; "
+            f"available: {available}"
+        )
+    return wanted
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence file descriptors 1 and 2 (C++ logs and print()) for the duration."""
@@ -141,26 +182,37 @@ def choose_providers(
 ) -> tuple[ort.InferenceSession, list[str]]:
     """A session on the providers ``spec`` names (``"auto"`` or a comma-separated list), and
     the providers it really runs on."""
-    available = ort.get_available_providers()
 
     def with_options(names: list[str]) -> list[ProviderSpec]:
-        return [(name, provider_options(name, accelerator)) for name in names]
+        specs = []
+        for name in names:
+            options = provider_options(name, accelerator)
+            if name == CUDA and name != names[0]:
+                # onnxruntime refuses a session whose CUDA provider captures graphs unless every
+                # compute node runs on CUDA: behind TensorRT, CUDA takes what TensorRT cannot
+                options.pop("enable_cuda_graph", None)
+            specs.append((name, options))
+        return specs
 
+    cache = accelerator.engine_cache_dir if accelerator is not None else None
     if spec != "auto":
-        wanted = [p.strip() for p in spec.split(",") if p.strip()]
-        missing = [p for p in wanted if p not in available]
-        if missing:
-            raise ValueError(
-                f"execution providers {missing} are not available in this onnxruntime; "
-                f"available: {available}"
-            )
+        wanted = check_providers(spec)
+        if TENSORRT in wanted:
+            prepare_engine_cache(cache)
         session = _session(path, with_options(wanted), threads, spinning)
         return session, session.get_providers()
+    available = ort.get_available_providers()
     if not has_nvidia_gpu():  # a CUDA build of onnxruntime on a machine without a GPU
         available = [p for p in available if p not in ACCELERATED]
     for i, accelerated in enumerate(ACCELERATED):
         if accelerated not in available:
             continue
+        if accelerated == TENSORRT:
+            try:
+                prepare_engine_cache(cache)
+            except ValueError as error:
+                log.warning("%s is not used: %s", accelerated, error)
+                continue
         # TensorRT hands the nodes it cannot build to CUDA, then the CPU
         names = [p for p in ACCELERATED[i:] if p in available] + [CPU]
         try:

@@ -3,6 +3,8 @@ be created with (engine cache, optimisation profile, CUDA graphs), and the CPU f
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 
 import onnxruntime as ort
@@ -51,7 +53,13 @@ def test_option_names_are_ones_this_onnxruntime_knows():
             assert name.encode() + b"\0" in text, f"{provider} has no option {name!r}"
 
 
-def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_model):
+@pytest.fixture
+def accelerator(tmp_path):
+    """ACCELERATOR with its engine cache in a fresh folder (choose_providers creates it)."""
+    return dataclasses.replace(ACCELERATOR, engine_cache_dir=tmp_path / "cache" / "trt")
+
+
+def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_model, accelerator):
     calls = []
 
     def fake_session(path, specs, threads, spinning):
@@ -60,21 +68,26 @@ def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_
 
     monkeypatch.setattr(providers, "_session", fake_session)
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
-    choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=ACCELERATOR)
-    (specs,) = calls
-    assert [name for name, _ in specs] == [TENSORRT, CUDA, CPU]
-    assert specs[0][1] == provider_options(TENSORRT, ACCELERATOR)
-    assert specs[1][1]["enable_cuda_graph"] == "1"
-    assert specs[2][1] == {}
+    choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
+    choose_providers(f"{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
+    behind_tensorrt, cuda_first = calls
+    assert [name for name, _ in behind_tensorrt] == [TENSORRT, CUDA, CPU]
+    assert behind_tensorrt[0][1] == provider_options(TENSORRT, accelerator)
+    # CUDA graphs need every compute node on CUDA: behind TensorRT, onnxruntime would refuse
+    # the session (after building TensorRT's engines)
+    assert "enable_cuda_graph" not in behind_tensorrt[1][1]
+    assert behind_tensorrt[2][1] == {}
+    assert cuda_first[0] == (CUDA, provider_options(CUDA, accelerator))
+    assert cuda_first[0][1]["enable_cuda_graph"] == "1"
 
 
-def test_auto_tries_tensorrt_then_cuda_on_a_gpu_machine(monkeypatch, shipped_model):
+def test_auto_tries_tensorrt_then_cuda_on_a_gpu_machine(monkeypatch, shipped_model, accelerator):
     """With a GPU present, 'auto' offers TensorRT (with CUDA and the CPU behind it), then CUDA;
     a session that does not start on the accelerator is not kept."""
     calls = []
 
     def fake_session(path, specs, threads, spinning):
-        calls.append([name for name, _ in specs])
+        calls.append(specs)
         if specs[0][0] == TENSORRT:
             raise RuntimeError("libnvinfer.so.10: cannot open shared object file")
         return ort.InferenceSession(str(path), providers=[CPU])  # CUDA "did not load"
@@ -82,9 +95,67 @@ def test_auto_tries_tensorrt_then_cuda_on_a_gpu_machine(monkeypatch, shipped_mod
     monkeypatch.setattr(providers, "_session", fake_session)
     monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
-    _, used = choose_providers("auto", Path(shipped_model), accelerator=ACCELERATOR)
-    assert calls == [[TENSORRT, CUDA, CPU], [CUDA, CPU], [CPU]]
+    _, used = choose_providers("auto", Path(shipped_model), accelerator=accelerator)
+    assert [[name for name, _ in specs] for specs in calls] == [
+        [TENSORRT, CUDA, CPU],
+        [CUDA, CPU],
+        [CPU],
+    ]
     assert used == [CPU]
+    # CUDA captures graphs only where it leads (see the explicit list's test)
+    assert "enable_cuda_graph" not in calls[0][1][1]
+    assert calls[1][0][1]["enable_cuda_graph"] == "1"
+
+
+def gpu_machine(monkeypatch) -> list[list[str]]:
+    """A machine with TensorRT and CUDA whose sessions start on the CPU; the providers of each
+    session started, in order."""
+    calls: list[list[str]] = []
+
+    def fake_session(path, specs, threads, spinning):
+        calls.append([name for name, _ in specs])
+        return ort.InferenceSession(str(path), providers=[CPU])
+
+    monkeypatch.setattr(providers, "_session", fake_session)
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
+    return calls
+
+
+def test_the_engine_cache_folder_is_made_with_its_parents_before_tensorrt_starts(
+    monkeypatch, shipped_model, tmp_path
+):
+    """onnxruntime's TensorRT provider creates only the last folder of its cache path and fails
+    the session where the parent is missing (the default, ~/.cache/smso/tensorrt, on a fresh
+    machine)."""
+    cache = tmp_path / "home" / ".cache" / "smso" / "tensorrt"
+    made = []
+    gpu_machine(monkeypatch)
+    session = providers._session
+    monkeypatch.setattr(
+        providers, "_session", lambda *a: made.append(cache.is_dir()) or session(*a)
+    )
+    accelerator = dataclasses.replace(ACCELERATOR, engine_cache_dir=cache)
+    choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
+    assert made == [True]
+
+
+def test_an_engine_cache_folder_that_cannot_be_made_is_named(
+    monkeypatch, shipped_model, tmp_path, caplog
+):
+    """Asked for by name, TensorRT with an unusable cache folder is an error that says which
+    setting to change; under 'auto' TensorRT is passed over with a warning saying the same."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    accelerator = dataclasses.replace(ACCELERATOR, engine_cache_dir=blocker / "trt")
+    calls = gpu_machine(monkeypatch)
+    with pytest.raises(ValueError, match=r"a-file/trt.*engine_cache_dir"):
+        choose_providers(f"{TENSORRT},{CPU}", Path(shipped_model), accelerator=accelerator)
+    assert calls == []
+    with caplog.at_level(logging.WARNING, logger="service.providers"):
+        choose_providers("auto", Path(shipped_model), accelerator=accelerator)
+    assert calls == [[CUDA, CPU], [CPU]]
+    assert "engine_cache_dir" in caplog.text
 
 
 def test_settings_give_the_backend_its_options(shipped_model, tmp_path):
