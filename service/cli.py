@@ -13,11 +13,12 @@ values (prometheus_client's multiprocess mode, in a temporary folder).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -28,6 +29,7 @@ from service.app import create_app
 from service.backend import OnnxBackend, read_card
 from service.card import CardError
 from service.metrics import MULTIPROC_ENV
+from service.providers import TENSORRT, check_providers, prepare_engine_cache
 from service.settings import Settings
 
 __all__ = ["main"]
@@ -89,14 +91,20 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     """``settings.workers`` processes on one port (uvicorn's supervisor), each loading the model
     itself from the ``SMSO_*`` environment; metrics combined through a shared folder."""
     try:
-        read_card(settings.model_path)  # a bad model file: one line and exit status 2 here
+        # what every worker would refuse (and only log, staying unready): one line and exit
+        # status 2 here, as without --workers
+        read_card(settings.model_path)
+        if TENSORRT in check_providers(settings.providers):
+            prepare_engine_cache(settings.backend_options.engine_cache_dir)
     except (CardError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
-    for name, value in overrides.items():  # flags win over the environment, in the workers too
-        os.environ[f"SMSO_{name.upper()}"] = str(value)
-    with tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder:
-        os.environ[MULTIPROC_ENV] = folder
+    # flags win over the environment, in the workers too
+    flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
+    with (
+        tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
+        _environment(flags | {MULTIPROC_ENV: folder}),
+    ):
         config = uvicorn.Config(
             "service.app:app_from_environment", factory=True, workers=settings.workers,
             host=settings.host, port=settings.port, log_level=settings.log_level,
@@ -108,8 +116,27 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             print(f"smso-serve: error: cannot listen on {settings.host}:{settings.port}",
                   file=sys.stderr)  # fmt: skip
             return 2
-        Multiprocess(config, sockets=[socket]).run()
+        try:
+            Multiprocess(config, sockets=[socket]).run()
+        finally:
+            socket.close()
     return 0
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` (which the worker processes inherit) for the duration, then
+    the environment as it was: no metrics folder that no longer exists left behind."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 if __name__ == "__main__":
