@@ -205,6 +205,7 @@ async def _load(state: ServiceState) -> None:
             backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
             settings.queue_size, on_batch=metrics.observe_batch if metrics else None,
             wait_for_announced=True, patience=settings.batch_patience,
+            on_depth=metrics.queue_depth.set if metrics else None,
         )  # fmt: skip
         state.batcher.start()
         await _warm_up(state)

@@ -73,6 +73,7 @@ class MicroBatcher:
         on_batch: Callable[[BatchStats], None] | None = None,
         wait_for_announced: bool = False,
         patience: float = PATIENCE,
+        on_depth: Callable[[int], None] | None = None,
     ) -> None:
         self._run = run
         self.max_batch = max_batch
@@ -84,6 +85,7 @@ class MicroBatcher:
         self._last_inference_s = 0.0
         self._arrived = asyncio.Event()  # set on every submit and when nothing is on its way
         self._on_batch = on_batch
+        self._on_depth = on_depth  # told the images still waiting each time a batch is taken
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
 
@@ -161,6 +163,11 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         while True:
             jobs = await self._take_batch()
+            if self._on_depth is not None:  # also when all its callers have gone: nothing runs
+                try:
+                    self._on_depth(self._queue.qsize())
+                except Exception:  # as for on_batch: the consumer must go on
+                    log.exception("the on_depth hook failed")
             live = [job for job in jobs if not job.future.done()]  # callers that gave up: skip
             try:
                 if live:

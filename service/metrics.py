@@ -77,7 +77,8 @@ class Metrics:
             "smso_batch_size", "Images per onnxruntime call",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
         )  # fmt: skip
-        # set on every submit and after every batch; summed over the live worker processes
+        # set on every submit, when a batch is taken and after it ran; summed over the live
+        # worker processes
         self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference",
                                  registry=r, multiprocess_mode="livesum")  # fmt: skip
 

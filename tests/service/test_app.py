@@ -235,3 +235,27 @@ def test_openapi_documents_the_image_body(make_client):
     schema = make_client().get("/openapi.json").json()
     body = schema["paths"]["/classify"]["post"]["requestBody"]["content"]
     assert {"multipart/form-data", "image/*"} <= set(body)
+
+
+def queue_depth(client) -> float:
+    (line,) = [ln for ln in client.get("/metrics").text.splitlines()
+               if ln.startswith("smso_queue_depth ")]  # fmt: skip
+    return float(line.split()[1])
+
+
+def test_the_queue_depth_gauge_falls_to_zero_when_waiting_callers_have_left(make_client):
+    """Images whose requests passed their deadline still sit in the queue until the batcher
+    drops them; once it has, the gauge must say the queue is empty, not what it last saw."""
+    client = make_client(FakeBackend(delay_s=0.3), max_batch_size=1, max_wait_ms=0,
+                         request_timeout_s=0.15)  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda v: classify(client, grey(v)), range(4)))
+    assert [r.status_code for r in responses] == [504] * 4
+    deadline = time.monotonic() + 5
+    while client.app.state.smso.batcher.depth:  # the batcher drops the images of gone callers
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    deadline = time.monotonic() + 1
+    while (depth := queue_depth(client)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert depth == 0
