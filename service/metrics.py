@@ -8,9 +8,11 @@ checks and scrapes (``/healthz``, ``/readyz``, ``/metrics``, and the Open Infere
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import (
     CollectorRegistry,
@@ -93,11 +95,34 @@ class Metrics:
 def exposition(metrics: Metrics | None) -> bytes:
     """The Prometheus text page: this process's registry, or, with several worker processes
     (``PROMETHEUS_MULTIPROC_DIR`` set), every worker's values combined."""
-    if os.environ.get(MULTIPROC_ENV):
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder:
+        _forget_exited_workers(Path(folder))
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry)
     return b"" if metrics is None else generate_latest(metrics.registry)
+
+
+def _forget_exited_workers(folder: Path) -> None:
+    """Remove the live-gauge files of worker processes that have exited (uvicorn replaces a
+    worker that dies, and nobody calls ``mark_process_dead`` for it): the queue depth it last
+    reported would count for ever. Counters and histograms keep their files."""
+    for path in folder.glob("gauge_live*_*.db"):
+        pid = path.stem.rpartition("_")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(FileNotFoundError):  # another worker was scraped too
+                multiprocess.mark_process_dead(int(pid), str(folder))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal: only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
 
 
 class MetricsMiddleware:
