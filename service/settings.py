@@ -4,6 +4,7 @@ validated once at start-up and passed into ``create_app(settings)``."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +17,16 @@ __all__ = ["DEFAULT_MODEL", "Settings"]
 
 #: The model this repository ships (written by ``make onnx`` from the shipped checkpoint).
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "fashion-mnist-smso" / "model.onnx"
+
+
+def _default_cache() -> Path:
+    """``$XDG_CACHE_HOME/smso/tensorrt`` or ``~/.cache/smso/tensorrt``; a user without a home
+    (a container's system user) gets one under the temporary folder."""
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # Path.home(): no HOME and no passwd entry
+        base = Path(tempfile.gettempdir())
+    return base / "smso" / "tensorrt"
 
 
 class Settings(BaseSettings):
@@ -105,7 +116,7 @@ class Settings(BaseSettings):
     @property
     def backend_options(self) -> BackendOptions:
         """What :class:`service.backend.OnnxBackend` needs of these settings."""
-        cache = self.engine_cache_dir or Path.home() / ".cache" / "smso" / "tensorrt"
+        cache = self.engine_cache_dir or _default_cache()
         return BackendOptions(
             self.providers, self.intra_op_threads, self.intra_op_spinning, self.max_batch_size,
             cache, self.trt_fp16, self.io_binding, self.cuda_graphs,

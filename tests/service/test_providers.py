@@ -164,7 +164,23 @@ def test_settings_give_the_backend_its_options(shipped_model, tmp_path):
     options = settings.backend_options
     assert options == BackendOptions("auto", 0, False, 32, tmp_path, True, False, True)
     default = Settings(model_path=shipped_model).backend_options
-    assert default.engine_cache_dir == Path.home() / ".cache" / "smso" / "tensorrt"
+    assert default.engine_cache_dir.parts[-2:] == ("smso", "tensorrt")
+
+
+def test_the_default_engine_cache_follows_xdg_and_survives_a_user_without_home(
+    shipped_model, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    options = Settings(model_path=shipped_model).backend_options
+    assert options.engine_cache_dir == tmp_path / "smso" / "tensorrt"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    options = Settings(model_path=shipped_model).backend_options
+    assert options.engine_cache_dir.parts[-2:] == ("smso", "tensorrt")
 
 
 def test_gpu_options_are_harmless_on_the_cpu(shipped_model):
