@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+import statistics
+import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.training.test_datasets import make_dtd, make_minc
 from training import figures
 from training.config import ConfigError
-from training.experiments import TABLES, main, report, row_config, run_row
+from training.engine import make_criterion
+from training.experiments import (
+    FMNIST_RECIPE,
+    TABLES,
+    find_row,
+    main,
+    report,
+    row_config,
+    run_row,
+)
 from training.figures import fig2_from_checkpoint
+from training.heads import HEADS
+from training.model import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMOKE = {"epochs": 1, "batch_size": 4, "workers": 0, "device": "cpu"}
 
@@ -41,14 +57,14 @@ def test_every_table1_row_runs_and_is_reported(table1: Path) -> None:
     }  # fmt: skip
     assert all(0 <= line["test_accuracy"] <= 1 for line in lines)
     table = report("table1", table1)
-    assert "| SMSO p=2,048 | dtd | 2,048 |" in table
+    assert "| SMSO p=2,048 | dtd | 1 | 2,048 |" in table
     assert "| 69.26 |" in table  # the paper's number beside the measured one
 
 
 def test_lrbp_row_is_run_as_the_paper_ran_it(table1: Path) -> None:
-    config = json.loads((table1 / "dtd-lrbp" / "config.json").read_text())
+    config = json.loads((table1 / "dtd-lrbp" / "seed0" / "config.json").read_text())
     assert config["loss"] == "hinge"
-    assert config["init_from"] == str(table1 / "dtd-bp" / "best.pt")  # from BP's weights
+    assert config["init_from"] == str(table1 / "dtd-bp" / "seed0" / "best.pt")  # BP's weights
     assert config["reduce_dim"] is None  # P projects conv5_3 itself
     assert config["head_options"] == {"sqrt_scale": 2e5}
 
@@ -59,14 +75,14 @@ def test_lrbp_row_without_its_bp_row_says_what_to_run(dtd_root: Path, tmp_path: 
 
 
 def test_fig3_draws_loss_curves(table1: Path, tmp_path: Path) -> None:
-    runs = [table1 / "dtd-smso-2048", table1 / "dtd-bp", table1 / "dtd-mpn"]
+    runs = [table1 / f"dtd-{row}" / "seed0" for row in ("smso-2048", "bp", "mpn")]
     out = figures.fig3(runs, tmp_path / "fig3.png", ["SMSO", "BP", "MPN"])
     assert out.stat().st_size > 10_000
 
 
 def test_fig2_histograms_and_shapiro_wilk(table1: Path, dtd_root: Path, tmp_path: Path) -> None:
     summary = fig2_from_checkpoint(
-        table1 / "dtd-smso-64" / "best.pt", tmp_path / "fig2.png", "test", str(dtd_root)
+        table1 / "dtd-smso-64" / "seed0" / "best.pt", tmp_path / "fig2.png", "test", str(dtd_root)
     )
     assert (tmp_path / "fig2.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "fig2.json").read_text()) == summary
@@ -78,7 +94,7 @@ def test_fig2_histograms_and_shapiro_wilk(table1: Path, dtd_root: Path, tmp_path
 def test_fig2_refuses_a_head_that_is_not_smso(table1: Path, dtd_root: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fig2 needs a checkpoint with the SMSO head"):
         fig2_from_checkpoint(
-            table1 / "dtd-bp" / "best.pt", tmp_path / "f.png", "test", str(dtd_root)
+            table1 / "dtd-bp" / "seed0" / "best.pt", tmp_path / "f.png", "test", str(dtd_root)
         )
 
 
@@ -96,15 +112,16 @@ def test_table2_table3_and_fig4_run(
         run_row("fig4", name, "minc2500", out, image_size=32, **common)
     figures.fig4(out / "results.jsonl", tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 10_000
-    assert "| PV, log transform, affine both | minc2500 | 2,048 |" in report("table3", out)
+    assert "| PV, log transform, affine both | minc2500 | 1 | 2,048 |" in report("table3", out)
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     dims = {(line["table"], line["row"]): line["feature_dim"] for line in lines}
     assert dims[("table2", "bp")] == 32_896  # the paper's BP on ResNet-50: c = 256, triangle
     assert dims[("table3", "flatten")] == 65_536  # the covariance at c = 256, no PV
-    assert "| Flatten (Wishart), no transform, no normalisation | minc2500 | 65,536 |" in report(
-        "table3", out
+    assert (
+        "| Flatten (Wishart), no transform, no normalisation | minc2500 | 1 | 65,536 |"
+        in report("table3", out)
     )
-    cfg = json.loads((out / "minc2500-log-both" / "config.json").read_text())
+    cfg = json.loads((out / "minc2500-log-both" / "seed0" / "config.json").read_text())
     assert cfg["head_options"] == {"dim": 2048, "transform": "log", "affine": "both"}
 
 
@@ -114,8 +131,11 @@ def test_rows_use_the_paper_recipe(tmp_path: Path) -> None:
     assert vgg.resolve().lr == 0.001
     resnet = row_config("table2", TABLES["table2"][0], "cub200", tmp_path)
     assert (resnet.head, resnet.reduce_dim, resnet.resolve().lr) == ("gap", None, 0.01)
-    fmnist = row_config("fmnist", TABLES["fmnist"][4], None, tmp_path)
-    assert (fmnist.dataset, fmnist.backbone, fmnist.epochs) == ("fashion_mnist", "small_cnn", 3)
+    fmnist = row_config("fmnist", find_row("fmnist", "smso-64"), None, tmp_path, seed=2)
+    assert (fmnist.dataset, fmnist.backbone, fmnist.epochs, fmnist.seed) == (
+        "fashion_mnist", "small_cnn", 18, 2,
+    )  # fmt: skip
+    assert fmnist.out == str(tmp_path / "fashion_mnist-smso-64" / "seed2")
 
 
 def test_cli_lists_rows_and_names_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,3 +145,121 @@ def test_cli_lists_rows_and_names_bad_input(capsys: pytest.CaptureFixture[str]) 
     assert "valid rows: first-order, bp, mpn" in capsys.readouterr().err
     assert main(["run", "table1", "bp"]) == 2
     assert "table1 needs --dataset" in capsys.readouterr().err
+
+
+# The Fashion-MNIST head comparison: every head at the shipped model's recipe, several seeds.
+
+FMNIST_DIMS = {
+    "first-order": 128, "bp": 4096, "mpn": 2080, "cbp-ts": 2048, "cbp-rm": 2048, "lrbp": 10,
+    "deepo2p": 4096, "smso-16": 16, "smso-64": 64, "smso-256": 256, "smso-1024": 1024,
+}  # fmt: skip
+#: The heads the table leaves out: VGG-D's own classifier needs VGG-D, the flattened covariance is
+#: Table 3's ablation.
+NOT_IN_FMNIST = {"vgg_fc", "flatten"}
+
+
+def test_fmnist_rows_train_with_the_shipped_models_recipe(tmp_path: Path) -> None:
+    shipped = tomllib.loads((ROOT / "configs" / "fashion-mnist-smso.toml").read_text())
+    model_and_seed = {"head", "head_options", "reduce_dim", "seed"}
+    assert {k: v for k, v in shipped.items() if k not in model_and_seed} == FMNIST_RECIPE, (
+        "the fmnist table trains every head with the shipped recipe: update FMNIST_RECIPE "
+        "in training/experiments.py and rerun `make fmnist-table`"
+    )
+    for row in TABLES["fmnist"]:
+        cfg = row_config("fmnist", row, None, tmp_path)
+        assert {k: getattr(cfg, k) for k in FMNIST_RECIPE} == FMNIST_RECIPE, row.name
+
+
+def test_every_head_has_a_fmnist_row() -> None:
+    heads = {row.settings["head"] for row in TABLES["fmnist"]}
+    assert heads == set(HEADS) - NOT_IN_FMNIST, "a new head needs a row in the fmnist table"
+    assert set(FMNIST_DIMS) == {row.name for row in TABLES["fmnist"]}
+
+
+@pytest.mark.parametrize("name", list(FMNIST_DIMS))
+def test_every_fmnist_row_builds_and_trains_a_step_at_28_px(name: str, tmp_path: Path) -> None:
+    cfg = row_config("fmnist", find_row("fmnist", name), None, tmp_path).resolve()
+    torch.manual_seed(0)
+    model = build_model(cfg.model_config(num_classes=10, in_channels=1))
+    assert model.embedding_dim == FMNIST_DIMS[name]
+    images, labels = torch.randn(4, 1, 28, 28), torch.arange(4)
+    loss = make_criterion(cfg.loss)(model(images).logits, labels)
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads), name
+
+
+def tiny_fmnist_flags(root: Path, out: Path) -> list[str]:
+    """One epoch on the tiny Fashion-MNIST (40 of its 200 training images held out)."""
+    return ["--data-root", str(root), "--val-size", "40", "--epochs", "1", "--device", "cpu",
+            "--out", str(out)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tiny_fashion_mnist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SMSO p = 16 with seeds 0 and 1, by the CLI."""
+    out = tmp_path_factory.mktemp("fmnist-table")
+    argv = ["run", "fmnist", "smso-16", "--seeds", "0", "1"]
+    assert main([*argv, *tiny_fmnist_flags(tiny_fashion_mnist, out)]) == 0
+    return out
+
+
+def test_a_row_with_two_seeds_runs_each_in_its_folder(two_seeds: Path) -> None:
+    lines = [json.loads(line) for line in (two_seeds / "results.jsonl").read_text().splitlines()]
+    assert [(line["row"], line["seed"]) for line in lines] == [("smso-16", 0), ("smso-16", 1)]
+    for line in lines:
+        run = two_seeds / "fashion_mnist-smso-16" / f"seed{line['seed']}"
+        assert line["run"] == str(run)
+        assert json.loads((run / "config.json").read_text())["seed"] == line["seed"]
+        assert json.loads((run / "result.json").read_text()) == line
+        assert line["images_per_second"] > 0
+        assert line["device"] == "cpu"
+
+
+def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
+    lines = [json.loads(line) for line in (two_seeds / "results.jsonl").read_text().splitlines()]
+
+    def mean_std(key: str) -> str:
+        values = [100 * line[key] for line in lines]
+        return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+    table = report("fmnist", two_seeds)
+    header, _, row = table.splitlines()[:3]
+    assert header == (
+        "| model | dataset | seeds | feature dim | head params | best val % | test % | images/s |"
+        " train min |"
+    )
+    assert row.startswith(
+        f"| SMSO p=16 | fashion_mnist | 2 | 16 | {lines[0]['head_parameters']:,} | "
+        f"{mean_std('best_val_accuracy')} | {mean_std('test_accuracy')} | "
+    )
+    assert "nothing is chosen on the test split" in table
+    assert "paper %" not in table  # the paper has no Fashion-MNIST numbers
+
+
+def test_resume_skips_finished_runs_and_refuses_other_settings(
+    two_seeds: Path, tiny_fashion_mnist: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = tiny_fmnist_flags(tiny_fashion_mnist, two_seeds)
+    results = (two_seeds / "results.jsonl").read_text()
+    assert main(["run", "fmnist", "smso-16", "--seeds", "0", "1", "--resume", *flags]) == 0
+    assert (two_seeds / "results.jsonl").read_text() == results  # nothing run again
+    capsys.readouterr()
+    assert main(["run", "fmnist", "smso-16", "--resume", *flags, "--epochs", "2"]) == 2
+    assert "holds a run with other settings (epochs 1 there, 2 now)" in capsys.readouterr().err
+    assert main(["run", "fmnist", "smso-16", *flags]) == 2  # without --resume: refused
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def test_resume_finishes_a_stopped_run(tiny_fashion_mnist: Path, tmp_path: Path) -> None:
+    common = {"data_root": str(tiny_fashion_mnist), "val_size": 40, "epochs": 2, "device": "cpu"}
+    stopped = run_row("fmnist", "first-order", None, tmp_path, seed=3, stop_after=1, **common)
+    assert stopped["test_accuracy"] is None
+    assert not (tmp_path / "results.jsonl").exists()
+    line = run_row("fmnist", "first-order", None, tmp_path, seed=3, resume=True, **common)
+    run = tmp_path / "fashion_mnist-first-order" / "seed3"
+    epochs = [json.loads(m)["epoch"] for m in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2]
+    assert line["test_accuracy"] is not None
+    assert (tmp_path / "results.jsonl").read_text() == json.dumps(line) + "\n"
