@@ -327,7 +327,8 @@ def report(table: str, out: Path) -> str:
     epochs = sorted({r["epochs"] for r in latest.values()})
     notes = [
         "",
-        f"{len(latest)} runs, {', '.join(map(str, epochs))} epochs each, on {', '.join(devices)}. "
+        f"Runs: {len(latest)} (epochs per run: {', '.join(map(str, epochs))}; device: "
+        f"{', '.join(devices)}). "
         "`best val %`: a run's best validation accuracy over its epochs, on validation images "
         "(for Fashion-MNIST, training images held out, which the seed draws); it alone chose "
         "the checkpoint each run keeps. `test %`: that checkpoint on the test split, "
