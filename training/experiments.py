@@ -5,7 +5,9 @@
 (each run in ``<out>/<dataset>-<row>/seed<S>``), and appends each result to
 ``<out>/results.jsonl``; ``--resume`` skips the runs that finished and resumes the others.
 ``smso-experiment report TABLE --out DIR`` renders, per row, the mean and standard deviation over
-the seeds of the best validation and the test accuracy beside the paper's number, as markdown.
+the seeds of the best validation and the test accuracy beside the paper's number, as markdown;
+it also reads each run folder's ``result.json``, so runs done on several machines can be
+gathered under one ``DIR``.
 Figures live in ``training.figures``.
 
 Tables (top-1 %, datasets DTD / MIT-Indoor / MINC-2500 / CUB-200-2011):
@@ -290,18 +292,28 @@ def _percent(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
 
 
-def report(table: str, out: Path) -> str:
-    """A markdown table of the results in ``out/results.jsonl``: per row (and dataset), the mean
-    and standard deviation over its seeds of the best validation and the test accuracy, beside
-    the paper's number where it has one."""
+def _results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The latest result of each row, dataset and seed of ``table`` under ``out``: the lines of
+    ``out/results.jsonl`` (the last of a run wins), then every run folder's ``result.json``, so
+    that run folders gathered from several machines into one ``out`` are all reported."""
     path = out / "results.jsonl"
-    if not path.is_file():
-        raise ConfigError(f"no results at {path}; run rows with `smso-experiment run` first")
+    lines = path.read_text().splitlines() if path.is_file() else []
+    lines += [p.read_text() for p in sorted(out.glob("*/seed*/result.json"))]
+    if not lines:
+        raise ConfigError(f"no results under {out}; run rows with `smso-experiment run` first")
     latest: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
+    for line in lines:
         record = json.loads(line)
-        if record["table"] == table:  # the last run of a row, dataset and seed wins
+        if record["table"] == table:
             latest[(record["row"], record["dataset"], record.get("seed", 0))] = record
+    return latest
+
+
+def report(table: str, out: Path) -> str:
+    """A markdown table of the results under ``out``: per row (and dataset), the mean and
+    standard deviation over its seeds of the best validation and the test accuracy, beside the
+    paper's number where it has one."""
+    latest = _results(table, out)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (row, dataset, _), record in sorted(latest.items(), key=lambda kv: kv[0][2]):
         runs.setdefault((row, dataset), []).append(record)

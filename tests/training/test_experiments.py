@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import tomllib
 from pathlib import Path
@@ -263,3 +264,12 @@ def test_resume_finishes_a_stopped_run(tiny_fashion_mnist: Path, tmp_path: Path)
     assert epochs == [1, 2]
     assert line["test_accuracy"] is not None
     assert (tmp_path / "results.jsonl").read_text() == json.dumps(line) + "\n"
+
+
+def test_the_report_gathers_run_folders_from_several_machines(
+    two_seeds: Path, tmp_path: Path
+) -> None:
+    for seed in (0, 1):  # each seed run elsewhere, its folder copied here: no results.jsonl
+        run = two_seeds / "fashion_mnist-smso-16" / f"seed{seed}"
+        shutil.copytree(run, tmp_path / "fashion_mnist-smso-16" / f"seed{seed}")
+    assert report("fmnist", tmp_path) == report("fmnist", two_seeds)
