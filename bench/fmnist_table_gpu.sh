@@ -5,14 +5,19 @@
 #
 # A small_cnn step at 28 px is bound by its Python process, not by the GPU, so the runs are
 # separate processes with one CPU thread each (OMP_NUM_THREADS=1), JOBS at a time, in float32
-# (--amp off), the slowest rows first. The runs resume: a second call skips the runs that finished
-# and continues the others from their last epoch, so the grid can be done in several calls on a
-# machine lent for short spells (DEADLINE=540 stops every run 540 s after the start; the report
-# then covers the runs that finished). images/s in the report is measured under this sharing.
+# (--amp off), the costliest rows first. images/s in the report is measured under this sharing.
+#
 # How long: not yet measured. Estimate for 16 cores and an H100 or H200: 5 to 6 minutes per run
-# for most rows (docs/results/gpu.md's sweep ran 12 SMSO runs of this recipe at batch 128 in about
-# 3 minutes; batch 64 has twice the steps), 33 runs 14 at a time: 15 to 25 minutes, more if
-# DeepO2P's float64 eigendecompositions are slow there. Each call prints its time and the total.
+# for most rows with 11 to 14 at once (docs/results/gpu.md's sweep ran 12 SMSO runs of this recipe
+# at batch 128 in about 3 minutes; batch 64 has twice the steps), so about 6 to 8 minutes per seed
+# (its 11 runs at once) and 15 to 25 minutes for 3 seeds, more if DeepO2P's float64
+# eigendecompositions are slow there. Each call prints its time and the total over the calls.
+#
+# Machines lent for short spells (10 minutes a command, 15 a lease): DEADLINE=540 stops every
+# run 540 s after the start. The runs resume: the same command again, on the same machine, skips
+# the runs that finished and continues the others from their last epoch. Over several leases, run
+# one seed per lease (SEEDS=0, then 1, then 2), unpack each lease's runs.tgz into one folder and
+# report there: `smso-experiment report fmnist --out FOLDER` reads every run's result.json.
 #
 # Usage (repository root, Python with torch on the path):
 #   FMNIST=/path/to/fashion-mnist OUT=/tmp/fmnist-table bash bench/fmnist_table_gpu.sh
@@ -85,7 +90,7 @@ for row in $ROWS; do
     fi
   done
 done
-if [[ -f $RUNS/results.jsonl ]]; then
+if compgen -G "$RUNS/*/seed*/result.json" >/dev/null; then  # any finished run
   $PY -m training.experiments report fmnist --out "$RUNS" | tee "$OUT/table.md"
 fi
 tar -czf "$OUT/runs.tgz" --exclude='*.pt' -C "$RUNS" .
