@@ -132,7 +132,8 @@ TABLES: dict[str, list[Row]] = {
                                          "reduce_dim": 64}),
             ("cbp-rm", "CBP-RM d=2,048", {"head": "cbp_rm", "head_options": {"dim": 2048},
                                          "reduce_dim": 64}),
-            # m = 100, r = 8 and P on the backbone's own features, as the paper. Unlike the
+            # m = 100, r = 8, P on the backbone's own features and set from their Gram matrix
+            # before the first epoch, the hinge loss: as the paper. Unlike the
             # paper: from scratch (its LRBP started from BP's fine-tuned weights, which here
             # would give it BP's 18 epochs on top of its own), and s = 1 in the scaled square
             # root (the paper's 2e5 suits VGG-D's conv5_3, whose values run into the hundreds;
