@@ -16,11 +16,13 @@ import argparse
 import contextlib
 import logging
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import uvicorn
 from pydantic import ValidationError
 from uvicorn.supervisors import Multiprocess
@@ -68,23 +70,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.workers > 1:
         return _serve_workers(settings, overrides)
     try:
-        # load here, before the server starts: a bad model file is one line and exit status 2
-        backend = OnnxBackend(settings.model_path, settings.backend_options)
-    except (CardError, ValueError) as error:
+        # bind, load and run the model once here, before the server starts: a taken port, a bad
+        # model file or a model that loads but cannot run is one line and exit status 2
+        listener = _listen(settings.host, settings.port)
+    except OSError as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
-    app = create_app(settings, backend)
     try:
-        config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level=settings.log_level,
-            timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
-        )  # fmt: skip
-        server = uvicorn.Server(config)
-        server.run()
-    except OSError as error:  # the port is taken, the host does not exist
+        backend = OnnxBackend(settings.model_path, settings.backend_options)
+        _try_once(backend)
+    except (CardError, ValueError, ModelCannotRunError) as error:
+        listener.close()
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
+    config = uvicorn.Config(
+        create_app(settings, backend), host=settings.host, port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[listener])
+    except SystemExit as stop:  # uvicorn exits itself when the app's lifespan fails to start
+        return stop.code if isinstance(stop.code, int) else 1
+    finally:
+        listener.close()
     return 0 if server.started else 1
+
+
+class ModelCannotRunError(RuntimeError):
+    """The model file loads but its first inference fails (an input renamed, a broken graph)."""
+
+
+def _try_once(backend: OnnxBackend) -> None:
+    """One inference of a zero image, as the app's warm-up will run; ModelCannotRunError with
+    the backend's reason on one line if it fails."""
+    spec = backend.card.input
+    try:
+        backend.run(np.zeros((1, spec.channels, spec.height, spec.width), np.float32))
+    except Exception as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise ModelCannotRunError(f"{backend.card.name}: the model loaded but cannot run: "
+                                  f"{reason}") from None  # fmt: skip
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound here rather than by uvicorn: uvicorn logs a failed bind and
+    calls ``sys.exit(3)``, where smso-serve answers one line and exit status 2 (the port is
+    taken, the host does not exist). Raises ``OSError`` saying which address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family=family)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        reason = error.strerror or str(error)
+        raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
+    listener.set_inheritable(True)  # the worker processes of --workers serve on it
+    return listener
 
 
 def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
@@ -96,7 +140,8 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         read_card(settings.model_path)
         if TENSORRT in check_providers(settings.providers):
             prepare_engine_cache(settings.backend_options.engine_cache_dir)
-    except (CardError, ValueError) as error:
+        listener = _listen(settings.host, settings.port)
+    except (CardError, OSError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
     # flags win over the environment, in the workers too
@@ -111,15 +156,9 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
         )  # fmt: skip
         try:
-            socket = config.bind_socket()
-        except SystemExit:  # uvicorn logged why (the port is taken, the host does not exist)
-            print(f"smso-serve: error: cannot listen on {settings.host}:{settings.port}",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        try:
-            Multiprocess(config, sockets=[socket]).run()
+            Multiprocess(config, sockets=[listener]).run()
         finally:
-            socket.close()
+            listener.close()
     return 0
 
 

@@ -149,10 +149,25 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
 
 
-# uvicorn's Config.bind_socket exits on a taken port without closing the socket it made
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <socket:pytest.PytestUnraisableExceptionWarning"
-)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_busy_port_is_one_line_and_exit_2(workers, shipped_model):
+    """uvicorn would log the error and exit with status 3 itself; smso-serve binds first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = subprocess.run(
+            [sys.executable, "-m", "service.cli", "--model-path", shipped_model,
+             "--port", port, "--workers", workers],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"smso-serve: error: cannot listen on 127.0.0.1:{port}")
+    assert proc.stdout == ""
+
+
 def test_several_workers_leave_the_environment_as_they_found_it(shipped_model):
     """--workers hands its flags and the metrics folder to the workers through the environment;
     main() puts it back when it returns (here at once: the port is taken). A metrics folder
