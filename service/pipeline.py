@@ -98,9 +98,13 @@ async def run_batched(
 ) -> list[Outputs]:
     """Each ``(C, H, W)`` image through the micro-batcher; its outputs, in order.
 
-    503 when the queue is full, 504 once ``deadline`` (a ``time.perf_counter()`` value) passes,
-    500 when the batch the image ran in failed (the backend's fault, not the client's).
+    413 when there are more images than the queue can ever hold, 503 when it is full, 504 once
+    ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in failed (the backend's fault, not the client's).
     """
+    capacity = state.settings.queue_size
+    if len(images) > capacity:  # never admitted, however long the client retries
+        message = f"{len(images)} images; the queue holds at most {capacity}"
+        raise ServiceError(413, "too_many_images", message)
     futures = []
     try:
         for image in images:

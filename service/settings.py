@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.backend import BackendOptions
@@ -112,6 +112,18 @@ class Settings(BaseSettings):
         """``decode_threads``, with 0 resolved to half the CPU cores shared among the worker
         processes (at least 1)."""
         return self.decode_threads or max(1, (os.cpu_count() or 2) // 2 // self.workers)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Settings that only make sense together: a request with more images than the queue
+        holds could never be admitted, and would get 503 with Retry-After forever."""
+        if self.max_files > self.queue_size:
+            raise ValueError(
+                f"max_files ({self.max_files}) is larger than queue_size ({self.queue_size}): "
+                "a request with that many images could never be queued; raise queue_size or "
+                "lower max_files"
+            )
+        return self
 
     @property
     def backend_options(self) -> BackendOptions:

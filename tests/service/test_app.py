@@ -182,7 +182,7 @@ def test_requests_are_batched_together(make_client):
 
 def test_overload_gives_503_with_retry_after_not_a_pile_up(make_client):
     backend = FakeBackend(delay_s=0.3)
-    client = make_client(backend, max_batch_size=1, queue_size=1, max_wait_ms=0)
+    client = make_client(backend, max_batch_size=1, queue_size=1, max_files=1, max_wait_ms=0)
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         responses = list(pool.map(lambda v: classify(client, grey(v)), range(6)))
     statuses = sorted(r.status_code for r in responses)
