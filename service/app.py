@@ -211,9 +211,12 @@ async def _load(state: ServiceState) -> None:
         await _warm_up(state)
     except asyncio.CancelledError:
         raise
-    except Exception:
-        state.failed = True
-        log.exception("the model could not be loaded or warmed up; /readyz stays 503")
+    except Exception as error:
+        state.failure = " ".join(str(error).split()) or type(error).__name__
+        log.exception(
+            "the model could not be loaded or warmed up; /readyz says failed and every "
+            "inference route answers 503 until a restart"
+        )
         return
     state.ready = True
     card = backend.card

@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         backend = OnnxBackend(settings.model_path, settings.backend_options)
-        _try_once(backend)
+        _try_once(backend, settings.model_path)
     except (CardError, ValueError, ModelCannotRunError) as error:
         listener.close()
         print(f"smso-serve: error: {error}", file=sys.stderr)
@@ -102,7 +102,7 @@ class ModelCannotRunError(RuntimeError):
     """The model file loads but its first inference fails (an input renamed, a broken graph)."""
 
 
-def _try_once(backend: OnnxBackend) -> None:
+def _try_once(backend: OnnxBackend, path: os.PathLike[str]) -> None:
     """One inference of a zero image, as the app's warm-up will run; ModelCannotRunError with
     the backend's reason on one line if it fails."""
     spec = backend.card.input
@@ -110,8 +110,7 @@ def _try_once(backend: OnnxBackend) -> None:
         backend.run(np.zeros((1, spec.channels, spec.height, spec.width), np.float32))
     except Exception as error:
         reason = " ".join(str(error).split()) or type(error).__name__
-        raise ModelCannotRunError(f"{backend.card.name}: the model loaded but cannot run: "
-                                  f"{reason}") from None  # fmt: skip
+        raise ModelCannotRunError(f"{path} loaded but cannot run: {reason}") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:

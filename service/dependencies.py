@@ -32,9 +32,12 @@ async def authorize(request: Request) -> None:
 
 
 async def ready_state(request: Request) -> ServiceState:
-    """The app's state once the model is warmed up; 503 before and while draining (async: a
+    """The app's state once the model is warmed up; 503 before (with Retry-After), while
+    draining, and for good when the model failed to load or warm up (async: a
     plain def would make FastAPI hop to a worker thread on every request)."""
     state: ServiceState = request.app.state.smso
+    if state.failure is not None:  # permanent: no Retry-After, a retry cannot succeed
+        raise ServiceError(503, "model_failed", f"the model failed to load: {state.failure}")
     if not state.ready:
         raise ServiceError(503, "not_ready", "the model is loading or the server is draining",
                            headers={"Retry-After": "1"})  # fmt: skip

@@ -4,14 +4,25 @@ The steps, which reproduce the training pipeline's evaluation transform on a PIL
 (``training.datasets.presets``: torchvision's ``Resize`` and ``CenterCrop`` on PIL images, then
 ``ToImage``, ``ToDtype(scale=True)``, ``Normalize``) with Pillow and numpy alone:
 
-1. read the header only and refuse images over the pixel limit (a decompression bomb costs
-   nothing); JPEGs much larger than needed are decoded at reduced scale (Pillow's draft mode);
+1. only the formats of :data:`FORMATS` are opened (Pillow's other plugins are never run on
+   client bytes); the header alone decides whether the image is refused: over the pixel limit (a
+   decompression bomb costs nothing) or an aspect ratio beyond :data:`MAX_ASPECT_RATIO`. JPEGs
+   much larger than needed are decoded at reduced scale (Pillow's draft mode);
 2. first frame of an animation; EXIF orientation applied;
-3. colour: to ``L`` or ``RGB`` (palette, grey+alpha, RGBA, CMYK, 16- and 32-bit modes handled;
-   alpha is dropped as Pillow's ``convert`` drops it, as training did);
+3. colour: to ``L`` or ``RGB`` (palette, grey+alpha, RGBA, CMYK, 16- and 32-bit modes handled,
+   the latter a band of rows at a time in integer or float32 arithmetic; alpha is dropped as
+   Pillow's ``convert`` drops it, as training did);
 4. resize the shorter side to ``resize`` (bilinear, antialiased; torchvision's size rounding),
-   centre crop ``crop`` x ``crop`` (torchvision's offsets, zero padding when smaller);
+   centre crop ``crop`` x ``crop`` (torchvision's offsets, zero padding when smaller). The
+   resized image has at most ``MAX_ASPECT_RATIO * resize**2`` pixels. (Resampling only the
+   crop's window with Pillow's ``resize(box=...)`` would make the ratio irrelevant, but Pillow
+   reads the box as single-precision floats, which moves up to a quarter of the pixels by one
+   grey level: beyond the 1e-3 parity with training);
 5. ``x = (v / 255 - mean) / std`` per channel, ``(C, S, S)`` float32.
+
+Every failure of a decoder (Pillow's plugins raise ``OSError``, ``SyntaxError``,
+``NotImplementedError``, ``TypeError``, ``struct.error``...) is an :class:`ImageError` that names
+the file.
 """
 
 from __future__ import annotations
@@ -19,25 +30,81 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from service.card import Preprocessing
 
-__all__ = ["ImageError", "ImageTooLargeError", "Preprocessor"]
+__all__ = [
+    "FORMATS",
+    "MAX_ASPECT_RATIO",
+    "AspectRatioError",
+    "ImageError",
+    "ImageTooLargeError",
+    "Preprocessor",
+    "UnsupportedFormatError",
+]
 
 # Pillow's own bomb check is replaced by the service's max_pixels, checked before decoding.
 Image.MAX_IMAGE_PIXELS = None
+
+# The formats the service decodes (Pillow's names): what cameras, phones, browsers and scanners
+# produce. Pillow's other plugins (DDS, BLP, IM, PSD, EPS...) are rarely sent on purpose and
+# raise errors of their own on crafted files; they never see client bytes.
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+
+# Longer side / shorter side, at most. Resizing the shorter side to ``resize`` makes
+# ``ratio * resize**2`` pixels (a 2 kB PNG of 1 x 1,000,000 would become 256 x 256,000,000), and
+# so does the resize's horizontal pass (``resize`` x the source's height) when it enlarges: 64:1
+# bounds both at 16.8 M pixels for the largest preset resize (512), a third of the default
+# max_pixels. It keeps panoramas (up to about 12:1), web banners (about 11:1) and long
+# screenshots (1080 x 20,000 is 19:1); beyond it the centre crop sees under 2 % of the image.
+MAX_ASPECT_RATIO = 64
+
+# 16- and 32-bit images are scaled to 8 bits a band of about this many pixels at a time.
+_BAND_PIXELS = 1 << 20
 
 
 class ImageError(ValueError):
     """The bytes are not a decodable image (status 400)."""
 
 
+class UnsupportedFormatError(ImageError):
+    """The image is in a format outside :data:`FORMATS` (status 400)."""
+
+
+class AspectRatioError(ImageError):
+    """The image is longer than :data:`MAX_ASPECT_RATIO` times its width, or wider (status 400)."""
+
+
 class ImageTooLargeError(ValueError):
     """The image has more pixels than the service accepts (status 413)."""
+
+
+@cache
+def _formats() -> tuple[str, ...]:
+    """:data:`FORMATS` that this Pillow can open (WebP needs libwebp)."""
+    Image.init()
+    return tuple(name for name in FORMATS if name in Image.OPEN)
+
+
+def _accepted() -> str:
+    return ", ".join(_formats())
+
+
+def _sniff(prefix: bytes) -> str | None:
+    """The Pillow format whose magic number ``prefix`` (the file's first 16 bytes) starts with,
+    from the plugins' own checks; none of a plugin's parsing runs."""
+    Image.init()
+    for name, (_, accept) in Image.OPEN.items():
+        try:
+            if accept is not None and accept(prefix) is True:
+                return name
+        except Exception:  # a plugin's check is not ours to trust
+            continue
+    return None
 
 
 def _resized_size(width: int, height: int, size: int) -> tuple[int, int]:
@@ -48,13 +115,45 @@ def _resized_size(width: int, height: int, size: int) -> tuple[int, int]:
     return int(size * width / height), size
 
 
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """16/32-bit grey (``I;16*``, ``I``, ``F``) -> ``L``, a band of rows at a time.
+
+    Pillow's ``convert("L")`` clips at 255; the range is scaled down instead: ``I;16`` by
+    ``round(v / 257)`` in integers (``65535 -> 255``; no ties are possible), ``I`` and ``F`` by
+    their largest finite value in float32 (NaN -> 0, +inf -> 255). Memory: the ``L`` result plus
+    one band, never a float copy of the whole image.
+    """
+    width, height = image.size
+    rows = max(1, _BAND_PIXELS // max(width, 1))
+    bands = range(0, height, rows)
+
+    def band(top: int) -> np.ndarray:  # (rows, W)
+        return np.asarray(image.crop((0, top, width, min(top + rows, height))))
+
+    out = Image.new("L", image.size)
+    if image.mode.startswith("I;16"):
+        for top in bands:
+            scaled = (band(top).astype(np.uint32) + 128) // 257
+            out.paste(Image.fromarray(scaled.astype(np.uint8)), (0, top))
+        return out
+    peak = 1.0
+    for top in bands:
+        values = band(top)
+        values = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+        if values.size:
+            peak = max(peak, float(values.max()))
+    scale = np.float32(255.0 / peak)
+    for top in bands:
+        values = np.nan_to_num(band(top).astype(np.float32), nan=0.0, posinf=peak, neginf=0.0)
+        scaled = np.clip(np.rint(values * scale), 0, 255)
+        out.paste(Image.fromarray(scaled.astype(np.uint8)), (0, top))
+    return out
+
+
 def _to_mode(image: Image.Image, mode: str) -> Image.Image:
     """Convert any Pillow mode to ``L`` or ``RGB``."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        # 16/32-bit grey: Pillow's convert("L") clips at 255; scale the range down instead
-        array = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") else max(float(array.max()), 1.0)
-        image = Image.fromarray(np.clip(array * (255.0 / top), 0, 255).round().astype(np.uint8))
+        image = _eight_bit(image)
     if image.mode == "P":
         image = image.convert("RGBA")
     return image if image.mode == mode else image.convert(mode)
@@ -62,7 +161,17 @@ def _to_mode(image: Image.Image, mode: str) -> Image.Image:
 
 @dataclass(frozen=True)
 class Preprocessor:
-    """Decodes and preprocesses images for one model card."""
+    """Decodes and preprocesses images for one model card: encoded bytes -> ``(C, S, S)``
+    float32, the training pipeline's evaluation transform (see the module's docstring).
+
+    Accepts the formats of :data:`FORMATS` with at most ``max_pixels`` pixels and an aspect ratio
+    of at most :data:`MAX_ASPECT_RATIO`, both read from the header before decoding. Raises
+    :class:`ImageTooLargeError` (413) over the pixel limit and :class:`ImageError` (400: empty,
+    undecodable or truncated, another format, a longer aspect ratio), each naming the file.
+    Memory: the decoded image (``max_pixels``), its 8-bit ``L``/``RGB`` conversion (16- and
+    32-bit images a band at a time, no float64), and the resized image
+    (``MAX_ASPECT_RATIO * resize**2`` pixels at most).
+    """
 
     spec: Preprocessing
     max_pixels: int
@@ -78,28 +187,50 @@ class Preprocessor:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # EXIF and palette-transparency chatter
-                image = Image.open(io.BytesIO(data))
-                width, height = image.size
-                if width * height > self.max_pixels:
-                    raise ImageTooLargeError(
-                        f"{name}: {width}x{height} is {width * height:,} pixels, more than the "
-                        f"{self.max_pixels:,} accepted"
-                    )
+                image = Image.open(io.BytesIO(data), formats=_formats())
+                self._check_size(image, name)
                 self._draft(image)
                 image.seek(0)
                 image.load()
                 ImageOps.exif_transpose(image, in_place=True)  # else it copies even upright images
                 return _to_mode(image, self.mode)
-        except ImageTooLargeError:
+        except (ImageError, ImageTooLargeError, MemoryError):
             raise
         except UnidentifiedImageError:
-            raise ImageError(f"{name}: not a recognised image format") from None
-        except (OSError, ValueError, SyntaxError, EOFError) as error:
-            raise ImageError(f"{name}: the image could not be decoded ({error})") from None
+            found = _sniff(data[:16])
+            if found is not None and found not in _formats():
+                raise UnsupportedFormatError(
+                    f"{name}: unsupported image format {found} (by its first bytes); "
+                    f"accepted: {_accepted()}"
+                ) from None
+            raise ImageError(
+                f"{name}: not a recognised image format (accepted: {_accepted()})"
+            ) from None
+        except Exception as error:  # any plugin's failure on crafted bytes is the file's fault
+            raise ImageError(
+                f"{name}: the image could not be decoded ({type(error).__name__}: {error})"
+            ) from None
+
+    def _check_size(self, image: Image.Image, name: str) -> None:
+        """Refuse, from the header, more than ``max_pixels`` pixels or too long a strip."""
+        width, height = image.size
+        if width * height > self.max_pixels:
+            raise ImageTooLargeError(
+                f"{name}: {width}x{height} is {width * height:,} pixels, more than the "
+                f"{self.max_pixels:,} accepted"
+            )
+        if width < 1 or height < 1:
+            raise ImageError(f"{name}: {width}x{height} has no pixels")
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            raise AspectRatioError(
+                f"{name}: {width}x{height} has an aspect ratio of "
+                f"{max(width, height) / min(width, height):,.0f}:1; accepted: at most "
+                f"{MAX_ASPECT_RATIO}:1"
+            )
 
     def _draft(self, image: Image.Image) -> None:
         """Let a large JPEG decode at 1/2, 1/4 or 1/8 scale while staying >= 2x the resize."""
-        if image.format != "JPEG" or self.spec.resize is None:
+        if image.format not in ("JPEG", "MPO") or self.spec.resize is None:
             return
         width, height = image.size
         target = 2 * self.spec.resize  # keep twice the resolution the resize needs

@@ -45,7 +45,12 @@ class ServiceState:
     metrics: Metrics | None = None
     ready: bool = False
     draining: bool = False
-    failed: bool = False
+    #: why the model could not be loaded or run (set once, permanent: no retry will help)
+    failure: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from service.app import create_app
 from service.errors import ServiceError
 from service.pipeline import ServiceState, run_batched
 from service.settings import Settings
 
+from .conftest import FakeBackend, grey
 from .test_server import ROOT
 
 
@@ -46,3 +50,72 @@ def test_more_images_than_the_queue_can_ever_hold_is_413_with_the_reason():
         asyncio.run(run_batched(state, images, deadline=0.0, route="/classify"))
     assert error.value.status == 413
     assert "the queue holds at most 2" in error.value.message
+
+
+class BrokenBackend(FakeBackend):
+    """Loads (it has a card) but every run raises, the warm-up's first."""
+
+    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise RuntimeError("Required inputs (['image']) are missing from input feed")
+
+
+def _renamed_input(tmp_path) -> str:
+    """The shipped model with its graph input renamed: it loads, its card still says 'image'."""
+    import onnx
+
+    from service.settings import DEFAULT_MODEL
+
+    model = onnx.load(DEFAULT_MODEL)
+    old = model.graph.input[0].name
+    model.graph.input[0].name = "renamed"
+    for node in model.graph.node:
+        node.input[:] = ["renamed" if name == old else name for name in node.input]
+    path = tmp_path / "renamed.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
+def _wait_failed(client: TestClient, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.get("/readyz").json()["status"] != "failed":
+        assert time.monotonic() < deadline, "the app never reported its model failed"
+        time.sleep(0.01)
+
+
+def _assert_permanent_failure(client: TestClient, reason: str) -> None:
+    _wait_failed(client)
+    files = [("file", ("a.png", grey(1), "image/png"))]
+    for route in ("/classify", "/embed"):
+        response = client.post(route, files=files)
+        assert response.status_code == 503
+        assert "retry-after" not in response.headers  # a retry cannot succeed
+        error = response.json()["error"]
+        assert error["code"] == "model_failed"
+        assert error["message"].startswith("the model failed to load: ")
+        assert reason in error["message"]
+    assert client.get("/metadata").json()["error"]["code"] == "model_failed"
+
+
+def test_a_model_that_cannot_run_is_a_permanent_503_not_loading(make_client):
+    client = make_client(BrokenBackend(), wait=False)
+    _assert_permanent_failure(client, "missing from input feed")
+
+
+def test_an_onnx_file_with_a_renamed_input_is_a_permanent_503(shipped_model, tmp_path):
+    settings = Settings(model_path=_renamed_input(tmp_path), max_batch_size=2)
+    with TestClient(create_app(settings)) as client:
+        _assert_permanent_failure(client, "renamed")
+
+
+def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model-path", _renamed_input(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("smso-serve: error: ")
+    assert "loaded but cannot run" in last
+    assert "renamed" in last
+    assert "Traceback" not in proc.stderr
+    assert "Uvicorn running" not in proc.stderr
