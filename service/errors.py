@@ -3,8 +3,10 @@ under ``/v2`` (the Open Inference Protocol) it is the protocol's ``{"error": "me
 
 :class:`ServiceError` carries a status, a stable machine-readable code and a message for people;
 the handlers installed by :func:`install_error_handlers` render it, FastAPI's validation errors
-(422), Starlette's HTTP errors (404, 405, ...) and, as a last resort, unexpected exceptions
-(500, logged with their traceback, never shown to the client).
+(422), Starlette's HTTP errors (404, 405, ...), a client that closed the connection before its
+request was read (499, nginx's "client closed request": one log line, counted as the client's
+doing, not the server's) and, as a last resort, unexpected exceptions (500, logged with their
+traceback, never shown to the client).
 """
 
 from __future__ import annotations
@@ -13,15 +15,21 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-__all__ = ["OIP_PREFIX", "ServiceError", "error_body", "install_error_handlers"]
+__all__ = [
+    "CLIENT_CLOSED", "OIP_PREFIX", "ServiceError", "error_body", "install_error_handlers",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 #: Routes under this prefix speak the Open Inference Protocol, errors included.
 OIP_PREFIX = "/v2"
+#: The status a request is counted with when its client left before it was read (no client
+#: sees it: there is nobody to send it to).
+CLIENT_CLOSED = 499
 
 
 class ServiceError(Exception):
@@ -74,6 +82,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _render(request, exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_closed(request: Request, exc: ClientDisconnect) -> Response:
+        # the route's template, not the raw path: a client's path is not written to the log
+        route = getattr(request.scope.get("route"), "path", "an unknown route")
+        log.info("the client closed the connection before its %s %s request was read; "
+                 "dropped (%d)", request.method[:16], route, CLIENT_CLOSED)  # fmt: skip
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

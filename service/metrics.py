@@ -1,6 +1,7 @@
 """Prometheus metrics of one app, in its own registry (a fresh app per test, no global state).
 
-Requests are labelled by route template (``/classify``, never a raw path) and status; health
+Requests are labelled by method, route template (``/classify``, never a raw path) and status,
+each from a closed set (:func:`labels`): a client cannot grow the page; health
 checks and scrapes (``/healthz``, ``/readyz``, ``/metrics``, and the Open Inference Protocol's
 ``/v2/health/*`` and ``.../ready``) are not counted. Names end in
 ``_total`` or ``_seconds`` (or name a plain quantity: batch size, queue depth).
@@ -25,14 +26,27 @@ from prometheus_client import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.batcher import BatchStats
-from service.errors import OIP_PREFIX
+from service.errors import CLIENT_CLOSED, OIP_PREFIX
 
-__all__ = ["MULTIPROC_ENV", "NOT_COUNTED", "Metrics", "MetricsMiddleware", "counted", "exposition"]
+__all__ = [
+    "METHODS",
+    "MULTIPROC_ENV",
+    "NOT_COUNTED",
+    "Metrics",
+    "MetricsMiddleware",
+    "counted",
+    "exposition",
+    "labels",
+]
 
 #: Where worker processes keep their metric values (prometheus_client's multiprocess mode).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 NOT_COUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
+#: The method label's values besides "other" (RFC 9110's methods and PATCH).
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -125,6 +139,15 @@ def _running(pid: int) -> bool:
     return True
 
 
+def labels(scope: Scope, status: int) -> tuple[str, str, str]:
+    """``(method, route, status)`` of a request, each from a closed set whatever the client
+    sent: a standard method or "other", one of the app's route templates or "unmatched", and a
+    status code of 100-599 (499: the client closed the connection before the answer)."""
+    method = scope["method"] if scope["method"] in METHODS else "other"
+    template = getattr(scope.get("route"), "path", None) or "unmatched"
+    return method, template, str(status) if 100 <= status <= 599 else "other"
+
+
 class MetricsMiddleware:
     """Pure ASGI middleware: counts and times every request but health checks and scrapes."""
 
@@ -137,7 +160,14 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status = 500  # until a response starts: an exception that escapes the app
+        gone = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -146,12 +176,14 @@ class MetricsMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
+        except Exception:
+            if gone and status == 500:  # whatever the app raised, the client had left first
+                status = CLIENT_CLOSED
+            raise
         finally:
             metrics = self.metrics()
             if metrics is not None:
-                route = scope.get("route")
-                template = getattr(route, "path", None) or "unmatched"
-                method = scope["method"]
-                metrics.requests.labels(method, template, str(status)).inc()
+                method, template, code = labels(scope, status)
+                metrics.requests.labels(method, template, code).inc()
                 metrics.latency.labels(method, template).observe(time.perf_counter() - start)
