@@ -91,6 +91,11 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         description="Class predictions and compact second-order (SMSO) embeddings of images.",
         version="1",
         lifespan=lifespan,
+        # with an API key the schema (model routes, limits) is for key holders unless opened
+        openapi_url="/openapi.json" if settings.api_key is None or settings.docs_public else None,
+        # no redirect from /classify/ to /classify: its Location would be built from the
+        # client's Host header (and a POST's body lost on the way)
+        redirect_slashes=False,
     )
     state.backend = backend
     app.state.smso = state
@@ -98,12 +103,14 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=lambda: state.metrics)
 
     @app.get("/healthz", response_model=schemas.Status, tags=["health"])
+    @app.head("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         """Alive: the process answers."""
         return {"status": "alive"}
 
     @app.get("/readyz", response_model=schemas.Status, tags=["health"],
              responses={503: {"model": schemas.ErrorResponse}})  # fmt: skip
+    @app.head("/readyz", include_in_schema=False)
     async def readyz() -> Any:
         """Ready: the model is loaded and warmed up (each batch-size bucket run once)."""
         if state.ready:

@@ -86,7 +86,17 @@ async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
 
 async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
     """The parts named ``file``, in order, each under the upload limit."""
-    parts = [p for p in form.getlist("file") if isinstance(p, UploadFile)]
+    values = form.getlist("file")
+    if any(isinstance(value, str) for value in values):
+        # a part without a filename is a text field to the parser: its bytes are decoded as
+        # text and cannot be an image any more
+        raise ServiceError(
+            422, "missing_filename",
+            "a part named 'file' has no filename, so it was read as a text field, not a file; "
+            "send each image with one, e.g. "
+            "'Content-Disposition: form-data; name=\"file\"; filename=\"a.png\"'",
+        )  # fmt: skip
+    parts = [p for p in values if isinstance(p, UploadFile)]
     if not parts:
         names = sorted(set(form.keys()))
         raise ServiceError(

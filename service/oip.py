@@ -302,19 +302,23 @@ def build_router() -> APIRouter:
         return {"name": SERVER_NAME, "version": _server_version(), "extensions": EXTENSIONS}
 
     @router.get("/health/live")
+    @router.head("/health/live", include_in_schema=False)
     async def server_live() -> dict[str, bool]:
         """200 while the process answers."""
         return {"live": True}
 
     @router.get("/health/ready")
+    @router.head("/health/ready", include_in_schema=False)
     async def server_ready(request: Request) -> JSONResponse:
         """200 once the model is loaded and warmed up; 400 (the protocol's "false") before and
         while draining."""
         ready = request.app.state.smso.ready
         return JSONResponse({"ready": ready}, 200 if ready else 400)
 
-    @router.get("/models/{model_name}/ready")
-    @router.get("/models/{model_name}/versions/{model_version}/ready")
+    # behind the key like the model's metadata: its 404 names the model served here
+    @router.get("/models/{model_name}/ready", dependencies=[Depends(authorize)])
+    @router.get("/models/{model_name}/versions/{model_version}/ready",
+                dependencies=[Depends(authorize)])  # fmt: skip
     async def model_ready(
         request: Request, model_name: str, model_version: str | None = None
     ) -> JSONResponse:

@@ -93,6 +93,11 @@ class Settings(BaseSettings):
         description="CUDA: capture one CUDA graph per batch-size bucket (implies io_binding)",
     )
     api_key: SecretStr | None = Field(None, description="required on /classify, /embed, /metadata")
+    docs_public: bool = Field(
+        False,
+        description="serve /docs, /redoc and /openapi.json even when api_key is set (without "
+        "a key they are always served; with one and this off they are 404)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

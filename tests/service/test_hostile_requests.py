@@ -57,6 +57,22 @@ def test_random_methods_leave_the_metrics_page_small_and_every_label_closed(make
     assert {"method": "other", "route": "unmatched", "status": "404"} in request_labels(text)
 
 
+@pytest.mark.parametrize("path", ["/classify/", "/embed/", "/healthz/", "/v2/models/x/infer/"])
+def test_a_trailing_slash_is_404_not_a_redirect_to_the_host_header(make_client, path):
+    response = make_client().post(path, headers={"Host": "evil.example"}, follow_redirects=False)
+    assert response.status_code == 404
+    assert "location" not in response.headers
+    assert "evil.example" not in response.text
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"])
+def test_head_on_health_checks_answers_like_get(make_client, path):
+    client = make_client(api_key="s3cret")
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200
+    assert head.headers["content-type"] == get.headers["content-type"]
+
+
 def multipart(*parts: tuple[str, bytes]) -> tuple[bytes, dict[str, str]]:
     """A multipart body of ``(Content-Disposition parameters, data)`` image parts."""
     body = b""
@@ -64,6 +80,33 @@ def multipart(*parts: tuple[str, bytes]) -> tuple[bytes, dict[str, str]]:
         body += (f"--b0undary\r\nContent-Disposition: form-data; {disposition}\r\n"
                  "Content-Type: image/png\r\n\r\n").encode() + data + b"\r\n"  # fmt: skip
     return body + b"--b0undary--\r\n", {"Content-Type": "multipart/form-data; boundary=b0undary"}
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [('name="file"', grey(1))],
+        [('name="file"; filename="a.png"', grey(1)), ('name="file"', grey(2))],
+    ],
+    ids=["alone", "after-a-good-one"],
+)
+def test_a_file_part_without_a_filename_is_422_and_says_so(make_client, parts):
+    body, headers = multipart(*parts)
+    response = make_client().post("/classify", content=body, headers=headers)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "missing_filename"
+    assert "no filename" in error["message"]
+    assert "parts sent" not in error["message"]  # not "no file part named 'file'"
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
+def test_the_docs_are_closed_with_an_api_key_unless_opened(make_client, path):
+    assert make_client().get(path).status_code == 200  # no key: nothing to protect
+    closed = make_client(api_key="s3cret")
+    assert closed.get(path).status_code == 404
+    assert closed.get(path, headers=KEY).status_code == 404  # a browser sends no key
+    assert make_client(api_key="s3cret", docs_public=True).get(path).status_code == 200
 
 
 def abandon(base: str, path: str, content_type: str, start: bytes) -> None:

@@ -180,10 +180,18 @@ def test_binary_request_and_response(make_client):
     assert labels["data"][0].endswith(f":9:{CLASSES[9]}")  # logits_k = k * mean: class 9 wins
 
 
-def test_api_key_guards_inference_and_metadata_but_not_health(make_client):
+def test_api_key_guards_inference_metadata_and_model_readiness_but_not_health(make_client):
     client = make_client(api_key="s3cret")
     assert client.get("/v2/health/ready").status_code == 200
-    assert client.get(f"/v2/models/{NAME}/ready").status_code == 200
+    assert client.get("/v2/health/live").status_code == 200
+    # a model's readiness would name the model served (its 404 does): the key's business
+    for name in (NAME, "other"):
+        refused = client.get(f"/v2/models/{name}/ready")
+        assert refused.status_code == 401
+        assert NAME not in refused.text
+    key = {"X-API-Key": "s3cret"}
+    assert client.get(f"/v2/models/{NAME}/ready", headers=key).status_code == 200
+    assert client.get("/v2/models/other/ready", headers=key).status_code == 404
     refused = client.post(INFER, json={"inputs": [bytes_input(grey(1))]})
     assert refused.status_code == 401
     assert "API key" in refused.json()["error"]

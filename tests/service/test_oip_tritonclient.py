@@ -77,9 +77,11 @@ def images() -> list[bytes]:
 def test_health_metadata_and_readiness(client, model):
     assert client.is_server_live()
     assert client.is_server_ready()
-    assert client.is_model_ready(model["name"])
-    assert client.is_model_ready(model["name"], model["versions"][0])
-    assert not client.is_model_ready("some-other-model")
+    # a model's readiness is behind the key, like its metadata
+    assert not client.is_model_ready(model["name"])
+    assert client.is_model_ready(model["name"], headers=auth())
+    assert client.is_model_ready(model["name"], model["versions"][0], headers=auth())
+    assert not client.is_model_ready("some-other-model", headers=auth())
     meta = client.get_server_metadata()
     assert {"classification", "binary_tensor_data"} <= set(meta["extensions"])
     assert [i["name"] for i in model["inputs"]] == ["image", "image_bytes"]
