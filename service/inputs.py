@@ -84,18 +84,22 @@ async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
     return data
 
 
+def _without_filename(what: str) -> ServiceError:
+    """422: ``what`` (ending in "so") a part was read as a text field, not as a file."""
+    return ServiceError(
+        422, "missing_filename",
+        f"{what} it was read as a text field, not a file; send each image with a filename, "
+        "e.g. 'Content-Disposition: form-data; name=\"file\"; filename=\"a.png\"'",
+    )  # fmt: skip
+
+
 async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
     """The parts named ``file``, in order, each under the upload limit."""
     values = form.getlist("file")
     if any(isinstance(value, str) for value in values):
         # a part without a filename is a text field to the parser: its bytes are decoded as
         # text and cannot be an image any more
-        raise ServiceError(
-            422, "missing_filename",
-            "a part named 'file' has no filename, so it was read as a text field, not a file; "
-            "send each image with one, e.g. "
-            "'Content-Disposition: form-data; name=\"file\"; filename=\"a.png\"'",
-        )  # fmt: skip
+        raise _without_filename("a part named 'file' has no filename, so")
     parts = [p for p in values if isinstance(p, UploadFile)]
     if not parts:
         names = sorted(set(form.keys()))
@@ -128,6 +132,8 @@ async def read_uploads(
                 raise ServiceError(
                     413, "too_many_files", f"more than {max_files} files; send at most {max_files}"
                 ) from None
+            if "part exceeded maximum size" in detail.lower():  # only parts read as text are
+                raise _without_filename("a part with no filename is over 1 MB, so") from None
             message = f"malformed multipart body: {detail}"
             raise ServiceError(400, "invalid_multipart", message) from None
         try:
