@@ -253,5 +253,5 @@ async def _infer(
     if len(uploads) > settings.max_files:
         raise ServiceError(413, "too_many_files",
                            f"{len(uploads)} files; at most {settings.max_files} per request")  # fmt: skip
-    images = await decode_all(state, uploads)
+    images = await decode_all(state, uploads, deadline)
     return uploads, await run_batched(state, images, deadline, route)

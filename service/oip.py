@@ -280,7 +280,7 @@ async def _infer(state: ServiceState, http: Request, route: str) -> Response:
     if tensor.name == TENSOR_INPUT:
         images = _tensor_images(state, tensor)
     else:
-        images = await decode_all(state, _encoded_images(state, tensor))
+        images = await decode_all(state, _encoded_images(state, tensor), deadline)
     outputs = await run_batched(state, images, deadline, route)
     card = state.backend.card  # type: ignore[union-attr]
     body, header_length = encode_response(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.admission import Admission
 from service.backend import Backend
 from service.batcher import MicroBatcher, QueueFullError
 from service.errors import ServiceError
@@ -47,6 +49,10 @@ class ServiceState:
     draining: bool = False
     #: why the model could not be loaded or run (set once, permanent: no retry will help)
     failure: str | None = None
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.settings.inflight_limit)
 
     @property
     def failed(self) -> bool:
@@ -68,12 +74,37 @@ def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return scores, np.argsort(-scores, axis=-1, kind="stable")[..., :k]
 
 
-async def _decode(state: ServiceState, upload: Upload) -> np.ndarray:
+class _AbandonedError(Exception):
+    """The image's request has passed its deadline or gone: it is not decoded."""
+
+
+def _decode_unless_abandoned(
+    state: ServiceState, upload: Upload, deadline: float, gone: threading.Event
+) -> np.ndarray:
+    """In a decode thread: the image decoded, unless its request no longer wants it (an image
+    may wait for a thread longer than its request lives)."""
+    if gone.is_set() or time.perf_counter() > deadline:
+        raise _AbandonedError
+    return state.preprocess(upload.data, upload.filename)  # type: ignore[misc]
+
+
+def _deadline_exceeded(state: ServiceState) -> ServiceError:
+    timeout = state.settings.request_timeout_s
+    message = f"no answer within the deadline (at most {timeout:g} s)"
+    return ServiceError(504, "deadline_exceeded", message)
+
+
+async def _decode(
+    state: ServiceState, upload: Upload, deadline: float, gone: threading.Event
+) -> np.ndarray:
     loop = asyncio.get_running_loop()
     start = time.perf_counter()
     try:
-        image = await loop.run_in_executor(state.decoder, state.preprocess, upload.data,
-                                           upload.filename)  # fmt: skip
+        image = await loop.run_in_executor(
+            state.decoder, _decode_unless_abandoned, state, upload, deadline, gone
+        )
+    except _AbandonedError:
+        raise _deadline_exceeded(state) from None
     except ImageTooLargeError as error:
         raise ServiceError(413, "image_too_large", str(error)) from None
     except ImageError as error:
@@ -82,20 +113,38 @@ async def _decode(state: ServiceState, upload: Upload) -> np.ndarray:
     return image
 
 
-async def decode_all(state: ServiceState, uploads: Sequence[Upload]) -> list[np.ndarray]:
+async def decode_all(
+    state: ServiceState, uploads: Sequence[Upload], deadline: float | None = None
+) -> list[np.ndarray]:
     """Each encoded image decoded and preprocessed to ``(C, H, W)`` float32, in a thread pool;
     400 (undecodable) or 413 (over the pixel limit) naming the file.
+
+    Admitted first (503 at once when ``max_inflight`` images are already being decoded), and
+    under the request's ``deadline`` (a ``time.perf_counter()`` value; by default
+    ``request_timeout_s`` from now): 504 once it passes. Once the request has failed or passed
+    its deadline, its images still waiting for a decode thread are dropped, not decoded.
 
     The images are announced to the batcher while they decode, so that it waits for them; the
     caller submits them (:func:`run_batched`) with no ``await`` in between.
     """
     batcher = state.batcher
     assert batcher is not None
-    batcher.announce(len(uploads))
-    try:
-        return list(await asyncio.gather(*(_decode(state, u) for u in uploads)))
-    finally:
-        batcher.withdraw(len(uploads))
+    if deadline is None:
+        deadline = time.perf_counter() + state.settings.request_timeout_s
+    with state.admission.admit(len(uploads)):
+        gone = threading.Event()  # the decode threads skip this request's images once set
+        batcher.announce(len(uploads))
+        tasks = [asyncio.ensure_future(_decode(state, u, deadline, gone)) for u in uploads]
+        try:
+            async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
+                return list(await asyncio.gather(*tasks))
+        except TimeoutError:
+            raise _deadline_exceeded(state) from None
+        finally:
+            gone.set()
+            for task in tasks:  # a failed image (400) leaves its siblings running otherwise
+                task.cancel()
+            batcher.withdraw(len(uploads))
 
 
 async def run_batched(
@@ -126,9 +175,7 @@ async def run_batched(
     except TimeoutError:
         for future in futures:
             future.cancel()
-        timeout = state.settings.request_timeout_s
-        raise ServiceError(504, "deadline_exceeded",
-                           f"no answer within the deadline (at most {timeout:g} s)") from None  # fmt: skip
+        raise _deadline_exceeded(state) from None
     except Exception as error:
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None

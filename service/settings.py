@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         "for images being decoded (at least max_wait_ms; 0: max_wait_ms only)",
     )  # fmt: skip
     queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
+    max_inflight: int = Field(
+        0, ge=0,
+        description="images admitted for decoding at once (being decoded or waiting for a "
+        "decode thread); beyond: 503 at once; 0: queue_size",
+    )  # fmt: skip
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
     max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
@@ -112,12 +117,6 @@ class Settings(BaseSettings):
             )
         return path
 
-    @property
-    def decode_workers(self) -> int:
-        """``decode_threads``, with 0 resolved to half the CPU cores shared among the worker
-        processes (at least 1)."""
-        return self.decode_threads or max(1, (os.cpu_count() or 2) // 2 // self.workers)
-
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         """Settings that only make sense together: a request with more images than the queue
@@ -128,7 +127,24 @@ class Settings(BaseSettings):
                 "a request with that many images could never be queued; raise queue_size or "
                 "lower max_files"
             )
+        if self.max_files > self.inflight_limit:
+            raise ValueError(
+                f"max_files ({self.max_files}) is larger than max_inflight "
+                f"({self.max_inflight}): a request with that many images could never be "
+                "admitted; raise max_inflight or lower max_files"
+            )
         return self
+
+    @property
+    def inflight_limit(self) -> int:
+        """``max_inflight``, with 0 resolved to ``queue_size``."""
+        return self.max_inflight or self.queue_size
+
+    @property
+    def decode_workers(self) -> int:
+        """``decode_threads``, with 0 resolved to half the CPU cores shared among the worker
+        processes (at least 1)."""
+        return self.decode_threads or max(1, (os.cpu_count() or 2) // 2 // self.workers)
 
     @property
     def backend_options(self) -> BackendOptions:

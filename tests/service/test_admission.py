@@ -5,10 +5,12 @@ is bounded."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import subprocess
 import sys
 import time
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -119,3 +121,63 @@ def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model
     assert "renamed" in last
     assert "Traceback" not in proc.stderr
     assert "Uvicorn running" not in proc.stderr
+
+
+def _slow_decoding(client: TestClient, seconds: float) -> None:
+    """Files named ``slow*`` take ``seconds`` to decode (a large PNG on a busy core)."""
+    state = client.app.state.smso
+    original = state.preprocess
+
+    def preprocess(data: bytes, filename: str) -> np.ndarray:
+        if filename.startswith("slow"):
+            time.sleep(seconds)
+        return original(data, filename)
+
+    state.preprocess = preprocess
+
+
+def _post(client: TestClient, name: str) -> tuple[int, float, httpx.Headers]:
+    start = time.perf_counter()
+    response = client.post("/classify", files=[("file", (name, grey(1), "image/png"))])
+    return response.status_code, time.perf_counter() - start, response.headers
+
+
+def test_expired_requests_stop_decoding_and_do_not_delay_a_later_one(make_client):
+    """Ten slow images in one decode thread would take 5 s; their requests' deadline is 1 s.
+    They get 504 at their deadline, their images still waiting for the thread are dropped, and
+    a tiny request sent after them is answered at once (it waited 3.5 s and got 504 before)."""
+    client = make_client(request_timeout_s=1.0, decode_threads=1)
+    _slow_decoding(client, 0.5)
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        slow = [pool.submit(_post, client, f"slow{i}.png") for i in range(10)]
+        time.sleep(1.2)  # past their deadline
+        status, elapsed, _ = _post(client, "tiny.png")
+        answers = [future.result() for future in slow]
+    assert status == 200
+    assert elapsed < 0.8  # at most the one slow image the thread was decoding at the deadline
+    assert [code for code, _, _ in answers].count(504) >= 7
+    for code, seconds, _ in answers:
+        assert code in (200, 504)
+        assert seconds < 1.0 + 0.5 + 0.3  # the deadline, not the decode pool's backlog
+
+
+def test_images_beyond_max_inflight_are_refused_at_once_with_retry_after(make_client):
+    client = make_client(max_inflight=2, max_files=2, decode_threads=1)
+    _slow_decoding(client, 0.5)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda i: _post(client, f"slow{i}.png"), range(6)))
+    admitted = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] == 503]
+    assert len(admitted) + len(refused) == 6
+    assert 1 <= len(admitted) <= 4  # two at a time; a refused client is not retried here
+    assert len(refused) >= 2
+    for _, seconds, headers in refused:
+        assert seconds < 0.3  # refused on arrival, not after the queue
+        assert headers["retry-after"] == "1"
+    assert client.app.state.smso.admission.in_flight == 0  # every admission released
+
+
+def test_max_inflight_defaults_to_the_queue_size_and_must_fit_a_request():
+    assert Settings(queue_size=32, max_files=8).inflight_limit == 32
+    with pytest.raises(ValidationError, match=r"max_files \(8\) is larger than max_inflight"):
+        Settings(max_inflight=4, max_files=8)
