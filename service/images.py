@@ -100,10 +100,11 @@ def _sniff(prefix: bytes) -> str | None:
     Image.init()
     for name, (_, accept) in Image.OPEN.items():
         try:
-            if accept is not None and accept(prefix) is True:
-                return name
+            found = accept is not None and accept(prefix)
         except Exception:  # a plugin's check is not ours to trust
             continue
+        if found and not isinstance(found, str):  # a str is Pillow's "almost" (a warning)
+            return name
     return None
 
 
