@@ -34,6 +34,7 @@ from .conftest import grey
 ROOT = Path(__file__).resolve().parents[2]
 RGB = Preprocessing(colour="RGB", resize=256, crop=224, mean=[0.5] * 3, std=[0.25] * 3)
 GREY = Preprocessing(colour="L", resize=28, crop=28, mean=[0.5], std=[0.25])  # the fake card's
+Image.init()  # every plugin registered, as the decoder has them
 ACCEPTED = "accepted: " + ", ".join(name for name in FORMATS if name in Image.OPEN)
 
 
