@@ -29,6 +29,7 @@ from service import schemas
 from service.backend import Backend, OnnxBackend
 from service.batcher import MicroBatcher
 from service.dependencies import ReadyState, authorize
+from service.drain import CloseWhenDraining
 from service.errors import ServiceError, install_error_handlers
 from service.images import Preprocessor
 from service.inputs import Upload, read_uploads
@@ -101,6 +102,8 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     app.state.smso = state
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware, metrics=lambda: state.metrics)
+    # on SIGTERM (smso-serve's DrainingServer) keep-alive clients are told the connection closes
+    app.add_middleware(CloseWhenDraining, draining=lambda: state.draining)
 
     @app.get("/healthz", response_model=schemas.Status, tags=["health"])
     @app.head("/healthz", include_in_schema=False)

@@ -30,6 +30,7 @@ from uvicorn.supervisors import Multiprocess
 from service.app import create_app
 from service.backend import OnnxBackend, read_card
 from service.card import CardError
+from service.drain import DrainingServer
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
 from service.settings import Settings
@@ -83,12 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         listener.close()
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
+    app = create_app(settings, backend)
     config = uvicorn.Config(
-        create_app(settings, backend), host=settings.host, port=settings.port,
+        app, host=settings.host, port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    state = app.state.smso
+    server = DrainingServer(config, on_drain=lambda: setattr(state, "draining", True))
     try:
         server.run(sockets=[listener])
     except SystemExit as stop:  # uvicorn exits itself when the app's lifespan fails to start

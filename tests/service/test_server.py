@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -180,3 +181,48 @@ def test_several_workers_leave_the_environment_as_they_found_it(shipped_model):
         args = ["--model-path", shipped_model, "--workers", "2", "--port", port]
         assert main([*args, "--max-batch-size", "8"]) == 2
     assert dict(os.environ) == before
+
+
+@pytest.mark.slow
+def test_sigterm_loses_no_request_sent_on_a_keep_alive_connection(shipped_model):
+    """Sixteen clients each keep one connection and send on it with short pauses (so that most
+    connections are idle when SIGTERM comes); http.client, unlike httpx, does not probe a
+    connection before reusing it. Every request sent on an open connection is answered: the
+    server keeps idle connections open while draining and its responses say Connection: close.
+    The only failure allowed is a refused new connection once the server stopped listening."""
+    with real_server(shipped_model, "--log-level", "warning") as (base, server):
+        port = int(base.rsplit(":", 1)[1])
+        lost: list[str] = []
+        closing: list[int] = []
+
+        def client(i: int) -> int:
+            answered = 0
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                while True:
+                    try:
+                        conn.request("GET", "/healthz")
+                        response = conn.getresponse()
+                        response.read()
+                    except ConnectionRefusedError:
+                        return answered  # stopped listening: refused, never accepted
+                    except (OSError, http.client.HTTPException) as error:
+                        lost.append(f"client {i} after {answered}: {error!r}")
+                        return answered
+                    assert response.status == 200
+                    answered += 1
+                    if response.will_close:
+                        closing.append(i)
+                    time.sleep(0.05)
+            finally:
+                conn.close()
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(client, i) for i in range(16)]
+            time.sleep(1.0)
+            server.send_signal(signal.SIGTERM)
+            answered = [f.result(timeout=60) for f in futures]
+        assert lost == []
+        assert min(answered) > 0
+        assert len(set(closing)) == 16  # the drain told every client
+        assert server.wait(timeout=60) in (0, -signal.SIGTERM)
