@@ -23,13 +23,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import uvicorn
 from pydantic import ValidationError
 from uvicorn.supervisors import Multiprocess
 
 from service.app import create_app
 from service.backend import OnnxBackend, read_card
 from service.card import CardError
+from service.connections import ServerConfig
 from service.drain import DrainingServer
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
@@ -85,11 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
     app = create_app(settings, backend)
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
-    )  # fmt: skip
+    config = _config(settings, app)
     state = app.state.smso
     server = DrainingServer(config, on_drain=lambda: setattr(state, "draining", True))
     try:
@@ -99,6 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         listener.close()
     return 0 if server.started else 1
+
+
+def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
+    """uvicorn's settings for ``app``: address, read bounds, connection limit, drain bound."""
+    return ServerConfig(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        header_timeout_s=settings.header_timeout_s, body_timeout_s=settings.request_timeout_s,
+        timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections,
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5, **kwargs,
+    )  # fmt: skip
 
 
 class ModelCannotRunError(RuntimeError):
@@ -152,11 +158,8 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
         _environment(flags | {MULTIPROC_ENV: folder}),
     ):
-        config = uvicorn.Config(
-            "service.app:app_from_environment", factory=True, workers=settings.workers,
-            host=settings.host, port=settings.port, log_level=settings.log_level,
-            timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
-        )  # fmt: skip
+        config = _config(settings, "service.app:app_from_environment", factory=True,
+                         workers=settings.workers)  # fmt: skip
         try:
             Multiprocess(config, sockets=[listener]).run()
         finally:

@@ -58,6 +58,15 @@ class Settings(BaseSettings):
         "decode thread); beyond: 503 at once; 0: queue_size",
     )  # fmt: skip
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
+    header_timeout_s: float = Field(
+        10.0, gt=0,
+        description="a connection that has not sent a request's headers this long after it "
+        "opened or the request began is closed (its body gets request_timeout_s)",
+    )  # fmt: skip
+    keep_alive_s: int = Field(5, ge=1, description="an idle keep-alive connection is closed")
+    max_connections: int = Field(
+        1000, ge=1, description="open connections and requests in progress; beyond: 503"
+    )
     max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
     max_pixels: int = Field(50_000_000, ge=1, description="width x height of one image")

@@ -226,3 +226,48 @@ def test_sigterm_loses_no_request_sent_on_a_keep_alive_connection(shipped_model)
         assert min(answered) > 0
         assert len(set(closing)) == 16  # the drain told every client
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (whatever it sends first)."""
+    sock.settimeout(seconds)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            if sock.recv(65536) == b"":
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return False
+
+
+@pytest.mark.slow
+def test_slow_headers_slow_bodies_and_too_many_connections_are_bounded(shipped_model):
+    """Connections that never finish their headers (or send nothing) are closed after
+    --header-timeout-s, a body that trickles in after --request-timeout-s, and beyond
+    --max-connections a request gets 503; the server stays healthy throughout."""
+    args = ("--header-timeout-s", "1", "--request-timeout-s", "2", "--max-connections", "40")
+    with real_server(shipped_model, *args) as (base, server):
+        port = int(base.rsplit(":", 1)[1])
+        start = time.monotonic()
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+        headers = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        for sock in headers:
+            sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n")
+        bodies = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+        for sock in bodies:
+            sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                         b"Content-Length: 100000\r\n\r\n" + b"\x89PNG")  # fmt: skip
+        others = [socket.create_connection(("127.0.0.1", port)) for _ in range(15)]
+        # 45 connections open: beyond the limit of 40
+        assert httpx.get(f"{base}/healthz").status_code == 503
+        assert all(_closed_within(s, 3) for s in silent + headers + others)
+        assert time.monotonic() - start < 4  # the header bound, not the request deadline
+        assert all(_closed_within(s, 4) for s in bodies)
+        assert time.monotonic() - start < 6
+        assert httpx.get(f"{base}/healthz").status_code == 200
+        for sock in silent + headers + bodies + others:
+            sock.close()
+        assert server.poll() is None
