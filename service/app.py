@@ -118,7 +118,9 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         """Ready: the model is loaded and warmed up (each batch-size bucket run once)."""
         if state.ready:
             return {"status": "ready"}
-        status = "draining" if state.draining else "failed" if state.failed else "loading"
+        if state.failed and not state.draining:  # for good: no Retry-After
+            return JSONResponse({"status": "failed"}, 503)
+        status = "draining" if state.draining else "loading"
         return JSONResponse({"status": status}, 503, headers={"Retry-After": "1"})
 
     @app.get("/metadata", dependencies=[Depends(authorize)], tags=["model"])

@@ -86,6 +86,7 @@ def _wait_failed(client: TestClient, timeout_s: float = 60) -> None:
 
 def _assert_permanent_failure(client: TestClient, reason: str) -> None:
     _wait_failed(client)
+    assert "retry-after" not in client.get("/readyz").headers
     files = [("file", ("a.png", grey(1), "image/png"))]
     for route in ("/classify", "/embed"):
         response = client.post(route, files=files)
