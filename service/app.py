@@ -73,8 +73,9 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         state.metrics = Metrics()
         state.decoder = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="decode")
         if settings.api_key is None:
-            log.warning("no API key set (SMSO_API_KEY): /classify, /embed and /metadata are "
-                        "open to anyone who can reach this server")  # fmt: skip
+            log.warning("no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
+                        "/metadata, /v2/models/...) are open to anyone who can reach this "
+                        "server")  # fmt: skip
         loading = asyncio.get_running_loop().create_task(_load(state), name="load-model")
         try:
             yield

@@ -106,7 +106,11 @@ class Settings(BaseSettings):
         False,
         description="CUDA: capture one CUDA graph per batch-size bucket (implies io_binding)",
     )
-    api_key: SecretStr | None = Field(None, description="required on /classify, /embed, /metadata")
+    api_key: SecretStr | None = Field(
+        None,
+        description="required on the model routes: /classify, /embed, /metadata and the Open "
+        "Inference Protocol's /v2/models/... (health checks and /metrics stay open)",
+    )
     docs_public: bool = Field(
         False,
         description="serve /docs, /redoc and /openapi.json even when api_key is set (without "
