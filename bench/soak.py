@@ -1,0 +1,511 @@
+"""Soak and fault test of the service: mixed, hostile, slow and abandoned requests, SIGTERM midway.
+
+Against the real server (``smso-serve`` on loopback, the shipped model, default settings),
+``--clients`` threads send ``--requests`` requests between them, each drawn by a seeded random
+(``--seed``) from:
+
+* valid: a JPEG to ``/classify`` (multipart) or its preprocessed binary ``FP32`` tensor to
+  ``/v2/models/<name>/infer``, on the client's keep-alive connection;
+* hostile, each on a fresh connection: a truncated JPEG, a 1 x 100,000 PNG strip, random bytes
+  (as a multipart file and as a protocol body), a malformed multipart body, and an oversized
+  declared ``Content-Length`` after which the client sends a little and closes;
+* slow: a valid ``/classify`` body sent in pieces with pauses;
+* abandoned: a valid ``/classify`` request sent whole, then closed before the answer.
+
+When the request at index ``--requests // 2`` starts, the server gets SIGTERM (``--signal``):
+it drains and exits, and the requests after it are refused by design (connection refused, or no
+answer on a connection used only after the signal).
+
+Definitions (per request; times are the client's monotonic clock):
+
+* *started*: when the client began to connect (fresh connection) or to send (reused one);
+* *accepted*: a response came (status line read), or the request was started before SIGTERM
+  was sent on a connection that was established: the server had not yet stopped accepting;
+* *lost*: accepted, meant to be answered (not abandoned or closed by the client on purpose),
+  sent completely by the client, and no status line came (EOF, reset or a 60 s timeout).
+  A request refused at connect before the signal counts as lost too;
+* *unsent*: accepted, meant to be answered, but the server closed the connection before the
+  client had sent it all, and no status line came (reported apart; the quick test expects 0);
+* *refused by design*: started after the signal and not answered;
+* *5xx*: responses with status 500-599, any kind of request;
+* p99: latency of the valid requests answered 200 (connect or send to the end of the body),
+  against a clean run (``--requests`` valid requests, the two routes drawn by the same seed,
+  ``--clients`` clients, no SIGTERM) on a fresh server in the same invocation;
+* peak RSS: ``VmHWM`` of the server process from ``/proc/PID/status``, read every 0.1 s until it
+  exits (the clean run's server too); the server's log is kept and its tracebacks counted.
+
+    python -m bench.soak              # 10,000 requests, 32 clients (about 20 s on 2 cores)
+    python -m bench.soak --quick      # 400 requests, 8 clients (about 6 s)
+    python -m bench.soak --signal KILL --quick   # a crash instead: the soak must see losses
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.serve import SHIPPED, free_port, jpegs, oip_bodies, rss_mib, session_and_tensors
+from bench.serve import wait_ready as wait_server_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_JSON = ROOT / "bench" / "results" / "soak.json"
+HOST = "127.0.0.1"
+TIMEOUT_S = 60.0  # no answer within this long after sending: lost
+BOUNDARY = "s0akb0undary"
+
+# kind -> weight in the mix (valid ones dominate, as in real traffic)
+MIX = {
+    "valid-classify": 30, "valid-v2-fp32": 30,
+    "truncated-jpeg": 4, "png-strip": 3, "random-multipart": 3, "random-v2": 3,
+    "malformed-multipart": 4, "oversized-close": 4,
+    "slow": 9, "abandoned": 10,
+}  # fmt: skip
+VALID = ("valid-classify", "valid-v2-fp32")
+# kinds where the client closes on purpose: never lost, whatever happens
+CLIENT_CLOSES = ("oversized-close", "abandoned")
+
+
+@dataclass
+class Outcome:
+    """What happened to one request (see the module's definitions)."""
+
+    index: int
+    kind: str
+    started: float = 0.0
+    connected: bool = False
+    sent: bool = False
+    status: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    """One request's bytes: ``head`` (request line and headers) and ``body``."""
+
+    head: bytes
+    body: bytes = b""
+    pieces: int = 1  # >1: the body in this many pieces with pauses
+
+    @property
+    def data(self) -> bytes:
+        return self.head + self.body
+
+
+def request(
+    path: str,
+    body: bytes,
+    content_type: str,
+    extra: dict[str, str] | None = None,
+    length: int | None = None,
+) -> Request:
+    headers = {
+        "Host": HOST,
+        "Content-Type": content_type,
+        "Content-Length": str(len(body) if length is None else length),
+        **(extra or {}),
+    }
+    head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return Request((head + "\r\n").encode(), body)
+
+
+def multipart_body(data: bytes, filename: str, content_type: str) -> bytes:
+    return (
+        (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n'
+        ).encode()
+        + data
+        + (f"\r\n--{BOUNDARY}--\r\n").encode()
+    )
+
+
+def png_strip(width: int) -> bytes:
+    """A grey 8-bit PNG of 1 x ``width`` pixels (a few hundred bytes, a huge aspect ratio)."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, 1, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\0" + b"\x80" * width, 9)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+class Corpus:
+    """Every request the soak can send, built once (the random draws pick among them)."""
+
+    def __init__(self, files: list[bytes], tensors: np.ndarray, model_name: str) -> None:
+        self.infer = f"/v2/models/{model_name}/infer"
+        ctype = f"multipart/form-data; boundary={BOUNDARY}"
+        self.classify = [
+            request("/classify", multipart_body(f, f"{i}.jpg", "image/jpeg"), ctype)
+            for i, f in enumerate(files)
+        ]
+        self.v2 = [
+            request(
+                self.infer,
+                body,
+                "application/octet-stream",
+                {"Inference-Header-Content-Length": str(length)},
+            )
+            for body, length in oip_bodies(files, tensors)
+        ]
+        self.ctype = ctype
+
+    def build(self, kind: str, rng: random.Random) -> Request:
+        k = rng.randrange(len(self.classify))
+        if kind in ("valid-classify", "abandoned"):
+            return self.classify[k]
+        if kind == "valid-v2-fp32":
+            return self.v2[k]
+        if kind == "slow":
+            r = self.classify[k]
+            return Request(r.head, r.body, pieces=4)
+        if kind == "truncated-jpeg":
+            jpeg = self.classify[k].body  # cut the multipart's JPEG somewhere inside
+            data = jpeg[: rng.randrange(200, len(jpeg) // 2)]
+            return request("/classify", multipart_body(data, "cut.jpg", "image/jpeg"), self.ctype)
+        if kind == "png-strip":
+            body = multipart_body(png_strip(100_000), "strip.png", "image/png")
+            return request("/classify", body, self.ctype)
+        noise = rng.randbytes(rng.randrange(16, 20_000))
+        if kind == "random-multipart":
+            return request("/classify", multipart_body(noise, "x.jpg", "image/jpeg"), self.ctype)
+        if kind == "random-v2":
+            header = str(rng.randrange(0, len(noise) + 100))
+            return request(
+                self.infer,
+                noise,
+                "application/octet-stream",
+                {"Inference-Header-Content-Length": header},
+            )
+        if kind == "malformed-multipart":
+            body = self.classify[k].body
+            broken = rng.choice(
+                [
+                    body.replace(b"\r\n\r\n", b"\r\n", 1),  # no blank line after the part's headers
+                    body[: len(body) // 2],  # no closing boundary
+                    body.replace(BOUNDARY.encode(), b"other", 1),  # the first boundary is wrong
+                    b"--" + BOUNDARY.encode() + b"\r\n" + noise,  # garbage part headers
+                ]
+            )
+            return request("/classify", broken, self.ctype)
+        if kind == "oversized-close":
+            return request("/classify", noise[:1024], self.ctype, length=2**40)
+        raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(MIX)}")
+
+
+class Client:
+    """One client thread's connections: a keep-alive one for valid requests, fresh ones else."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.keep: socket.socket | None = None
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection((HOST, self.port), timeout=TIMEOUT_S)
+
+    def close_keep(self) -> None:
+        if self.keep is not None:
+            self.keep.close()
+            self.keep = None
+
+    def send(self, req: Request, out: Outcome) -> None:
+        keep_alive = out.kind in VALID
+        out.started = time.monotonic()
+        if keep_alive and self.keep is not None:
+            sock = self.keep
+        else:
+            try:
+                sock = self.connect()
+            except OSError as e:
+                out.error = type(e).__name__
+                return
+        out.connected = True
+        try:
+            self.transmit(sock, req, out)
+        except OSError as e:  # the server closed early: it may still have answered (413, 400)
+            out.error = type(e).__name__
+        if out.kind in CLIENT_CLOSES:
+            if out.kind == "abandoned":  # a moment after the request, before the answer
+                time.sleep(random.Random(out.index).random() * 0.005)
+            sock.close()
+            return
+        try:
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            out.status = response.status
+            response.read()
+            out.seconds = time.monotonic() - out.started
+            if keep_alive and not response.will_close:
+                self.keep = sock
+                return
+        except OSError as e:  # reset, timeout
+            out.error = out.error or type(e).__name__
+        except http.client.HTTPException as e:  # EOF before or inside the status line
+            out.error = out.error or type(e).__name__
+        if sock is self.keep:
+            self.keep = None
+        sock.close()
+
+    def transmit(self, sock: socket.socket, req: Request, out: Outcome) -> None:
+        """Send ``req`` (in pieces with 50 ms pauses when it asks for them)."""
+        if req.pieces == 1:
+            sock.sendall(req.data)
+        else:
+            sock.sendall(req.head)
+            step = -(-len(req.body) // req.pieces)
+            for start in range(0, len(req.body), step):
+                time.sleep(0.05)
+                sock.sendall(req.body[start : start + step])
+        out.sent = out.kind != "oversized-close"  # its declared body never comes
+
+
+class Server:
+    """The real server on a free loopback port, its peak RSS sampled until it exits."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        env = os.environ | {"SMSO_LOG_LEVEL": "warning"}
+        command = [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "--model-path",
+            str(SHIPPED),
+            "--port",
+            str(self.port),
+        ]
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
+        )
+        self.peak_mib = 0.0
+        self.base = f"http://{HOST}:{self.port}"
+        self.output = ""
+        try:
+            wait_server_ready(f"{self.base}/readyz", self.process)
+        except BaseException:
+            self.process.kill()
+            self.process.wait()
+            raise
+        self.sampler = threading.Thread(target=self.sample, daemon=True)
+        self.sampler.start()
+
+    def sample(self) -> None:
+        while self.process.poll() is None:
+            try:
+                self.peak_mib = max(self.peak_mib, rss_mib(self.process.pid)["VmHWM"])
+            except OSError:
+                return
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=timeout_s)
+        self.sampler.join(timeout=5)
+        self.log.seek(0)
+        self.output = self.log.read()
+        self.log.close()
+        return code
+
+
+@dataclass
+class Run:
+    outcomes: list[Outcome]
+    signalled_at: float | None
+    seconds: float
+    peak_rss_mib: float
+    exit_code: int
+    server_output: str
+
+
+def run(
+    corpus: Corpus,
+    kinds: list[str],
+    clients: int,
+    seed: int,
+    signal_at: int | None,
+    signum: signal.Signals = signal.SIGTERM,
+) -> Run:
+    """``kinds[i]`` as request ``i`` from ``clients`` threads; ``signum`` to the server when
+    request ``signal_at`` starts."""
+    server = Server()
+    outcomes = [Outcome(i, kind) for i, kind in enumerate(kinds)]
+    signalled_at: list[float] = []
+    lock = threading.Lock()
+    next_index = iter(range(len(kinds)))
+
+    def worker(w: int) -> None:
+        client, rng = Client(server.port), random.Random(seed * 1000 + w)
+        while True:
+            with lock:
+                i = next(next_index, None)
+                if i is None:
+                    break
+                if i == signal_at:
+                    signalled_at.append(time.monotonic())
+                    server.process.send_signal(signum)
+            client.send(corpus.build(kinds[i], rng), outcomes[i])
+        client.close_keep()
+
+    start = time.monotonic()
+    try:
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - start
+    finally:
+        code = server.stop()
+    first = signalled_at[0] if signalled_at else None
+    return Run(outcomes, first, seconds, server.peak_mib, code, server.output)
+
+
+def classify(out: Outcome, signalled_at: float | None) -> str:
+    """``answered``, ``lost``, ``refused`` (by design, after the signal) or ``client-closed``."""
+    before = signalled_at is None or out.started < signalled_at
+    if out.status is not None:
+        return "answered"
+    if out.kind in CLIENT_CLOSES and out.connected:
+        return "client-closed"
+    if not before:
+        return "refused"
+    if not out.connected:
+        return "lost"  # refused before the server was signalled
+    return "lost" if out.sent else "unsent"  # unsent: the server closed while it was uploaded
+
+
+def summarize(r: Run) -> dict[str, Any]:
+    fates = [classify(o, r.signalled_at) for o in r.outcomes]
+    accepted = sum(
+        f == "answered" or (f != "refused" and o.connected)
+        for o, f in zip(r.outcomes, fates, strict=True)
+    )
+    valid_ms = sorted(
+        1e3 * o.seconds
+        for o in r.outcomes
+        if o.kind in VALID and o.status == 200 and o.seconds is not None
+    )
+    by_kind: dict[str, Counter[str]] = {}
+    for o, f in zip(r.outcomes, fates, strict=True):
+        key = str(o.status) if o.status is not None else f"{f} ({o.error or 'no error'})"
+        by_kind.setdefault(o.kind, Counter())[key] += 1
+    timed = [o for o in r.outcomes if o.seconds is not None and r.signalled_at is not None]
+    lost = [asdict(o) for o, f in zip(r.outcomes, fates, strict=True) if f == "lost"]
+    return {
+        "requests": len(r.outcomes),
+        "seconds": r.seconds,
+        "accepted": accepted,
+        "answered": fates.count("answered"),
+        "lost": len(lost),
+        "refused_by_design": fates.count("refused"),
+        "client_closed": fates.count("client-closed"),
+        "unsent": fates.count("unsent"),
+        "status_5xx": sum(o.status is not None and o.status >= 500 for o in r.outcomes),
+        "valid_answered_200": len(valid_ms),
+        "valid_p50_ms": float(np.percentile(valid_ms, 50)) if valid_ms else None,
+        "valid_p99_ms": float(np.percentile(valid_ms, 99)) if valid_ms else None,
+        "peak_rss_mib": r.peak_rss_mib,
+        "server_exit_code": r.exit_code,
+        "in_flight_at_signal": sum(
+            o.started < r.signalled_at < o.started + o.seconds for o in timed
+        ),
+        "started_after_signal_answered": sum(o.started >= r.signalled_at for o in timed),
+        "server_tracebacks": r.server_output.count("Traceback"),
+        "server_log_tail": r.server_output.splitlines()[-20:],
+        "server_log_lines": len(r.server_output.splitlines()),
+        "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
+        "lost_requests": lost[:20],
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="400 requests, 8 clients")
+    parser.add_argument(
+        "--signal",
+        choices=("TERM", "KILL"),
+        default="TERM",
+        help="sent midway; KILL checks that the soak does see lost requests",
+    )
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.clients = 400, 8
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    files = jpegs(32)
+    backend, tensors = session_and_tensors(SHIPPED, files)
+    corpus = Corpus(files, tensors, backend.card.name)
+    rng = random.Random(args.seed)
+    kinds = rng.choices(list(MIX), weights=list(MIX.values()), k=args.requests)
+    valid = random.Random(args.seed).choices(VALID, k=args.requests)
+    clean = summarize(run(corpus, valid, args.clients, args.seed, None))
+    signum = signal.Signals[f"SIG{args.signal}"]
+    soak = summarize(run(corpus, kinds, args.clients, args.seed, args.requests // 2, signum))
+    rows = [("requests", "requests"), ("accepted", "accepted"), ("lost (target 0)", "lost"),
+            ("refused by design (after the signal)", "refused_by_design"),
+            ("closed by the client on purpose", "client_closed"),
+            ("5xx (target 0)", "status_5xx"), ("valid answered 200", "valid_answered_200"),
+            ("answered: in flight at the signal", "in_flight_at_signal"),
+            ("answered: sent after the signal, kept connection", "started_after_signal_answered"),
+            ("valid p50 ms", "valid_p50_ms"), ("valid p99 ms", "valid_p99_ms"),
+            ("peak RSS MiB (VmHWM)", "peak_rss_mib"), ("seconds", "seconds")]  # fmt: skip
+
+    def cell(value: Any) -> str:
+        return (
+            "-" if value is None else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+        )
+
+    print(
+        f"Soak: {args.requests} mixed requests, {args.clients} clients, SIG{args.signal} at "
+        f"request {args.requests // 2}; clean: {len(valid)} valid ones only, no signal.\n"
+    )
+    print("| measure | soak | clean |")
+    print("|---|--:|--:|")
+    for name, key in rows:
+        print(f"| {name} | {cell(soak[key])} | {cell(clean[key])} |")
+    if soak["valid_p99_ms"] and clean["valid_p99_ms"]:
+        print(f"\nvalid p99 soak / clean = {soak['valid_p99_ms'] / clean['valid_p99_ms']:.2f}")
+    report = {
+        "settings": vars(args) | {"json": str(args.json)},
+        "mix": MIX,
+        "soak": soak,
+        "clean": clean,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"Results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

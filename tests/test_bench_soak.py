@@ -1,0 +1,83 @@
+"""bench/soak.py --quick end to end: mixed, hostile, slow and abandoned requests against the real
+server on the shipped model, SIGTERM midway; nothing accepted is lost and nothing is a 5xx."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.soak import Outcome, classify
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow  # two server start-ups and 400 + 400 requests: about 10 s on 2 cores
+def test_quick_soak_loses_nothing_and_answers_no_5xx(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "bench.soak", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    soak, clean = report["soak"], report["clean"]
+    fields = {
+        "requests",
+        "accepted",
+        "answered",
+        "lost",
+        "refused_by_design",
+        "client_closed",
+        "status_5xx",
+        "valid_p99_ms",
+        "peak_rss_mib",
+        "by_kind",
+        "server_tracebacks",
+    }
+    assert fields <= set(soak)
+    assert fields <= set(clean)
+    assert soak["requests"] == clean["requests"] == 400
+    assert soak["lost"] == 0, soak["lost_requests"]
+    assert soak["status_5xx"] == clean["status_5xx"] == 0
+    assert soak["server_tracebacks"] == 0
+    assert soak["unsent"] == 0  # no upload was cut off by the server
+    # the signal came midway: some requests were answered, the later ones refused by design
+    assert 0 < soak["answered"] <= soak["accepted"] < soak["requests"]
+    assert soak["refused_by_design"] > 0
+    assert clean["lost"] == clean["refused_by_design"] == 0
+    assert clean["valid_answered_200"] == 400
+    assert soak["valid_p99_ms"] > 0
+    assert clean["valid_p99_ms"] > 0
+    assert soak["peak_rss_mib"] > 0
+    assert set(report["mix"]) <= set(soak["by_kind"])  # every kind was sent
+    assert "| lost (target 0) | 0 |" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("outcome", "fate"),
+    [
+        (Outcome(0, "valid-classify", 1.0, True, True, 200, 0.1), "answered"),
+        (Outcome(0, "valid-classify", 3.0, True, True, 200, 0.1), "answered"),
+        (Outcome(0, "valid-classify", 1.0, True, True, None, None, "RemoteDisconnected"), "lost"),
+        (Outcome(0, "slow", 1.0, True, True, None, None, "ConnectionResetError"), "lost"),
+        (Outcome(0, "valid-v2-fp32", 1.0, False, error="ConnectionRefusedError"), "lost"),
+        (Outcome(0, "png-strip", 1.0, True, False, error="BrokenPipeError"), "unsent"),
+        (Outcome(0, "valid-classify", 3.0, False, error="ConnectionRefusedError"), "refused"),
+        (Outcome(0, "valid-classify", 3.0, True, True, None, None, "TimeoutError"), "refused"),
+        (Outcome(0, "abandoned", 1.0, True, True), "client-closed"),
+        (Outcome(0, "oversized-close", 1.0, True, False), "client-closed"),
+        (Outcome(0, "abandoned", 3.0, False, error="ConnectionRefusedError"), "refused"),
+    ],
+)
+def test_a_request_is_lost_only_if_sent_before_the_signal_and_never_answered(
+    outcome: Outcome, fate: str
+) -> None:
+    assert classify(outcome, signalled_at=2.0) == fate
