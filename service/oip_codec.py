@@ -210,9 +210,10 @@ def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, 
     if not all(_is_number(e, datatype) for e in elements):
         kind = "true or false" if datatype == "BOOL" else "numbers"
         raise ProtocolError(f"input {name!r}: {datatype} 'data' must be JSON {kind}")
-    try:
-        return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
-    except (TypeError, ValueError, OverflowError):
+    try:  # a value out of the datatype's range (1e300 as FP16 or INT8) is refused, not wrapped
+        with np.errstate(over="raise", invalid="raise"):
+            return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
+    except (TypeError, ValueError, OverflowError, FloatingPointError):
         raise ProtocolError(f"input {name!r}: 'data' does not fit {datatype}") from None
 
 
