@@ -210,7 +210,7 @@ def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, 
     if not all(_is_number(e, datatype) for e in elements):
         kind = "true or false" if datatype == "BOOL" else "numbers"
         raise ProtocolError(f"input {name!r}: {datatype} 'data' must be JSON {kind}")
-    try:  # a value out of the datatype's range (1e300 as FP16 or INT8) is refused, not wrapped
+    try:  # a float out of its datatype's range (1e300 as FP16) is refused, not made inf
         with np.errstate(over="raise", invalid="raise"):
             return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
     except (TypeError, ValueError, OverflowError, FloatingPointError):

@@ -514,3 +514,15 @@ def test_compressed_requests_decompress_and_parse_or_raise_a_protocol_error(
         return
     assert len(plain) <= limit or encoding in ("", "identity")
     _parse_or_refuse(plain, length)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "value"),
+    [("FP16", "1e300"), ("FP32", "1e39"), ("INT8", "1e300"), ("INT32", "NaN"), ("UINT8", "-1")],
+)
+def test_json_numbers_outside_their_datatype_are_refused_not_wrapped(datatype, value):
+    """Found by the fuzzer: numpy cast a float out of FP16's or FP32's range to inf with only a
+    RuntimeWarning (the integer types were already refused)."""
+    body = f'{{"inputs": [{{"name": "x", "datatype": "{datatype}", "shape": [1], "data": [{value}]}}]}}'
+    with pytest.raises(ProtocolError, match=f"'data' does not fit {datatype}"):
+        parse_request(body.encode(), None)
