@@ -41,6 +41,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 #: More dimensions than any image model needs; bounds the cost of checking a shape.
 MAX_RANK = 8
 MAX_DIM = 2**31
+#: numpy's bound on an array's elements of the largest datatype (its byte size must fit intp).
+_MAX_ELEMENTS = np.iinfo(np.intp).max // 8
 _END = object()
 
 #: The protocol's datatypes and their numpy types (``BYTES``: Python ``bytes`` elements).
@@ -180,6 +182,12 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
     ):
         raise ProtocolError(
             f"input {name!r}: shape must be a list of at most {MAX_RANK} integers in [0, {MAX_DIM})"
+        )
+    # numpy refuses an array whose non-zero dimensions multiply past its index range, even
+    # when another dimension is 0 and it holds nothing ([0, 3, 2**31 - 1, 2**31 - 1])
+    if math.prod(d for d in raw if d) > _MAX_ELEMENTS:
+        raise ProtocolError(
+            f"input {name!r}: shape {raw} describes more elements than an array holds"
         )
     return tuple(raw)
 
