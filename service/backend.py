@@ -87,8 +87,7 @@ class OnnxBackend:
         try:
             accelerator = None
             if _may_accelerate(options.providers):  # TensorRT's profile needs the input size
-                card, _ = parse_card(_cpu_session(path).get_modelmeta().custom_metadata_map)
-                spec = card.input
+                spec = read_card(path).input
                 accelerator = Accelerator(
                     (spec.channels, spec.height, spec.width), options.max_batch,
                     options.engine_cache_dir, options.trt_fp16, options.cuda_graphs,

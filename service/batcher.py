@@ -58,7 +58,6 @@ class BatchStats:
     size: int
     queue_wait_s: list[float]
     inference_s: float
-    queue_depth: int = 0  # images still waiting once the batch has run
 
 
 class MicroBatcher:
@@ -199,6 +198,6 @@ class MicroBatcher:
                 job.future.set_result((logits[i], embedding[i]))
         if self._on_batch is not None:
             try:
-                self._on_batch(BatchStats(len(jobs), waits, inference, self._queue.qsize()))
+                self._on_batch(BatchStats(len(jobs), waits, inference))
             except Exception:  # a metrics hook must not stop the consumer: every later job hangs
                 log.exception("the on_batch hook failed")

@@ -93,13 +93,12 @@ class Metrics:
             "smso_batch_size", "Images per onnxruntime call",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
         )  # fmt: skip
-        # set on every submit, when a batch is taken and after it ran; summed over the live
-        # worker processes
+        # set on every submit and when a batch is taken (the batcher's on_depth): the only
+        # moments the depth changes; summed over the live worker processes
         self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference",
                                  registry=r, multiprocess_mode="livesum")  # fmt: skip
 
     def observe_batch(self, stats: BatchStats) -> None:
-        self.queue_depth.set(stats.queue_depth)
         self.batch_size.observe(stats.size)
         self.inference.observe(stats.inference_s)
         for wait in stats.queue_wait_s:

@@ -51,6 +51,15 @@ def bucket_for(n: int, sizes: Sequence[int]) -> int:
     return sizes[index]
 
 
+def _padded(images: np.ndarray, size: int) -> np.ndarray:
+    """``images`` ``(n, C, H, W)`` with zero images after them up to ``size`` rows."""
+    if len(images) == size:
+        return images
+    padded = np.zeros((size, *images.shape[1:]), np.float32)
+    padded[: len(images)] = images
+    return padded
+
+
 class PlainRunner:
     """``session.run`` on numpy arrays; pads to a bucket where ``sizes`` is given."""
 
@@ -60,10 +69,8 @@ class PlainRunner:
 
     def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = len(images)
-        if self.sizes is not None and (size := bucket_for(n, self.sizes)) != n:
-            padded = np.zeros((size, *images.shape[1:]), np.float32)
-            padded[:n] = images
-            images = padded
+        if self.sizes is not None:
+            images = _padded(images, bucket_for(n, self.sizes))
         logits, embedding = self.session.run(["logits", "embedding"], {"image": images})
         return logits[:n], embedding[:n]
 
@@ -88,13 +95,11 @@ class BoundRunner:
         self.graphs = graphs
         self._lock = threading.Lock()  # a binding's buffers serve one call at a time
         self._slots: dict[int, tuple[ort.IOBinding, ort.OrtValue, ort.RunOptions]] = {}
+
+        def value(shape: tuple[int, ...]) -> ort.OrtValue:
+            return ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, device_id)
+
         for number, size in enumerate(self.sizes):
-
-            def value(shape: tuple[int, ...]) -> ort.OrtValue:
-                return ort.OrtValue.ortvalue_from_shape_and_type(
-                    shape, np.float32, device, device_id
-                )
-
             image = value((size, *input_shape))
             image.update_inplace(np.zeros((size, *input_shape), np.float32))
             binding = session.io_binding()
@@ -109,10 +114,7 @@ class BoundRunner:
     def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = len(images)
         size = bucket_for(n, self.sizes)
-        if size != n:
-            padded = np.zeros((size, *images.shape[1:]), np.float32)
-            padded[:n] = images
-            images = padded
+        images = _padded(images, size)
         binding, image, options = self._slots[size]
         with self._lock:
             image.update_inplace(np.ascontiguousarray(images, np.float32))
