@@ -448,8 +448,11 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def resnet_model(workdir: Path) -> Path:
-    """ResNet-50 SMSO (p = 2,048) at 448 px, random weights, exported (parity checked)."""
+def resnet_model(workdir: Path, name: str = "resnet50", preset: str = "dtd", classes: int = 47,
+                 form: str = "conv", fp16: bool = False) -> Path:  # fmt: skip
+    """ResNet-50 SMSO (p = 2,048), random weights (seed 0), at ``preset``'s size (``dtd``:
+    448 px, resize 512; ``image_folder``: 224 px, resize 256; ImageNet mean and std), exported
+    to ``workdir/<name>.onnx`` in SMSO ``form`` (parity checked)."""
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -459,11 +462,11 @@ def resnet_model(workdir: Path) -> Path:
     from training.model import ModelConfig, build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(47, "resnet50", "smso", {"dim": 2048})).eval()
-    preset = PRESETS["dtd"]  # 448 px, resize 512, ImageNet mean and std
-    checkpoint = save_checkpoint(workdir / "resnet50.pt", model, preset=preset.to_dict(),
-                                 classes=[f"class{k}" for k in range(47)])  # fmt: skip
-    return export_checkpoint(checkpoint, workdir / "resnet50.onnx", batch_sizes=(1, 2)).path
+    model = build_model(ModelConfig(classes, "resnet50", "smso", {"dim": 2048})).eval()
+    checkpoint = save_checkpoint(workdir / f"{name}.pt", model, preset=PRESETS[preset].to_dict(),
+                                 classes=[f"class{k}" for k in range(classes)])  # fmt: skip
+    return export_checkpoint(checkpoint, workdir / f"{name}.onnx", form=form,  # type: ignore[arg-type]
+                             fp16=fp16, batch_sizes=(1, 2)).path  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -64,6 +64,7 @@ from bench.serve import (  # noqa: E402  (the repository root goes on the path f
     free_port,
     jpegs,
     oip_bodies,
+    resnet_model,
     scrape,
     split,
     wait_ready,
@@ -159,28 +160,15 @@ class GpuSampler:
 
 def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224
                ) -> tuple[str, str, float]:  # fmt: skip
-    """One export of ResNet-50 SMSO p = 2,048 at 224 px (the ``image_folder`` preset) or 448 px
-    (the ``dtd`` preset: resize 512), random weights, seed 0."""
+    """One export of ResNet-50 SMSO p = 2,048, 1,000 classes, at 224 px (the ``image_folder``
+    preset) or 448 px (the ``dtd`` preset: resize 512): ``bench/serve.py``'s model."""
     import torch
-
-    from export.onnx_export import export_checkpoint
-    from training.checkpoint import save_checkpoint
-    from training.datasets.presets import PRESETS
-    from training.model import ModelConfig, build_model
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 3))
     start = time.perf_counter()
-    checkpoint = Path(workdir) / f"{name}.pt"
-    preset = PRESETS["image_folder" if side == 224 else "dtd"]
-    if preset.image_size != side:
-        raise ValueError(f"no preset at {side} px")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(1000, "resnet50", "smso", {"dim": 2048})).eval()
-    save_checkpoint(checkpoint, model, preset=preset.to_dict(),
-                    classes=[f"class{k}" for k in range(1000)])  # fmt: skip
-    result = export_checkpoint(checkpoint, Path(workdir) / f"{name}.onnx", form=form,  # type: ignore[arg-type]
-                               fp16=fp16, batch_sizes=(1, 2))  # fmt: skip
-    return name, str(result.path), time.perf_counter() - start
+    preset = {224: "image_folder", 448: "dtd"}[side]
+    path = resnet_model(Path(workdir), name, preset, 1000, form, fp16)
+    return name, str(path), time.perf_counter() - start
 
 
 def models(workdir: Path, smoke: bool) -> dict[str, Any]:
