@@ -29,6 +29,7 @@ from service import schemas
 from service.backend import Backend, OnnxBackend
 from service.batcher import MicroBatcher
 from service.dependencies import ReadyState, authorize
+from service.disconnect import CancelWhenGone
 from service.drain import CloseWhenDraining
 from service.errors import ServiceError, install_error_handlers
 from service.images import Preprocessor
@@ -102,6 +103,8 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     state.backend = backend
     app.state.smso = state
     install_error_handlers(app)
+    # a client that leaves after sending its request stops its work (inside the metrics: 499)
+    app.add_middleware(CancelWhenGone)
     app.add_middleware(MetricsMiddleware, metrics=lambda: state.metrics)
     # on SIGTERM (smso-serve's DrainingServer) keep-alive clients are told the connection closes
     app.add_middleware(CloseWhenDraining, draining=lambda: state.draining)

@@ -77,6 +77,11 @@ class Metrics:
         self.images = Counter(
             "smso_images_total", "Images answered, by route", ["route"], registry=r
         )
+        self.dropped = Counter(
+            "smso_images_dropped_total",
+            "Images not decoded because their request had passed its deadline or its client left",
+            registry=r,
+        )  # fmt: skip
         self.decode = Histogram(
             "smso_decode_seconds", "Decoding and preprocessing one image",
             buckets=LATENCY_BUCKETS, registry=r,
@@ -176,6 +181,8 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive_wrapper, send_wrapper)
+            if gone and status == 500:  # no response: the client left and its work was stopped
+                status = CLIENT_CLOSED
         except Exception:
             if gone and status == 500:  # whatever the app raised, the client had left first
                 status = CLIENT_CLOSED

@@ -74,17 +74,14 @@ def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return scores, np.argsort(-scores, axis=-1, kind="stable")[..., :k]
 
 
-class _AbandonedError(Exception):
-    """The image's request has passed its deadline or gone: it is not decoded."""
-
-
 def _decode_unless_abandoned(
     state: ServiceState, upload: Upload, deadline: float, gone: threading.Event
-) -> np.ndarray:
-    """In a decode thread: the image decoded, unless its request no longer wants it (an image
-    may wait for a thread longer than its request lives)."""
+) -> np.ndarray | None:
+    """In a decode thread: the image decoded, or ``None`` (counted as dropped) when its request
+    no longer wants it: an image may wait for a thread longer than its request lives."""
     if gone.is_set() or time.perf_counter() > deadline:
-        raise _AbandonedError
+        state.metrics.dropped.inc()  # type: ignore[union-attr]
+        return None
     return state.preprocess(upload.data, upload.filename)  # type: ignore[misc]
 
 
@@ -94,21 +91,33 @@ def _deadline_exceeded(state: ServiceState) -> ServiceError:
     return ServiceError(504, "deadline_exceeded", message)
 
 
+def _retrieve(work: asyncio.Future[np.ndarray | None]) -> None:
+    """Read a decode's outcome that nobody awaits any more (its request failed or left), so
+    that asyncio does not log its exception as never retrieved."""
+    if not work.cancelled():
+        work.exception()
+
+
 async def _decode(
     state: ServiceState, upload: Upload, deadline: float, gone: threading.Event
 ) -> np.ndarray:
     loop = asyncio.get_running_loop()
     start = time.perf_counter()
+    work = loop.run_in_executor(
+        state.decoder, _decode_unless_abandoned, state, upload, deadline, gone
+    )
+    work.add_done_callback(_retrieve)
     try:
-        image = await loop.run_in_executor(
-            state.decoder, _decode_unless_abandoned, state, upload, deadline, gone
-        )
-    except _AbandonedError:
-        raise _deadline_exceeded(state) from None
+        # shielded: a request that is cancelled (its client left) leaves its images queued for
+        # the decode threads, which drop them (``gone``) and count them, instead of asyncio
+        # cancelling them unseen
+        image = await asyncio.shield(work)
     except ImageTooLargeError as error:
         raise ServiceError(413, "image_too_large", str(error)) from None
     except ImageError as error:
         raise ServiceError(400, "invalid_image", str(error)) from None
+    if image is None:
+        raise _deadline_exceeded(state)
     state.metrics.decode.observe(time.perf_counter() - start)  # type: ignore[union-attr]
     return image
 
