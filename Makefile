@@ -11,17 +11,26 @@ MODEL_RUN := runs/fashion-mnist-smso
 MODEL_DIR := models/fashion-mnist-smso
 
 SERVE_VENV ?= .venv-serve
+# The serving extra: `serving` (onnxruntime-gpu: CUDA, TensorRT and CPU) where the machine has an
+# NVIDIA driver, else `serving-cpu` (onnxruntime: the CPU only, a tenth of the download).
+SERVE_EXTRA ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; \
+  then echo serving; else echo serving-cpu; fi)
 
 # The main job: the inference service on the model this repository ships, at
 # http://127.0.0.1:8000 (settings: SMSO_* environment variables or `smso-serve --help`).
-# Its environment holds the serving dependencies only: no torch.
-serve: $(SERVE_VENV)/.installed
+# Its environment holds the serving dependencies only: no torch. Ctrl-C or SIGTERM: smso-serve
+# answers the requests in flight and exits with status 0, so make says nothing.
+serve: $(SERVE_VENV)/.installed-$(SERVE_EXTRA)
 	$(SERVE_VENV)/bin/smso-serve
 
-$(SERVE_VENV)/.installed: pyproject.toml
+# The marker names the extra installed: switching (a driver installed, SERVE_EXTRA=...) reinstalls,
+# removing both onnxruntime builds first (they provide the same module; one would hide the other).
+$(SERVE_VENV)/.installed-$(SERVE_EXTRA): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
+	rm -f $(SERVE_VENV)/.installed $(SERVE_VENV)/.installed-*
 	$(SERVE_VENV)/bin/python -m pip install --upgrade --quiet pip
-	$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[serving]'
+	$(SERVE_VENV)/bin/python -m pip uninstall --quiet --yes onnxruntime onnxruntime-gpu 2>/dev/null
+	$(SERVE_VENV)/bin/python -m pip install --quiet -e '.[$(SERVE_EXTRA)]'
 	touch $@
 
 # The full development environment (training, export, serving and test tools).

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install the serving dependencies (pyproject.toml's `serving` extra: no torch) into a virtual
-# environment. The serving Dockerfiles run it, and so does CI (`make docker-check`), in a fresh
-# venv, so a broken install step fails CI without a Docker engine.
+# Install the serving dependencies (pyproject.toml's `serving` or `serving-cpu` extra: no torch)
+# into a virtual environment. The serving Dockerfiles run it, and so does CI (`make docker-check`),
+# in a fresh venv, so a broken install step fails CI without a Docker engine.
 #
 #   docker/install-serving.sh VENV              the extra as pyproject.toml says (onnxruntime-gpu)
-#   docker/install-serving.sh VENV --cpu        the same, with onnxruntime for onnxruntime-gpu
-#                                               (same version range, 20x smaller: slim CPU image)
+#   docker/install-serving.sh VENV --cpu        the `serving-cpu` extra: the same, with onnxruntime
+#                                               for onnxruntime-gpu (same version range, a tenth
+#                                               of the download: slim CPU image)
 #   docker/install-serving.sh VENV --tensorrt   also the TensorRT libraries that onnxruntime-gpu's
 #                                               TensorRT provider links against (GPU image), and
 #                                               VENV/tensorrt_libs -> them (for LD_LIBRARY_PATH)
@@ -36,15 +37,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 
-requirements=$("$venv/bin/python" "$here/requirements.py" serving)
-if [ "$cpu" = 1 ]; then
-  # onnxruntime-gpu's version range, for the CPU-only wheel (its CPU provider is the same code)
-  grep -q '^onnxruntime-gpu' <<<"$requirements" || {
-    echo "install-serving.sh: --cpu: the serving extra names no onnxruntime-gpu to swap" >&2
-    exit 1
-  }
-  requirements=$(sed -E 's/^onnxruntime-gpu([^a-zA-Z0-9_.-]|$)/onnxruntime\1/' <<<"$requirements")
-fi
+extra=serving
+[ "$cpu" = 0 ] || extra=serving-cpu
+requirements=$("$venv/bin/python" "$here/requirements.py" "$extra")
 echo "install-serving.sh: installing into $venv:" $requirements
 mapfile -t reqs <<<"$requirements"
 "$venv/bin/python" -m pip install --quiet "${reqs[@]}"

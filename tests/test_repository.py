@@ -55,20 +55,54 @@ def test_service_never_imports_torch_or_training() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def _extras() -> dict[str, list[str]]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def _names(group: str) -> set[str]:
+    """The distributions an extra pulls, with ``smso[...]`` self-references resolved."""
+    found: set[str] = set()
+    for line in _extras()[group]:
+        requirement = Requirement(line)
+        if requirement.name == "smso":
+            for inner in requirement.extras:
+                found |= _names(inner)
+        else:
+            found.add(requirement.name)
+    return found
+
+
 def test_dependency_groups() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    groups = project["optional-dependencies"]
-
-    def names(group: str) -> set[str]:
-        return {Requirement(dep).name for dep in groups[group]}
-
-    assert {"onnxruntime-gpu", "fastapi", "uvicorn", "pydantic", "pillow", "numpy"} <= names(
+    groups = _extras()
+    assert {"onnxruntime-gpu", "fastapi", "uvicorn", "pydantic", "pillow", "numpy"} <= _names(
         "serving"
     )
-    assert not {"torch", "torchvision"} & names("serving")
+    assert not {"torch", "torchvision"} & _names("serving")
     assert "torch==2.14.1" in groups["training"]
     assert "torchvision==0.29.1" in groups["training"]
-    assert {"pytest", "ruff"} <= names("dev")
+    assert {"pytest", "ruff"} <= _names("dev")
+
+
+ONNXRUNTIMES = {"onnxruntime", "onnxruntime-gpu"}  # two builds of one module: never both
+
+
+def test_the_cpu_serving_install_swaps_only_onnxruntime_and_keeps_its_version() -> None:
+    gpu, cpu = _names("serving"), _names("serving-cpu")
+    assert gpu - cpu == {"onnxruntime-gpu"}
+    assert cpu - gpu == {"onnxruntime"}
+    common = [line for line in _extras()["serving-common"] if Requirement(line).name != "smso"]
+    assert not ONNXRUNTIMES & {Requirement(line).name for line in common}
+    specifiers = {
+        Requirement(line).name: Requirement(line).specifier
+        for group in ("serving", "serving-cpu")
+        for line in _extras()[group]
+    }
+    assert specifiers["onnxruntime"] == specifiers["onnxruntime-gpu"]
+
+
+@pytest.mark.parametrize("group", ["serving", "serving-cpu", "export", "dev"])
+def test_no_extra_installs_both_onnxruntime_builds(group: str) -> None:
+    assert len(_names(group) & ONNXRUNTIMES) == 1, _names(group) & ONNXRUNTIMES
 
 
 def test_ci_runs_the_readme_test_command() -> None:
