@@ -2,7 +2,8 @@
 
 Routes: ``POST /classify`` and ``POST /embed`` (images in, predictions or p-dim embeddings out),
 ``GET /healthz`` (alive), ``GET /readyz`` (model loaded and each batch-size bucket warmed up),
-``GET /metadata`` (the model card), ``GET /metrics`` (Prometheus), and the OpenAPI docs.
+``GET /metadata`` (the model card), ``GET /metrics`` (Prometheus), and the OpenAPI docs
+(``service.docs``: offline, ``GET /`` leads there).
 
 Per request: the images are read under the upload limits (``service.inputs``), decoded and
 preprocessed in a thread pool (``service.images``), each queued in the micro-batcher
@@ -30,6 +31,7 @@ from service.backend import Backend, OnnxBackend
 from service.batcher import MicroBatcher
 from service.dependencies import ReadyState, authorize
 from service.disconnect import CancelWhenGone
+from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import ServiceError, install_error_handlers
 from service.images import Preprocessor
@@ -89,13 +91,16 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
                 await state.batcher.stop()  # every queued image is answered first
             state.decoder.shutdown(wait=True)
 
+    # with an API key the docs (model routes, limits) are for key holders unless opened
+    docs = settings.api_key is None or settings.docs_public
     app = FastAPI(
         title="SMSO inference service",
         description="Class predictions and compact second-order (SMSO) embeddings of images.",
         version="1",
         lifespan=lifespan,
-        # with an API key the schema (model routes, limits) is for key holders unless opened
-        openapi_url="/openapi.json" if settings.api_key is None or settings.docs_public else None,
+        openapi_url="/openapi.json" if docs else None,
+        docs_url=None,  # service.docs serves them, offline
+        redoc_url=None,
         # no redirect from /classify/ to /classify: its Location would be built from the
         # client's Host header (and a POST's body lost on the way)
         redirect_slashes=False,
@@ -188,6 +193,8 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         return JSONResponse({"model": _model(s), "dim": dim, "results": results})
 
     app.include_router(build_router())
+    if docs:
+        install_docs(app)  # /docs, /redoc and / -> /docs; else all three are 404
     return app
 
 

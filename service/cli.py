@@ -2,8 +2,10 @@
 
 Every setting is a flag (``--max-batch-size 32``) or an environment variable with the prefix
 ``SMSO_`` (``SMSO_MAX_BATCH_SIZE=32``); flags win. Settings are validated once, here: a wrong
-one prints one line saying what is accepted and exits with status 2. SIGTERM (or Ctrl-C) stops
-taking new connections, answers the requests in flight and exits.
+one prints one line saying what is accepted and exits with status 2. Once it listens it logs
+where to go (the address, and the API docs at ``/docs`` where they are served). SIGTERM (or
+Ctrl-C) stops taking new connections, answers the requests in flight and exits with status 0
+(a second Ctrl-C cuts the drain short: status 1).
 
 With ``--workers N`` (N > 1) uvicorn's supervisor runs N server processes on the one port, each
 loading the model with its own session, batcher and decode threads; ``/metrics`` combines their
@@ -36,6 +38,8 @@ from service.providers import TENSORRT, check_providers, prepare_engine_cache
 from service.settings import Settings
 
 __all__ = ["main"]
+
+log = logging.getLogger("service")
 
 
 def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
@@ -87,14 +91,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(settings, backend)
     config = _config(settings, app)
     state = app.state.smso
-    server = DrainingServer(config, on_drain=lambda: setattr(state, "draining", True))
+    server = _Server(
+        config,
+        on_drain=lambda: setattr(state, "draining", True),
+        where="SMSO service ready on " + where_to_go(settings, listener),
+    )
     try:
         server.run(sockets=[listener])
     except SystemExit as stop:  # uvicorn exits itself when the app's lifespan fails to start
         return stop.code if isinstance(stop.code, int) else 1
     finally:
         listener.close()
-    return 0 if server.started else 1
+    return 0 if server.started and not server.force_exit else 1
+
+
+def where_to_go(settings: Settings, listener: socket.socket) -> str:
+    """For the start-up line: the service's address and where its API docs are (or why not)."""
+    host, port = settings.host, listener.getsockname()[1]
+    # a wildcard address listens everywhere but is no address to open: name the loopback one
+    shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    everywhere = f" (listening on {host or 'every address'})" if shown != host else ""
+    if settings.api_key is None or settings.docs_public:
+        return f"{base}{everywhere} - API docs at {base}/docs"
+    return (
+        f"{base}{everywhere} - API docs closed (SMSO_API_KEY is set; SMSO_DOCS_PUBLIC=true "
+        "opens /docs)"
+    )
+
+
+class _Server(DrainingServer):
+    """The server as smso-serve runs it: logs ``where`` once it listens, and after the drain
+    that SIGTERM or Ctrl-C started, returns instead of dying of that signal (uvicorn raises it
+    again once it has shut down: the process would end killed by it, and ``make serve`` print
+    "Interrupt" or "Error 130" for a clean stop)."""
+
+    def __init__(self, config: ServerConfig, on_drain: Any, where: str) -> None:
+        super().__init__(config, on_drain)
+        self.where = where
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # uvicorn logs no address for sockets it was given
+            log.info("%s", self.where)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()  # drained: nothing to raise again
 
 
 def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
@@ -160,6 +207,11 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     ):
         config = _config(settings, "service.app:app_from_environment", factory=True,
                          workers=settings.workers)  # fmt: skip
+        log.info(
+            "SMSO service starting %d workers on %s",
+            settings.workers,
+            where_to_go(settings, listener),
+        )
         try:
             Multiprocess(config, sockets=[listener]).run()
         finally:

@@ -1,0 +1,106 @@
+"""What a new user meets first: ``GET /`` leads to the docs, the docs work offline, a raw-body
+image can name itself, and ``make serve`` stops quietly on Ctrl-C and SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import free_port, wait_http_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTENT_TYPES = {".js": "javascript", ".css": "text/css", ".png": "image/png"}
+
+
+def _local_urls(html: str) -> list[str]:
+    """Every URL the page loads: src and href attributes, and Swagger UI's or ReDoc's schema."""
+    urls = re.findall(r'(?:src|href)="([^"]*)"', html)
+    urls += re.findall(r"url: '([^']*)'", html) + re.findall(r'spec-url="([^"]*)"', html)
+    return urls
+
+
+@pytest.mark.parametrize("settings", [{}, {"api_key": "s3cret", "docs_public": True}])
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_load_only_local_files_that_the_server_has(make_client, settings, page):
+    client = make_client(**settings)
+    html = client.get(page).text
+    assert "://" not in html, "the page loads something from another host"
+    urls = _local_urls(html)
+    assert "/openapi.json" in urls
+    assert len(urls) >= 3  # the schema, the script and the favicon (and Swagger UI's style)
+    for url in urls:
+        assert url.startswith("/"), url
+        response = client.get(url)
+        assert response.status_code == 200, url
+        if url != "/openapi.json":
+            kind = CONTENT_TYPES[Path(url).suffix]
+            assert kind in response.headers["content-type"], (url, response.headers)
+            assert len(response.content) > 1000 or kind == "image/png", url
+
+
+@pytest.mark.parametrize("settings", [{}, {"api_key": "s3cret", "docs_public": True}])
+def test_the_root_redirects_to_the_docs_where_they_are_served(make_client, settings):
+    client = make_client(**settings)
+    response = client.get("/", follow_redirects=False)
+    assert response.status_code in (302, 307)
+    assert response.headers["location"] == "/docs"
+    assert client.get("/", follow_redirects=True).status_code == 200
+
+
+def test_with_an_api_key_the_root_and_the_docs_files_are_unknown_paths(make_client):
+    client = make_client(api_key="s3cret")
+    key = {"X-API-Key": "s3cret"}  # the docs stay closed to key holders too, as before
+    for path in ["/", "/docs", "/redoc", "/docs-assets/swagger-ui-bundle.js", "/openapi.json"]:
+        for headers in ({}, key):
+            response = client.get(path, headers=headers, follow_redirects=False)
+            assert response.status_code == 404, path
+            assert response.json()["error"]["code"] == "not_found", path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_make_serve_says_where_to_go_and_stops_quietly(tmp_path, shipped_model, sig):
+    """``make serve`` in its own process group, signalled as a terminal's Ctrl-C (SIGINT to the
+    group) or as ``docker stop``/systemd do (SIGTERM): smso-serve drains and exits 0, so make
+    prints no "Interrupt" or "Error" line. make itself then ends by the signal it got, as any
+    program a terminal interrupts (a shell prints nothing for it)."""
+    venv = tmp_path / "venv"  # the development venv's smso-serve, as `make serve` would install
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "smso-serve").symlink_to(Path(sys.executable).parent / "smso-serve")
+    (venv / ".installed-serving-cpu").touch()  # newer than pyproject.toml: no install
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env |= {"SMSO_PORT": str(port), "SMSO_MODEL_PATH": shipped_model}  # `make test` runs this
+    make = subprocess.Popen(
+        ["make", "--no-print-directory", "serve", f"SERVE_VENV={venv}", "SERVE_EXTRA=serving-cpu"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http_ready(base, lambda: None if make.poll() is None else make.stderr.read())
+        assert httpx.get(f"{base}/").headers["location"] == "/docs"  # httpx does not follow
+        time.sleep(0.2)
+        os.killpg(make.pid, sig)
+        _, stderr = make.communicate(timeout=60)
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+            make.wait()
+    assert f"SMSO service ready on {base} - API docs at {base}/docs" in stderr
+    assert "make:" not in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "Finished server process" in stderr
+    assert make.returncode in (0, -sig), make.returncode
