@@ -35,7 +35,7 @@ from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import ServiceError, install_error_handlers
 from service.images import Preprocessor
-from service.inputs import Upload, read_uploads
+from service.inputs import MAX_FILENAME, Upload, read_uploads
 from service.metrics import Metrics, MetricsMiddleware, exposition
 from service.oip import build_router
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
@@ -61,7 +61,18 @@ IMAGE_BODY = {
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},
         },
-    }
+    },
+    # read by service.inputs, which validates it: declared here for the docs only
+    "parameters": [
+        {
+            "name": "filename",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string", "maxLength": MAX_FILENAME},
+            "description": "the name of an image sent as the raw body, in the results (else "
+            "its Content-Disposition filename, else 'body'); parts are named by their filenames",
+        }
+    ],
 }
 
 

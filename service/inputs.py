@@ -1,5 +1,10 @@
 """The images of a request: multipart parts named ``file``, or one image as the raw body.
 
+A part is named by its filename. A raw body is named by ``?filename=`` or, failing that, by
+its ``Content-Disposition: inline; filename="a.png"`` header (``filename*=UTF-8''...`` too), and
+is ``"body"`` without either; a name is at most ``MAX_FILENAME`` characters without control
+characters (422 otherwise), and is only echoed back in the results.
+
 Limits are enforced while reading, before anything is decoded: the request body
 (``max_request_bytes``, from ``Content-Length`` when given and counted as it streams in either
 way), each file (``max_upload_bytes``) and the number of files (``max_files``). Content types
@@ -9,6 +14,8 @@ accepted and judged by its bytes.
 
 from __future__ import annotations
 
+import email.message
+import unicodedata
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -19,9 +26,11 @@ from starlette.types import Message
 
 from service.errors import ServiceError
 
-__all__ = ["Upload", "read_body", "read_uploads", "too_large"]
+__all__ = ["MAX_FILENAME", "Upload", "read_body", "read_uploads", "too_large"]
 
 GENERIC_TYPES = {"", "application/octet-stream"}
+#: The longest name a raw body may give itself (a file name's usual limit).
+MAX_FILENAME = 255
 
 
 @dataclass(frozen=True)
@@ -147,9 +156,37 @@ async def read_uploads(
             raise too_large("the image", max_upload_bytes)
         if not data:
             raise ServiceError(400, "empty_image", "the request body is empty; send an image")
-        return [Upload("body", data)]
+        return [Upload(body_filename(request), data)]
     raise ServiceError(
         415, "unsupported_media_type",
         f"content type {kind or 'none'!r} is not accepted; send multipart/form-data with parts "
         "named 'file', or one image as the body with an image/* content type",
     )  # fmt: skip
+
+
+def body_filename(request: Request) -> str:
+    """The name a raw-body image gives itself: ``?filename=``, else the ``Content-Disposition``
+    header's filename, else ``"body"``; 422 for a name that is empty, too long or holds control
+    characters."""
+    name = request.query_params.get("filename")
+    where = "?filename="
+    if name is None and "content-disposition" in request.headers:
+        header = email.message.Message()
+        header["content-disposition"] = request.headers["content-disposition"]
+        name, where = header.get_filename(), "the Content-Disposition filename"
+    if name is None:
+        return "body"
+    if not name.strip():
+        problem = "is empty"
+    elif len(name) > MAX_FILENAME:
+        problem = f"is {len(name):,} characters long; at most {MAX_FILENAME}"
+    elif any(unicodedata.category(c) == "Cc" for c in name):
+        problem = "holds control characters"
+    else:
+        return name
+    raise ServiceError(
+        422,
+        "invalid_filename",
+        f"{where} {problem}; name the image with a short printable name, e.g. ?filename=a.png, "
+        "or send no name (the image is then called 'body')",
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import free_port, wait_http_ready
+from .conftest import free_port, grey, wait_http_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTENT_TYPES = {".js": "javascript", ".css": "text/css", ".png": "image/png"}
@@ -63,6 +63,79 @@ def test_with_an_api_key_the_root_and_the_docs_files_are_unknown_paths(make_clie
             response = client.get(path, headers=headers, follow_redirects=False)
             assert response.status_code == 404, path
             assert response.json()["error"]["code"] == "not_found", path
+
+
+@pytest.mark.parametrize(
+    ("params", "headers", "name"),
+    [
+        ({}, {}, "body"),
+        ({"filename": "boot.png"}, {}, "boot.png"),
+        ({}, {"Content-Disposition": 'inline; filename="shirt.png"'}, "shirt.png"),
+        ({}, {"Content-Disposition": "attachment; filename=coat.png"}, "coat.png"),
+        ({}, {"Content-Disposition": "inline; filename*=UTF-8''na%C3%AFve.png"}, "naïve.png"),
+        ({}, {"Content-Disposition": "inline"}, "body"),
+        (
+            {"filename": "query.png"},
+            {"Content-Disposition": 'inline; filename="h.png"'},
+            "query.png",
+        ),
+    ],
+)
+def test_a_raw_body_can_name_itself(make_client, params, headers, name):
+    client = make_client()
+    for route in ("/classify", "/embed"):
+        response = client.post(
+            route,
+            content=grey(100),
+            params=params,
+            headers={"Content-Type": "image/png", **headers},
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["results"][0]["filename"] == name
+
+
+@pytest.mark.parametrize(
+    ("params", "headers", "problem"),
+    [
+        ({"filename": ""}, {}, "is empty"),
+        ({"filename": "x" * 256}, {}, "at most 255"),
+        ({"filename": "a\x00b.png"}, {}, "control characters"),
+        ({"filename": "a\nb.png"}, {}, "control characters"),
+        ({}, {"Content-Disposition": 'inline; filename=""'}, "is empty"),
+        ({}, {"Content-Disposition": "inline; filename*=UTF-8''a%07b.png"}, "control characters"),
+        ({}, {"Content-Disposition": f'inline; filename="{"y" * 300}"'}, "at most 255"),
+    ],
+)
+def test_a_bad_name_is_422_and_says_what_is_wrong(make_client, params, headers, problem):
+    response = make_client().post(
+        "/classify",
+        content=grey(100),
+        params=params,
+        headers={"Content-Type": "image/png", **headers},
+    )
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_filename"
+    assert problem in error["message"]
+    where = "?filename=" if params else "Content-Disposition"
+    assert where in error["message"]
+
+
+def test_a_name_of_the_longest_length_is_kept(make_client):
+    name = "é" * 251 + ".png"
+    response = make_client().post(
+        "/classify",
+        content=grey(100),
+        params={"filename": name},
+        headers={"Content-Type": "image/png"},
+    )
+    assert response.json()["results"][0]["filename"] == name
+
+
+def test_the_filename_parameter_is_documented(make_client):
+    operation = make_client().get("/openapi.json").json()["paths"]["/classify"]["post"]
+    names = [p["name"] for p in operation["parameters"]]
+    assert names == ["top_k", "filename"]
 
 
 @pytest.mark.slow
