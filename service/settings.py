@@ -113,8 +113,9 @@ class Settings(BaseSettings):
     )
     docs_public: bool = Field(
         False,
-        description="serve /docs, /redoc and /openapi.json even when api_key is set (without "
-        "a key they are always served; with one and this off they are 404)",
+        description="serve the API docs (/docs, /redoc, /openapi.json, and / redirecting to "
+        "/docs) even when api_key is set (without a key they are always served; with one and "
+        "this off they are 404)",
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -103,6 +104,25 @@ def test_the_cpu_serving_install_swaps_only_onnxruntime_and_keeps_its_version() 
 @pytest.mark.parametrize("group", ["serving", "serving-cpu", "export", "dev"])
 def test_no_extra_installs_both_onnxruntime_builds(group: str) -> None:
     assert len(_names(group) & ONNXRUNTIMES) == 1, _names(group) & ONNXRUNTIMES
+
+
+def _readme_settings() -> set[str]:
+    """The ``SMSO_`` names in the README's Service section (up to the first table)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Service\n", 1)[1].split("\n|", 1)[0]
+    return set(re.findall(r"`(SMSO_[A-Z0-9_]+)`", section))
+
+
+def test_the_readme_lists_every_setting_and_no_other() -> None:
+    from service.settings import Settings
+
+    prefix = Settings.model_config["env_prefix"]
+    fields = {prefix + name.upper() for name in Settings.model_fields}
+    listed = _readme_settings()
+    assert not fields - listed, f"settings missing from the README: {sorted(fields - listed)}"
+    assert not listed - fields, (
+        f"the README lists settings that do not exist: {sorted(listed - fields)}"
+    )
 
 
 def test_ci_runs_the_readme_test_command() -> None:
