@@ -23,6 +23,7 @@ __all__ = [
     "Splits",
     "check_partition",
     "class_folders",
+    "holdout_rule",
     "image_splits",
     "locate",
     "need_root",
@@ -171,6 +172,11 @@ def stratified_holdout(
     return train, val
 
 
+def holdout_rule(fraction: float, seed: int, split: str) -> str:
+    """``stratified_holdout``'s rule in words, for ``Splits.validation``."""
+    return f"{fraction:.0%} of each class of {split} held out at random (seed {seed})"
+
+
 class ImageList(Dataset):
     """Labelled image files: item ``i`` is ``(transform(RGB image), label)``.
 
@@ -218,6 +224,7 @@ class Splits:
 
     ``train_eval`` holds the training images with the evaluation transform (no augmentation): the
     data for statistics of the trained model's inputs, such as SMSO's recalibrated ``Sigma``.
+    ``validation`` says in words where the validation images came from (saved with the run).
     """
 
     train: Dataset
@@ -225,6 +232,7 @@ class Splits:
     test: Dataset
     classes: list[str]
     train_eval: Dataset
+    validation: str = ""  # how the validation split was made, e.g. "10% of each class of train"
 
 
 def image_splits(
@@ -233,9 +241,10 @@ def image_splits(
     test: Sequence[tuple[Path, int]],
     classes: Sequence[str],
     preset: Preset,
+    validation: str = "",
 ) -> Splits:
     """RGB ``ImageList`` splits: train with the preset's training transform, val and test with
-    its evaluation transform."""
+    its evaluation transform; ``validation`` says where val came from."""
     train_tf, eval_tf = preset.train_transform(), preset.eval_transform()
     train_images = ImageList(train, classes, train_tf)
     return Splits(
@@ -244,4 +253,5 @@ def image_splits(
         test=ImageList(test, classes, eval_tf),
         classes=list(classes),
         train_eval=train_images.with_transform(eval_tf),
+        validation=validation,
     )

@@ -24,6 +24,7 @@ from training.datasets.base import (
     DatasetLayoutError,
     Splits,
     check_partition,
+    holdout_rule,
     image_splits,
     locate,
     need_root,
@@ -92,4 +93,5 @@ def cub200(
             )
         (train_all if is_train == "1" else test).append((path, class_ids[class_id]))
     train, val = stratified_holdout(train_all, VAL_FRACTION, seed)
-    return image_splits(train, val, test, classes, preset)
+    rule = holdout_rule(VAL_FRACTION, seed, "train_test_split.txt's training images")
+    return image_splits(train, val, test, classes, preset, rule)

@@ -60,4 +60,5 @@ def dtd(
         )
         for split in ("train", "val", "test")
     )
-    return image_splits(train, val, test, classes, preset)
+    rule = f"DTD's val{partition}.txt"
+    return image_splits(train, val, test, classes, preset, rule)

@@ -162,4 +162,6 @@ def fashion_mnist(
         test=TensorImages(test_images, test_labels, CLASSES, eval_transform),
         classes=list(CLASSES),
         train_eval=train.with_transform(eval_transform),
+        validation=f"{val_size} of the {len(labels)} training images held out at random "
+        f"(seed {seed})",
     )

@@ -26,6 +26,7 @@ from training.datasets.base import (
     Splits,
     check_partition,
     class_folders,
+    holdout_rule,
     image_splits,
     need_root,
     stratified_holdout,
@@ -70,6 +71,8 @@ def image_folder(
     test = _samples(root / "test", index)
     if (root / "val").exists():
         val = _samples(root / "val", index)
+        rule = f"the images of {root / 'val'}"
     else:
         train, val = stratified_holdout(train, VAL_FRACTION, seed)
-    return image_splits(train, val, test, classes, preset)
+        rule = holdout_rule(VAL_FRACTION, seed, str(root / "train"))
+    return image_splits(train, val, test, classes, preset, rule)

@@ -67,4 +67,5 @@ def minc2500(
         )
         for split in ("train", "validate", "test")
     )
-    return image_splits(train, val, test, classes, preset)
+    rule = f"MINC-2500's validate{partition}.txt"
+    return image_splits(train, val, test, classes, preset, rule)

@@ -23,6 +23,7 @@ from training.datasets.base import (
     Splits,
     check_partition,
     class_folders,
+    holdout_rule,
     image_splits,
     need_root,
     read_image_list,
@@ -48,4 +49,5 @@ def mit_indoor(
     )
     test = read_image_list(root / "TestImages.txt", "MIT-Indoor's test list", images, index, source)
     train, val = stratified_holdout(train_all, VAL_FRACTION, seed)
-    return image_splits(train, val, test, classes, preset)
+    rule = holdout_rule(VAL_FRACTION, seed, "TrainImages.txt")
+    return image_splits(train, val, test, classes, preset, rule)
