@@ -1,21 +1,41 @@
-"""What the console scripts share: a user's mistake is one error line and exit status 2."""
+"""What the console scripts share: a user's mistake is one error line and exit status 2, and
+help that shows each flag's default once."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
 from training.backbones import PretrainedWeightsError
 from training.checkpoint import CheckpointError
 from training.datasets import DatasetLayoutError
+from training.divergence import DivergenceError
 
-__all__ = ["USER_ERRORS", "run_cli"]
+__all__ = ["USER_ERRORS", "HelpFormatter", "run_cli"]
 
 #: Errors caused by what the user gave (settings, files, datasets, weights), not by a bug.
-#: ConfigError, UnknownHeadError and UnknownBackboneError are ValueErrors.
+#: ConfigError, UnknownHeadError and UnknownBackboneError are ValueErrors; DivergenceError is
+#: a learning rate too high for the data.
 USER_ERRORS: tuple[type[Exception], ...] = (
     ValueError, FileNotFoundError, DatasetLayoutError, CheckpointError, PretrainedWeightsError,
+    DivergenceError,
 )  # fmt: skip
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help where X is a value (not None or False) and
+    the help does not already say its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings and "default" not in text and default is not argparse.SUPPRESS
+            and default is not None and default is not False
+        ):  # fmt: skip
+            text += " (default: %(default)s)"
+        return text
 
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:

@@ -2,8 +2,8 @@
 
 Precedence: dataclass defaults < config file (``--config run.toml`` or ``.json``) < command-line
 flags. ``resolve()`` fills in the recipe's defaults that depend on other fields (learning rate by
-backbone, the paper's reduction width by head, the loss by head), so the saved ``config.json``
-states every value the run used.
+backbone, the small CNN's widths, the loss by head, the validation hold-out by dataset), so the
+saved ``config.json`` states every value the run used.
 """
 
 from __future__ import annotations
@@ -19,13 +19,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.heads import head_spec
+from training.backbones import BACKBONES
+from training.cli import HelpFormatter
+from training.datasets import DATASETS
+from training.heads import HEADS, head_spec
 from training.model import ModelConfig
 
-__all__ = ["LR_BY_BACKBONE", "ConfigError", "TrainConfig", "parse_train_config"]
+__all__ = [
+    "FASHION_MNIST_VAL_SIZE",
+    "LR_BY_BACKBONE",
+    "SMALL_CNN_WIDTH",
+    "ConfigError",
+    "TrainConfig",
+    "build_parser",
+    "parse_train_config",
+]
 
-#: The paper's learning rates (fine-tuning from ImageNet weights), and one for the small CNN.
-LR_BY_BACKBONE = {"vgg16": 0.001, "resnet50": 0.01, "resnet18": 0.01, "small_cnn": 0.05}
+#: The paper's learning rates (fine-tuning from ImageNet weights), and the shipped Fashion-MNIST
+#: model's for the small CNN from scratch (0.05 made it diverge on a few hundred images).
+LR_BY_BACKBONE = {"vgg16": 0.001, "resnet50": 0.01, "resnet18": 0.01, "small_cnn": 0.01}
+#: The small CNN's reduction width c and SMSO dimension p when not given: the shipped model's.
+#: The paper's (c = 256, p = 2,048) suit VGG and ResNet features; on the small CNN's 128 channels
+#: p = 2,048 standardised outputs make the logits and their gradients so large that a few hundred
+#: images diverge (train loss 4 -> 35 at lr 0.05, 130 in the first epoch at 0.01).
+SMALL_CNN_WIDTH = 64
+#: Fashion-MNIST's validation images held out of its 60,000 training images when not given.
+FASHION_MNIST_VAL_SIZE = 5000
 SCHEDULES = ("plateau", "cosine")
 LOSSES = ("auto", "cross_entropy", "hinge")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
@@ -43,13 +62,13 @@ class TrainConfig:
     dataset: str = "fashion_mnist"  # key of training.datasets.DATASETS
     data_root: str | None = None  # dataset folder; None: Debian's Fashion-MNIST (others need one)
     partition: int = 1  # DTD's partition 1-10, MINC-2500's split 1-5
-    val_size: int = 5000  # Fashion-MNIST: images held out of the training set for validation
+    val_size: int | None = None  # Fashion-MNIST's held-out validation images (None: 5,000)
     image_size: int | None = None  # input crop side; None: the dataset preset's
     # model
     backbone: str = "small_cnn"  # key of training.backbones.BACKBONES
     head: str = "smso"  # key of training.heads.HEADS
     head_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"dim": 64}
-    reduce_dim: int | str | None = "paper"  # 1x1 conv width; "paper": 512 BP/DeepO2P/CBP, 256 else
+    reduce_dim: int | str | None = "paper"  # 1x1 conv width; "paper": see _HELP
     pretrained: str | None = None  # "imagenet", a weights file, or None (random init)
     init_from: str | None = None  # a checkpoint whose backbone starts the run (LRBP from BP's)
     # optimisation (the paper: SGD with momentum, lr / 10 after 8 epochs without a better val loss)
@@ -113,11 +132,23 @@ class TrainConfig:
         )  # fmt: skip
 
     def resolve(self) -> TrainConfig:
-        """The same config with every recipe default made explicit (the loss from the head's
-        spec; raises ``UnknownHeadError`` for an unknown head)."""
+        """The same config with every recipe default made explicit: the lr by backbone, the
+        small CNN's widths, the loss from the head's spec, ``val_size`` where the dataset reads
+        it (None elsewhere: the run's ``splits.json`` says how its validation split was made).
+        Raises ``UnknownHeadError`` for an unknown head."""
         lr = self.lr if self.lr is not None else LR_BY_BACKBONE.get(self.backbone, 0.01)
         loss = head_spec(self.head).loss if self.loss == "auto" else self.loss
-        return dataclasses.replace(self, lr=lr, loss=loss)
+        reduce_dim, options = self.reduce_dim, dict(self.head_options)
+        if self.backbone == "small_cnn":
+            reduce_dim = SMALL_CNN_WIDTH if reduce_dim == "paper" else reduce_dim
+            if self.head == "smso":
+                options.setdefault("dim", SMALL_CNN_WIDTH)
+        val_size = None
+        if self.dataset == "fashion_mnist":
+            val_size = FASHION_MNIST_VAL_SIZE if self.val_size is None else self.val_size
+        return dataclasses.replace(
+            self, lr=lr, loss=loss, reduce_dim=reduce_dim, head_options=options, val_size=val_size
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -185,29 +216,109 @@ def _check_types(data: dict[str, Any]) -> None:
             raise ConfigError(f"setting {name} must be {names}, got {value!r}")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _imagenet_backbones() -> str:
+    return ", ".join(name for name, spec in BACKBONES.items() if spec.imagenet is not None)
+
+
+#: The help of each setting's flag; "(default: ...)" is added where the default is a value.
+_HELP = {
+    "dataset": "the dataset and its layout; image_folder: your own images in "
+    "DATA_ROOT/train/<class>/ and DATA_ROOT/test/<class>/ (optional val/<class>/), classes "
+    "named by the folders in sorted order",
+    "data_root": "the dataset's folder (default: Debian's Fashion-MNIST for fashion_mnist; "
+    "required for the others)",
+    "partition": "DTD's partition 1-10, MINC-2500's split 1-5; 1 for the other datasets",
+    "val_size": "Fashion-MNIST only: training images held out for validation (default: "
+    f"{FASHION_MNIST_VAL_SIZE:,}). image_folder uses val/ when it exists, else holds out 10%% "
+    "of each class of train/, as MIT-Indoor and CUB-200 do; DTD and MINC-2500 use their own "
+    "validation lists. splits.json in the run folder records what was done",
+    "image_size": "side of the square crop the model sees, in pixels (default: the dataset's: "
+    "28 Fashion-MNIST, 224 image_folder and MINC-2500, 448 the others); 32 or 64 suit the "
+    "small CNN",
+    "backbone": "the convolutional trunk; small_cnn trains from scratch in minutes on a CPU, "
+    "the others want ImageNet weights (--pretrained) and a GPU",
+    "head": "the pooling head: smso is this project's, the others the paper's baselines",
+    "head_options": "the head's options as JSON, e.g. '{\"dim\": 64}' for SMSO's p (default: "
+    f"the head's own; SMSO on small_cnn: p = {SMALL_CNN_WIDTH})",
+    "reduce_dim": "channels c of the 1x1 conv before the head, an integer, 'paper' (512 for "
+    f"BP, DeepO2P and CBP, 256 for the others; {SMALL_CNN_WIDTH} on small_cnn) or 'none' (no "
+    "conv)",
+    "pretrained": "backbone weights: 'imagenet' (torchvision's, downloaded once; "
+    f"{_imagenet_backbones()}) or a local .pt/.pth file of the torchvision model's or the "
+    "backbone's state dict (default: random initialisation)",
+    "init_from": "a checkpoint whose backbone weights start this run (LRBP from BP's)",
+    "epochs": "passes over the training images",
+    "batch_size": "images per step (per process under torchrun)",
+    "lr": "SGD learning rate (default: by backbone: "
+    + ", ".join(f"{k} {v:g}" for k, v in LR_BY_BACKBONE.items())
+    + "); lower it if the loss grows or becomes NaN",
+    "new_layer_lr_mult": "learning-rate multiplier for the new layers (1x1 conv, head, classifier)",
+    "momentum": "SGD momentum",
+    "weight_decay": "L2 weight decay (not on biases and 1-d parameters)",
+    "schedule": "plateau: lr x plateau-factor after plateau-patience epochs without a lower "
+    "validation loss (the paper's); cosine: cosine decay to 0 over the run",
+    "plateau_patience": "epochs without a lower validation loss before the lr drops",
+    "plateau_factor": "what the lr is multiplied by when it drops",
+    "loss": "the training loss; auto: the head's own (hinge for LRBP, else cross_entropy)",
+    "label_smoothing": "cross-entropy label smoothing in [0, 1)",
+    "device": "auto (cuda when available, else cpu), cpu, cuda or cuda:N",
+    "amp": "mixed precision: auto (bf16 where the GPU supports it, else fp16; off on a CPU), "
+    "bf16, fp16 or off (float32)",
+    "channels_last": "channels-last memory layout (faster convolutions on GPUs)",
+    "workers": "data-loading processes per training process (0: load in the main process)",
+    "seed": "seed of the initialisation, the data order and the validation hold-out",
+    "out": "the run folder: config.json, splits.json, metrics.jsonl, last.pt, best.pt, test.json",
+    "resume": "continue the run in --out from its last.pt",
+    "stop_after": "stop after this epoch, to --resume later (default: run every epoch)",
+    "eval_test": "evaluate best.pt on the test split at the end (test.json)",
+    "recalibrate": "at the end, re-estimate SMSO's Sigma in best.pt over the training images",
+}
+_CHOICES = {
+    "dataset": sorted(DATASETS), "backbone": list(BACKBONES), "head": list(HEADS),
+    "schedule": SCHEDULES, "loss": LOSSES, "amp": AMP_MODES,
+}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``smso-train``'s parser: a flag per setting, each with its help."""
     parser = argparse.ArgumentParser(
         prog="smso-train",
         description="Train an SMSO model (or a baseline head) with the paper's recipe. "
-        "Settings: the defaults below, then --config, then flags.",
+        "Settings: the defaults below, then --config, then flags; the run folder's config.json "
+        "records every value used.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--config", type=Path, help="TOML or JSON file of settings")
+    parser.add_argument("--config", type=Path, help="a TOML or JSON file of settings, named as "
+                        "the flags below with _ for - (configs/ holds examples)")  # fmt: skip
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        # default=None: a flag not given leaves the config file's value (or the dataclass's)
         if hints[f.name] is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"(default: {default!r})")  # fmt: skip
+                                help=_flag_help(f.name, default))  # fmt: skip
         else:
             parser.add_argument(flag, type=_parser_type(f.name, hints[f.name]), default=None,
-                                help=f"(default: {default!r})")  # fmt: skip
+                                help=_flag_help(f.name, default))  # fmt: skip
     return parser
+
+
+def _flag_help(name: str, default: Any) -> str:
+    """The setting's help, its valid values (checked where the config is used, so a wrong one
+    is one error line) and its default where it is a value the help does not already give."""
+    text = _HELP[name]
+    if name in _CHOICES:
+        text += f"; one of: {', '.join(_CHOICES[name])}"
+    if default is not None and default != {} and "(default:" not in text:
+        shown = ("on" if default else "off") if isinstance(default, bool) else default
+        text += f" (default: {shown})"
+    return text
 
 
 def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
     """Build the config from ``--config`` and flags; raise ``ConfigError`` on a bad setting."""
-    args = vars(_parser().parse_args(argv))
+    args = vars(build_parser().parse_args(argv))
     path = args.pop("config")
     data = _read_file(path) if path else {}
     data.update({k: v for k, v in args.items() if v is not None})

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from tqdm import tqdm
 
+from training.progress import progress
 from training.runtime import Runtime
 
 __all__ = ["EpochStats", "EvalResult", "evaluate", "make_criterion", "train_one_epoch"]
@@ -78,8 +78,8 @@ def train_one_epoch(
     model.train()
     sums = torch.zeros(3, dtype=torch.float64, device=runtime.device)  # loss, correct, count
     start = time.perf_counter()
-    bar = tqdm(loader, desc=description, leave=False, disable=not runtime.is_main, unit="batch")
-    for images, labels in bar:
+    bar = progress(loader, description, runtime.is_main)
+    for step, (images, labels) in enumerate(bar):
         images, labels = _to_device(images, labels, runtime, channels_last)
         with _autocast(runtime):
             logits, _ = model(images)
@@ -98,7 +98,7 @@ def train_one_epoch(
         sums[0] += loss.detach() * batch
         sums[1] += (logits.argmax(1) == labels).sum()
         sums[2] += batch
-        if runtime.is_main and bar.n % 20 == 0:
+        if runtime.is_main and step % 20 == 0:
             bar.set_postfix(loss=f"{sums[0].item() / sums[2].item():.3f}")
     seconds = time.perf_counter() - start
     loss_sum, correct, count = _all_reduce(sums, runtime).tolist()
@@ -122,8 +122,7 @@ def evaluate(
     model.eval()
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=runtime.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
-    bar = tqdm(loader, desc=description, leave=False, disable=not runtime.is_main, unit="batch")
-    for images, labels in bar:
+    for images, labels in progress(loader, description, runtime.is_main):
         images, labels = _to_device(images, labels, runtime, channels_last)
         with _autocast(runtime):
             logits, _ = model(images)

@@ -1,8 +1,13 @@
 """``smso-train``: train a model with the paper's recipe; checkpoints, resume, metrics.
 
-A run folder holds ``config.json`` (the resolved settings), ``metrics.jsonl`` (a line per epoch),
+A run folder holds ``config.json`` (the resolved settings), ``splits.json`` (the classes, the size
+of each split and how the validation split was made), ``metrics.jsonl`` (a line per epoch),
 ``last.pt`` (written every epoch, for ``--resume``), ``best.pt`` (best validation accuracy) and, at
 the end, ``test.json`` (the best checkpoint's test accuracy and confusion matrix).
+
+The run logs what it trains on at the start and one line per epoch. A training loss several
+times its best draws a warning; a NaN or infinite one stops the run (``DivergenceError``, which
+``smso-train`` prints as one error line naming the learning rate).
 
 Heads that set state from statistics of their input over the training images get it before the
 first epoch (LRBP's projection) or, when the run has finished, in ``best.pt`` before the test
@@ -28,7 +33,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Subset
-from tqdm import tqdm
 
 from training.checkpoint import (
     CheckpointError,
@@ -40,6 +44,7 @@ from training.checkpoint import (
 from training.cli import run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import PRESETS, Splits, load_splits
+from training.divergence import LossWatch
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
 from training.head_statistics import fit_input_statistics
 from training.heads import head_spec
@@ -141,14 +146,17 @@ class _Run:
         preset = PRESETS.get(cfg.dataset)
         if preset is not None and cfg.image_size is not None:
             preset = preset.with_size(cfg.image_size)
+        if cfg.val_size is not None and cfg.dataset != "fashion_mnist":
+            log.warning("val_size is read by fashion_mnist only; %s's validation split is "
+                        "below", cfg.dataset)  # fmt: skip
+        self.cfg = cfg.resolve()
         self.splits: Splits
         self.splits, self.preset = load_splits(
-            cfg.dataset, cfg.data_root, preset, cfg.partition, cfg.val_size, cfg.seed
+            cfg.dataset, cfg.data_root, preset, cfg.partition, self.cfg.val_size, cfg.seed
         )
         torch.manual_seed(cfg.seed)
-        model_config = cfg.model_config(len(self.splits.classes), self.preset.channels)
+        model_config = self.cfg.model_config(len(self.splits.classes), self.preset.channels)
         self.model = build_model(model_config).to(runtime.device)
-        self.cfg = cfg.resolve()
         if self.cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.criterion = make_criterion(self.cfg.loss, self.cfg.label_smoothing)
@@ -175,6 +183,35 @@ class _Run:
         self.out = Path(self.cfg.out)
         self.start_epoch = 1
         self.best_accuracy = -1.0
+
+    def describe(self) -> None:
+        """Log what this run trains, on what, where: the first lines a person reads."""
+        cfg, splits, runtime = self.cfg, self.splits, self.runtime
+        names = (
+            ", ".join(splits.classes)
+            if len(splits.classes) <= 12
+            else "first: " + ", ".join(splits.classes[:5])
+        )
+        precision = "fp32" if runtime.amp_dtype is None else f"AMP {str(runtime.amp_dtype)[6:]}"
+        params = sum(p.numel() for p in self.model.parameters())
+        processes = f" x {runtime.world_size} processes" if runtime.distributed else ""
+        log.info("dataset: %s (%s), %d classes (%s)", cfg.dataset, cfg.data_root or "default",
+                 len(splits.classes), names)  # fmt: skip
+        log.info("images: %d train, %d val (%s), %d test; input %d px, %s", len(splits.train),
+                 len(splits.val), splits.validation, len(splits.test), self.preset.image_size,
+                 "grey" if self.preset.channels == 1 else "RGB")  # fmt: skip
+        log.info("model: %s + %s, %s parameters; lr %g, batch %d, %d epochs", cfg.backbone,
+                 cfg.head, f"{params:,}", cfg.lr, cfg.batch_size, cfg.epochs)  # fmt: skip
+        log.info("device: %s%s, %s; output: %s", runtime.device, processes, precision, self.out)
+
+    def splits_record(self) -> dict[str, Any]:
+        """``splits.json``: what the run trained and validated on."""
+        splits = self.splits
+        return {
+            "dataset": self.cfg.dataset, "data_root": self.cfg.data_root,
+            "classes": splits.classes, "train": len(splits.train), "val": len(splits.val),
+            "test": len(splits.test), "validation": splits.validation,
+        }  # fmt: skip
 
     def start(self) -> None:
         """What a new run does before its first epoch: its backbone from ``init_from`` (the
@@ -250,20 +287,26 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
         run.start()
     metrics_path = out / "metrics.jsonl"
     if runtime.is_main:
+        run.describe()
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        (out / "splits.json").write_text(json.dumps(run.splits_record(), indent=2) + "\n")
         kept = _metrics_lines(metrics_path, run.start_epoch - 1)
         metrics_path.write_text("".join(line + "\n" for line in kept))
     val_loader = _eval_loader(run.splits.val, cfg, runtime)
     step = run.scheduler.step if cfg.schedule == "cosine" else None
     last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
-    epochs = range(run.start_epoch, last + 1)
-    for epoch in tqdm(epochs, desc="epochs", disable=not runtime.is_main, unit="epoch"):
+    watch = LossWatch(cfg.lr)  # type: ignore[arg-type]  # resolved: a float
+    started = time.perf_counter()
+    for epoch in range(run.start_epoch, last + 1):
         lr = run.optimizer.param_groups[0]["lr"]
         train = train_one_epoch(
             run.trained, _train_loader(run.splits.train, cfg, runtime, epoch), run.criterion,
             run.optimizer, runtime, run.scaler, step, cfg.channels_last, f"epoch {epoch}",
         )  # fmt: skip
+        warning = watch.check(epoch, train.loss)  # raises on NaN: no checkpoint of this epoch
+        if warning is not None and runtime.is_main:
+            log.warning("warning: %s", warning)
         run.sync_buffers()
         val = evaluate(
             run.model, val_loader, run.criterion, len(run.splits.classes), runtime,
@@ -283,9 +326,14 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
             with metrics_path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             run.save(epoch, val, is_best)
+            done = epoch - run.start_epoch + 1
+            left = (time.perf_counter() - started) / done * (last - epoch)
             log.info(
-                "epoch %d: val accuracy %.4f (best %.4f)", epoch, val.accuracy, run.best_accuracy
-            )
+                "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f%s  lr %.3g  "
+                "%.0f images/s  %s left", epoch, cfg.epochs, train.loss, train.accuracy, val.loss,
+                val.accuracy, " (best)" if is_best else "", lr, train.images_per_second,
+                _duration(left),
+            )  # fmt: skip
     finished = last == cfg.epochs
     if finished and cfg.recalibrate and head_spec(cfg.head).input_statistics == "after_training":
         _recalibrate_best(run, runtime, val_loader)
@@ -293,6 +341,13 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
     if cfg.eval_test and finished:
         test = _test_best(run, runtime)
     return RunResult(out, last - run.start_epoch + 1, run.best_accuracy, test, run.model)
+
+
+def _duration(seconds: float) -> str:
+    """``h:mm:ss`` (``m:ss`` under an hour)."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _recalibrate_best(run: _Run, runtime: Runtime, val_loader: DataLoader) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for training tests: a tiny Fashion-MNIST in Debian's idx layout."""
+"""Fixtures for training tests: a tiny Fashion-MNIST in Debian's idx layout, a tiny image folder."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -36,6 +37,49 @@ def write_fashion_mnist(root: Path, n_train: int, n_test: int, gz: bool = True) 
         write_idx(root / f"{prefix}-images-idx3-ubyte{suffix}", images)
         write_idx(root / f"{prefix}-labels-idx1-ubyte{suffix}", labels)
     return root
+
+
+#: The generated image folder's classes, in the order smso-train numbers them (sorted names).
+FOLDER_CLASSES = ("checks", "green_vertical", "noise", "red_horizontal")
+
+
+def folder_image(name: str, rng: np.random.Generator, side: int = 40) -> np.ndarray:
+    """A ``(side, side, 3)`` uint8 image of class ``name``: a colour and a pattern, with random
+    brightness, period, phase and noise, so no two images are alike."""
+    period = int(rng.integers(4, 9))
+    phase = int(rng.integers(0, period))
+    rows, cols = np.mgrid[:side, :side]
+    base = rng.uniform(0.6, 1.0)
+    if name == "red_horizontal":
+        mask, colour = ((rows + phase) % period) < period // 2, (220, 50, 40)
+    elif name == "green_vertical":
+        mask, colour = ((cols + phase) % period) < period // 2, (50, 190, 60)
+    elif name == "checks":
+        mask = (((rows + phase) // period) + ((cols + phase) // period)) % 2 == 0
+        colour = (60, 80, 210)
+    else:
+        mask, colour = rng.random((side, side)) < 0.5, (170, 170, 170)
+    image = np.where(mask[..., None], np.array(colour) * base, 30.0)
+    image = image + rng.normal(0, 20, image.shape)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def write_image_folder(root: Path, per_class: int, test_per_class: int, seed: int = 0) -> Path:
+    """An ImageFolder tree (train/<class>/, test/<class>/ of 40x40 PNGs) of ``FOLDER_CLASSES``."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", per_class), ("test", test_per_class)):
+        for name in FOLDER_CLASSES:
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(folder_image(name, rng)).save(folder / f"{i:03d}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 classes of 75 training and 15 test images (300 + 60), 40x40 RGB."""
+    return write_image_folder(tmp_path_factory.mktemp("folder"), 75, 15)
 
 
 @pytest.fixture(scope="session")
