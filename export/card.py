@@ -20,6 +20,9 @@ The card is one JSON document in the ONNX model's ``metadata_props`` under the k
                              input size, multiply_adds per image modelled for "conv" and
                              "covariance")
     dataset                  the training dataset's name
+    served                   name and version a server serves the model under (the name in
+                             /v2/models/{name}): smso-export --name and --version, by default
+                             <dataset>-<backbone>-<head> and the checkpoint's sha256[:12]
     metrics                  epoch, val_accuracy, test_accuracy, test_images (null when unknown)
     checkpoint               file name and sha256 of the checkpoint the file was made from
     export                   opset, precision ("float32", or "float16": backbone in float16, head
@@ -36,14 +39,36 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CARD_FORMAT", "CARD_KEY", "CARD_VERSION", "card_json", "file_sha256"]
+__all__ = [
+    "CARD_FORMAT",
+    "CARD_KEY",
+    "CARD_VERSION",
+    "SERVED_NAME",
+    "card_json",
+    "check_served_name",
+    "file_sha256",
+]
 
 CARD_KEY = "smso.model_card"
 CARD_FORMAT = "smso-model-card"
 CARD_VERSION = 1
+#: A served name or version: one URL path segment without escaping (KServe's and Triton's
+#: clients put both in /v2/models/{name}/versions/{version}).
+SERVED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def check_served_name(value: str, what: str) -> str:
+    """``value`` if it is a valid served name or version, else ``ValueError`` saying why."""
+    if not SERVED_NAME.fullmatch(value) or value in (".", ".."):
+        raise ValueError(
+            f"{what} {value!r} must be 1 to 128 letters, digits, '_', '.' or '-' (one URL path "
+            "segment), and not '.' or '..'"
+        )
+    return value
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -4,6 +4,7 @@
     smso-export runs/x/best.pt -o m.onnx --form covariance --opset 18
     smso-export runs/x/best.pt --form auto          # the SMSO form with the smaller modelled cost
     smso-export runs/x/best.pt --fp16               # backbone in float16, SMSO head in float32
+    smso-export runs/x/best.pt --name leaves --version 2   # served as /v2/models/leaves
 
 Exit status 0 on success, 2 for a user's mistake (missing or corrupt checkpoint, a head ONNX
 cannot express, a bad option), 1 when the exported file fails its parity check (no file is
@@ -21,15 +22,16 @@ from typing import get_args
 
 from export.onnx_export import DEFAULT_OPSET, ExportError, FormChoice, export_checkpoint
 from export.parity import ParityError
-from training.cli import run_cli
+from training.cli import HelpFormatter, run_cli
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """``smso-export``'s parser."""
     parser = argparse.ArgumentParser(
         prog="smso-export", description=__doc__.splitlines()[0].split(": ", 1)[1],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
     parser.add_argument("-o", "--output", type=Path, help="ONNX file (default: CHECKPOINT's "
@@ -42,9 +44,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "p*c*n multiply-adds per image, with n = h*w positions of the last feature map, c "
         "channels, p outputs); 'covariance', through the c x c covariance (about c*c*n + p*c*c); "
         "'auto', the one with fewer modelled multiply-adds at the trained input size (covariance "
-        "where p*(n - c) >= n*c), recorded with both costs in the model card",
+        "where p*(n - c) >= n*c), recorded with both costs in the model card; other heads have "
+        "one form and ignore it",
     )
-    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                        help="ONNX opset version, 18 or more")  # fmt: skip
     parser.add_argument(
         "--fp16",
         action="store_true",
@@ -58,14 +62,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "float32)")  # fmt: skip
     parser.add_argument("--data-root", help="dataset folder for the parity check on real images "
                         "(default: the one the checkpoint was trained on)")  # fmt: skip
-    return parser.parse_args(argv)
+    parser.add_argument("--name", help="the name the model is served under (smso-serve's "
+                        "/v2/models/NAME; letters, digits, _ . -), written into the model card "
+                        "(default: DATASET-BACKBONE-HEAD, e.g. image_folder-small_cnn-smso)")  # fmt: skip
+    parser.add_argument("--version", help="the version it is served under (same characters; "
+                        "default: the first 12 hex digits of the checkpoint's sha256)")  # fmt: skip
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-export``."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("export").setLevel(logging.INFO)
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     output = args.output or args.checkpoint.with_name("model.onnx")
 
     def body() -> int:
@@ -76,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             result = export_checkpoint(
                 args.checkpoint, output, args.form, args.opset, args.fp16, args.optimize,
-                args.data_root,
+                args.data_root, name=args.name, version=args.version,
             )  # fmt: skip
         except (ParityError, ExportError) as error:
             print(f"smso-export: {error}; nothing was written", file=sys.stderr)
@@ -84,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parity = result.parity
         diffs = ", ".join(f"{k} {v:.2g}" for k, v in parity.max_relative_difference.items())
         metrics = result.card["metrics"]
-        print(f"wrote {result.path} ({result.size_bytes / 2**20:.2f} MiB)")
+        served = result.card["served"]
+        print(f"wrote {result.path} ({result.size_bytes / 2**20:.2f} MiB), served as "
+              f"{served['name']!r} version {served['version']!r}")  # fmt: skip
         print(f"parity ({parity.precision}, batch sizes {parity.batch_sizes}, inputs "
               f"{'+'.join(parity.inputs)}): max relative difference {diffs}; top-1 agreement "
               f"{parity.top1_agreement:.0%}")  # fmt: skip

@@ -38,7 +38,7 @@ import onnxruntime as ort
 import torch
 import torchvision
 
-from export.card import CARD_KEY, card_json, file_sha256
+from export.card import CARD_KEY, card_json, check_served_name, file_sha256
 from export.graph import (
     ExportForm,
     ExportModel,
@@ -220,12 +220,21 @@ def export_checkpoint(
     optimize: bool = True,
     data_root: str | None = None,
     batch_sizes: tuple[int, ...] = (1, 3, 8),
+    name: str | None = None,
+    version: str | None = None,
 ) -> ExportResult:
     """Export ``checkpoint`` to ``output`` (see the module docstring); returns the result.
 
-    Raises ``CheckpointError`` (bad checkpoint), ``UnsupportedHeadError`` (head ONNX cannot
-    express), :class:`ExportError` (tracing failed) or ``ParityError`` (wrong numbers).
+    ``name`` and ``version`` are what a server serves the model under (the card's ``served``;
+    default ``<dataset>-<backbone>-<head>`` and the checkpoint's sha256[:12]).
+
+    Raises ``ValueError`` (a name or version that is not one URL path segment),
+    ``CheckpointError`` (bad checkpoint), ``UnsupportedHeadError`` (head ONNX cannot express),
+    :class:`ExportError` (tracing failed) or ``ParityError`` (wrong numbers).
     """
+    for value, what in ((name, "the served name"), (version, "the served version")):
+        if value is not None:
+            check_served_name(value, what)
     checkpoint, output = Path(checkpoint), Path(output)
     model, payload = load_model(checkpoint)
     channels, side = _input_geometry(model, payload)
@@ -257,6 +266,10 @@ def export_checkpoint(
         tolerance = None if fp16 else HEAD_TOLERANCE.get(model.config.head)
         parity = check_parity(_session(proto), module, inputs, batch_sizes, precision, tolerance)
         card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice)
+        card["served"] = {
+            "name": name or f"{card['dataset']}-{model.config.backbone}-{model.config.head}",
+            "version": version or card["checkpoint"]["sha256"][:12],
+        }
         card["export"] = {
             "opset": opset, "precision": precision, "optimized": optimized,
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
