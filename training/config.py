@@ -137,10 +137,12 @@ class TrainConfig:
         it (None elsewhere: the run's ``splits.json`` says how its validation split was made).
         Raises ``UnknownHeadError`` for an unknown head."""
         lr = self.lr if self.lr is not None else LR_BY_BACKBONE.get(self.backbone, 0.01)
-        loss = head_spec(self.head).loss if self.loss == "auto" else self.loss
+        spec = head_spec(self.head)
+        loss = spec.loss if self.loss == "auto" else self.loss
         reduce_dim, options = self.reduce_dim, dict(self.head_options)
         if self.backbone == "small_cnn":
-            reduce_dim = SMALL_CNN_WIDTH if reduce_dim == "paper" else reduce_dim
+            if reduce_dim == "paper":  # the first-order head keeps the backbone's channels
+                reduce_dim = None if spec.paper_channels is None else SMALL_CNN_WIDTH
             if self.head == "smso":
                 options.setdefault("dim", SMALL_CNN_WIDTH)
         val_size = None

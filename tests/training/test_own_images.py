@@ -3,6 +3,7 @@ example config runs, and a piped run's output is plain lines a person can read."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -76,3 +77,11 @@ def test_a_piped_run_of_the_example_prints_plain_lines_and_trains(tiny_image_fol
     for word in ("train loss", "val loss", "acc", "lr 0.01", "images/s", "left"):
         assert word in epochs[0], word
     assert json.loads((out / "test.json").read_text())["test_accuracy"] > 0.5  # chance 0.25
+
+
+def test_the_small_cnn_defaults_leave_the_shipped_recipe_and_the_first_order_head_alone():
+    shipped = parse_train_config(["--config", str(ROOT / "configs" / "fashion-mnist-smso.toml")])
+    resolved = shipped.resolve()
+    assert resolved == dataclasses.replace(shipped, loss="cross_entropy")  # all set explicitly
+    assert TrainConfig(head="gap").resolve().reduce_dim is None  # the backbone's 128 channels
+    assert TrainConfig(head="bp").resolve().head_options == {}  # SMSO's p only for SMSO
