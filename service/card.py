@@ -48,6 +48,11 @@ class ModelInfo(_Part):
     embedding_dim: int = Field(ge=1)
 
 
+class Served(_Part):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    version: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+
+
 class ModelCard(_Part):
     format: Literal["smso-model-card"]
     version: int
@@ -57,15 +62,20 @@ class ModelCard(_Part):
     model: ModelInfo
     dataset: str = "unknown"
     checkpoint: dict[str, Any] = Field(default_factory=dict)
+    served: Served | None = None  # smso-export --name/--version; older cards have none
 
     @property
     def name(self) -> str:
         """``<dataset>-<backbone>-<head>``, e.g. ``fashion_mnist-small_cnn-smso``."""
+        if self.served is not None:
+            return self.served.name
         return f"{self.dataset}-{self.model.backbone}-{self.model.head}"
 
     @property
     def model_version(self) -> str:
         """The first 12 hex digits of the source checkpoint's sha256."""
+        if self.served is not None:
+            return self.served.version
         return str(self.checkpoint.get("sha256", "unknown"))[:12]
 
 

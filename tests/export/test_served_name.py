@@ -57,11 +57,6 @@ def test_the_server_classifies_an_image_of_the_folder(exported):
     assert body.json()["results"][0]["predictions"][0]["label"] == "red_horizontal"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service/card.py names the model <dataset>-<backbone>-<head> and does not read the "
-    "card's served name yet (issue 14; service/ is another change's)",
-)
 def test_the_server_serves_the_model_under_its_exported_name(exported):
     _, model = exported
     with TestClient(create_app(Settings(model_path=str(model)))) as client:
