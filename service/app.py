@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from service import schemas
 from service.backend import Backend, OnnxBackend
 from service.batcher import MicroBatcher
+from service.bodies import BodyBudget
 from service.dependencies import ReadyState, authorize
 from service.disconnect import CancelWhenGone
 from service.docs import install_docs
@@ -54,7 +55,11 @@ IMAGE_BODY = {
                 "schema": {
                     "type": "object",
                     "properties": {
-                        "file": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                        "file": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "format": "binary"},
+                        }
                     },
                     "required": ["file"],
                 }
@@ -68,7 +73,13 @@ IMAGE_BODY = {
             "name": "filename",
             "in": "query",
             "required": False,
-            "schema": {"type": "string", "maxLength": MAX_FILENAME},
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_FILENAME,
+                # printable, not only spaces: what service.inputs accepts
+                "pattern": r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$",
+            },
             "description": "the name of an image sent as the raw body, in the results (else "
             "its Content-Disposition filename, else 'body'); parts are named by their filenames",
         }
@@ -121,6 +132,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     install_error_handlers(app)
     # a client that leaves after sending its request stops its work (inside the metrics: 499)
     app.add_middleware(CancelWhenGone)
+    app.add_middleware(BodyBudget, buffered=lambda: state.buffered)
     app.add_middleware(MetricsMiddleware, metrics=lambda: state.metrics)
     # on SIGTERM (smso-serve's DrainingServer) keep-alive clients are told the connection closes
     app.add_middleware(CloseWhenDraining, draining=lambda: state.draining)

@@ -79,10 +79,17 @@ def _refuse_declared(request: Request, limit: int, what: str) -> None:
         raise too_large(what, limit)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole request body; 413 as soon as it is known to exceed ``limit`` bytes."""
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The whole request body; 413 as soon as it is known to exceed ``limit`` bytes.
+
+    Read into one growing buffer, each chunk freed once copied: a body costs its size, not the
+    twice its size of a list of chunks joined at the end (Starlette's ``Request.body``).
+    """
     _refuse_declared(request, limit, "the request body")
-    return await _limited(request, limit).body()
+    body = bytearray()
+    async for chunk in _limited(request, limit).stream():
+        body += chunk
+    return body
 
 
 async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
@@ -133,6 +140,8 @@ async def read_uploads(
     _refuse_declared(request, max_request_bytes, "the request body")
     request = _limited(request, max_request_bytes)
     if kind == "multipart/form-data":
+        if "filename" in request.query_params:  # parts are named by their own filenames, but
+            _checked_name(request.query_params["filename"], "?filename=")  # as the schema says
         try:
             form = await request.form(max_files=max_files, max_fields=max_files)
         except (MultiPartException, HTTPException) as error:  # Starlette wraps the former
@@ -169,13 +178,19 @@ def body_filename(request: Request) -> str:
     header's filename, else ``"body"``; 422 for a name that is empty, too long or holds control
     characters."""
     name = request.query_params.get("filename")
-    where = "?filename="
-    if name is None and "content-disposition" in request.headers:
+    if name is not None:
+        return _checked_name(name, "?filename=")
+    if "content-disposition" in request.headers:
         header = email.message.Message()
         header["content-disposition"] = request.headers["content-disposition"]
-        name, where = header.get_filename(), "the Content-Disposition filename"
-    if name is None:
-        return "body"
+        name = header.get_filename()
+        if name is not None:
+            return _checked_name(name, "the Content-Disposition filename")
+    return "body"
+
+
+def _checked_name(name: str, where: str) -> str:
+    """``name`` if it is a short printable name; 422 saying what is wrong with it otherwise."""
     if not name.strip():
         problem = "is empty"
     elif len(name) > MAX_FILENAME:

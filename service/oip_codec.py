@@ -131,7 +131,7 @@ def pack_bytes(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def unpack_bytes(buffer: bytes, count: int, name: str) -> list[bytes]:
+def unpack_bytes(buffer: bytes | memoryview, count: int, name: str) -> list[bytes]:
     """``count`` length-prefixed elements that fill ``buffer`` exactly."""
     items, offset = [], 0
     for i in range(count):
@@ -225,7 +225,9 @@ def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, 
         raise ProtocolError(f"input {name!r}: 'data' does not fit {datatype}") from None
 
 
-def _binary_data(buffer: bytes, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+def _binary_data(
+    buffer: bytes | memoryview, name: str, datatype: str, shape: tuple[int, ...]
+) -> Any:
     count = math.prod(shape)
     if datatype == "BYTES":
         return unpack_bytes(buffer, count, name)
@@ -315,7 +317,8 @@ def _inputs(header: dict[str, Any], binary: memoryview, max_elements: int) -> li
                     f"input {name!r}: binary_data_size {size!r} does not fit the "
                     f"{len(binary) - offset} binary bytes left in the body"
                 )
-            data = _binary_data(bytes(binary[offset : offset + size]), name, datatype, shape)
+            # a view of the body, not a copy: a 57 MB tensor costs its body once
+            data = _binary_data(binary[offset : offset + size], name, datatype, shape)
             offset += size
         inputs.append(InputTensor(name, datatype, shape, data, size is not None))
     if offset != len(binary):

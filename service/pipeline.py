@@ -21,6 +21,7 @@ import numpy as np
 from service.admission import Admission
 from service.backend import Backend
 from service.batcher import MicroBatcher, QueueFullError
+from service.bodies import BufferedBytes
 from service.errors import ServiceError
 from service.images import ImageError, ImageTooLargeError, Preprocessor
 from service.inputs import Upload
@@ -50,9 +51,11 @@ class ServiceState:
     #: why the model could not be loaded or run (set once, permanent: no retry will help)
     failure: str | None = None
     admission: Admission = field(init=False)
+    buffered: BufferedBytes = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.settings.inflight_limit)
+        self.buffered = BufferedBytes(self.settings.max_buffered_bytes)
 
     @property
     def failed(self) -> bool:

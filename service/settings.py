@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     )
     max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
+    max_buffered_bytes: int = Field(
+        256 * 2**20, ge=1024,
+        description="request bodies held in memory at once, over all requests in progress "
+        "(at least max_request_bytes); beyond: 503 at once",
+    )  # fmt: skip
     max_pixels: int = Field(50_000_000, ge=1, description="width x height of one image")
     max_files: int = Field(64, ge=1, description="images in one request")
     max_json_bytes: int = Field(
@@ -140,6 +145,12 @@ class Settings(BaseSettings):
                 f"max_files ({self.max_files}) is larger than queue_size ({self.queue_size}): "
                 "a request with that many images could never be queued; raise queue_size or "
                 "lower max_files"
+            )
+        if self.max_request_bytes > self.max_buffered_bytes:
+            raise ValueError(
+                f"max_request_bytes ({self.max_request_bytes}) is larger than "
+                f"max_buffered_bytes ({self.max_buffered_bytes}): a request that large could "
+                "never be read; raise max_buffered_bytes or lower max_request_bytes"
             )
         if self.max_files > self.inflight_limit:
             raise ValueError(
