@@ -48,6 +48,7 @@ from service.oip_codec import (
     parse_request,
 )
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
+from service.schemas import OipModelReady, OipReady, oip_errors
 from service.settings import Settings
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "build_router"]
@@ -307,7 +308,8 @@ def build_router() -> APIRouter:
         """200 while the process answers."""
         return {"live": True}
 
-    @router.get("/health/ready")
+    @router.get("/health/ready", response_model=OipReady,
+                responses={400: {"model": OipReady, "description": "not ready"}})  # fmt: skip
     @router.head("/health/ready", include_in_schema=False)
     async def server_ready(request: Request) -> JSONResponse:
         """200 once the model is loaded and warmed up; 400 (the protocol's "false") before and
@@ -316,9 +318,14 @@ def build_router() -> APIRouter:
         return JSONResponse({"ready": ready}, 200 if ready else 400)
 
     # behind the key like the model's metadata: its 404 names the model served here
-    @router.get("/models/{model_name}/ready", dependencies=[Depends(authorize)])
+    ready_responses = {400: {"model": OipModelReady, "description": "loading or draining"},
+                       **oip_errors(401, 404, 422)}  # fmt: skip
+
+    @router.get("/models/{model_name}/ready", dependencies=[Depends(authorize)],
+                response_model=OipModelReady, responses=ready_responses)  # fmt: skip
     @router.get("/models/{model_name}/versions/{model_version}/ready",
-                dependencies=[Depends(authorize)])  # fmt: skip
+                dependencies=[Depends(authorize)], response_model=OipModelReady,
+                responses=ready_responses)  # fmt: skip
     async def model_ready(
         request: Request, model_name: str, model_version: str | None = None
     ) -> JSONResponse:
@@ -329,8 +336,10 @@ def build_router() -> APIRouter:
         _check_model(state, model_name, model_version)
         return JSONResponse({"name": model_name, "ready": state.ready}, 200 if state.ready else 400)
 
-    @router.get("/models/{model_name}", dependencies=[Depends(authorize)])
-    @router.get("/models/{model_name}/versions/{model_version}", dependencies=[Depends(authorize)])
+    @router.get("/models/{model_name}", dependencies=[Depends(authorize)],
+                responses=oip_errors(401, 404, 422, 503))  # fmt: skip
+    @router.get("/models/{model_name}/versions/{model_version}", dependencies=[Depends(authorize)],
+                responses=oip_errors(401, 404, 422, 503))  # fmt: skip
     async def model_metadata(
         s: ReadyState, model_name: str, model_version: str | None = None
     ) -> dict[str, Any]:
@@ -338,11 +347,14 @@ def build_router() -> APIRouter:
         _check_model(s, model_name, model_version)
         return _model_metadata(s)
 
+    infer_responses = oip_errors(400, 401, 404, 413, 415, 422, 503, 504)
+
     @router.post("/models/{model_name}/infer", dependencies=[Depends(authorize)],
-                 openapi_extra=INFER_BODY, response_class=Response)  # fmt: skip
+                 openapi_extra=INFER_BODY, response_class=Response,
+                 responses=infer_responses)  # fmt: skip
     @router.post("/models/{model_name}/versions/{model_version}/infer",
                  dependencies=[Depends(authorize)], openapi_extra=INFER_BODY,
-                 response_class=Response)  # fmt: skip
+                 response_class=Response, responses=infer_responses)  # fmt: skip
     async def infer(
         request: Request, s: ReadyState, model_name: str, model_version: str | None = None
     ) -> Response:

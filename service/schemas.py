@@ -6,7 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ERROR_RESPONSES", "ClassifyResponse", "EmbedResponse", "ErrorResponse", "Status"]
+__all__ = [
+    "ERROR_RESPONSES", "ClassifyResponse", "EmbedResponse", "ErrorResponse", "OipError",
+    "OipModelReady", "OipReady", "Status", "oip_errors",
+]  # fmt: skip
 
 
 class ModelRef(BaseModel):
@@ -68,3 +71,36 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         504: "deadline passed",
     }.items()
 }
+
+
+class OipError(BaseModel):
+    """An error under ``/v2``, as the Open Inference Protocol writes it."""
+
+    error: str = Field(examples=["model 'x' is not served here"])
+
+
+class OipReady(BaseModel):
+    ready: bool
+
+
+class OipModelReady(BaseModel):
+    name: str = Field(examples=["fashion_mnist-small_cnn-smso"])
+    ready: bool
+
+
+#: What each status means under ``/v2`` (the body is always :class:`OipError`).
+OIP_STATUSES = {
+    400: "a malformed request, or inputs the model does not take",
+    401: "missing or wrong API key",
+    404: "the model (or version) is not served here",
+    413: "the request, a tensor or an image is over the limits",
+    415: "an unsupported Content-Type or Content-Encoding",
+    422: "a malformed header or parameter",
+    503: "overloaded (Retry-After), not ready (Retry-After) or failed",
+    504: "deadline passed",
+}
+
+
+def oip_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of a ``/v2`` route that can answer ``statuses``."""
+    return {code: {"model": OipError, "description": OIP_STATUSES[code]} for code in statuses}
