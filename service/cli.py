@@ -26,13 +26,12 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from uvicorn.supervisors import Multiprocess
 
 from service.app import create_app
 from service.backend import OnnxBackend, read_card
 from service.card import CardError
 from service.connections import ServerConfig
-from service.drain import DrainingServer
+from service.drain import DrainingServer, DrainingSupervisor
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
 from service.settings import Settings
@@ -213,7 +212,7 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             where_to_go(settings, listener),
         )
         try:
-            Multiprocess(config, sockets=[listener]).run()
+            DrainingSupervisor(config, sockets=[listener]).run()
         finally:
             listener.close()
     return 0

@@ -7,6 +7,11 @@ on draining, during which :class:`CloseWhenDraining` makes every response say
 ``Connection: close`` (uvicorn then closes that connection once the response is sent); only
 after the keep-alive timeout, when a client that kept a connection idle no longer expects to
 use it, does uvicorn's own shutdown run (in-flight requests answered, the rest closed).
+
+With several worker processes (``smso-serve --workers N``), :class:`DrainingSupervisor` runs
+uvicorn's supervisor with workers that drain the same way (:class:`DrainingProcess`), and
+closes its own copy of the listening socket on SIGTERM, so that the port refuses new
+connections once the workers stop accepting instead of queueing them for nobody.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.supervisors import multiprocess
 
-__all__ = ["CloseWhenDraining", "DrainingServer"]
+__all__ = ["CloseWhenDraining", "DrainingProcess", "DrainingServer", "DrainingSupervisor"]
 
 
 class CloseWhenDraining:
@@ -65,3 +71,53 @@ class DrainingServer(uvicorn.Server):
         while self.server_state.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await super().shutdown(sockets)
+
+
+def _mark_draining(app: Any) -> None:
+    """Turn on draining in the service state of ``app`` (uvicorn's loaded app: the FastAPI app
+    inside uvicorn's own middleware, each holding the next as ``.app``)."""
+    while app is not None:
+        state = getattr(getattr(app, "state", None), "smso", None)
+        if state is not None:
+            state.draining = True
+            return
+        app = getattr(app, "app", None)
+
+
+class DrainingProcess(multiprocess.Process):
+    """One of uvicorn's worker processes, serving with a :class:`DrainingServer` that marks its
+    own app as draining (the app is built in the worker, from the factory)."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            config = self.config
+            self._server = DrainingServer(config, lambda: _mark_draining(config.loaded_app))
+        return self._server
+
+
+class DrainingSupervisor(multiprocess.Multiprocess):
+    """uvicorn's supervisor of worker processes, whose workers drain (:class:`DrainingProcess`)
+    and which stops listening itself on SIGTERM or SIGINT."""
+
+    def run(self) -> None:
+        # uvicorn's supervisor makes its workers from the module's ``Process`` in three places
+        # (start, restart of a dead worker, SIGHUP): the one name is swapped for the run
+        original = multiprocess.Process
+        multiprocess.Process = DrainingProcess  # type: ignore[misc]
+        try:
+            super().run()
+        finally:
+            multiprocess.Process = original  # type: ignore[misc]
+
+    def handle_term(self) -> None:
+        self._stop_listening()
+        super().handle_term()
+
+    def handle_int(self) -> None:
+        self._stop_listening()
+        super().handle_int()
+
+    def _stop_listening(self) -> None:
+        for sock in self.sockets:
+            sock.close()

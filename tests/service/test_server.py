@@ -184,13 +184,16 @@ def test_several_workers_leave_the_environment_as_they_found_it(shipped_model):
 
 
 @pytest.mark.slow
-def test_sigterm_loses_no_request_sent_on_a_keep_alive_connection(shipped_model):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_loses_no_request_sent_on_a_keep_alive_connection(workers, shipped_model):
     """Sixteen clients each keep one connection and send on it with short pauses (so that most
     connections are idle when SIGTERM comes); http.client, unlike httpx, does not probe a
     connection before reusing it. Every request sent on an open connection is answered: the
     server keeps idle connections open while draining and its responses say Connection: close.
-    The only failure allowed is a refused new connection once the server stopped listening."""
-    with real_server(shipped_model, "--log-level", "warning") as (base, server):
+    The only failure allowed is a refused new connection once the server stopped listening.
+    With several workers, each worker drains so, and the supervisor stops listening too."""
+    args = ("--log-level", "warning", "--workers", workers)
+    with real_server(shipped_model, *args) as (base, server):
         port = int(base.rsplit(":", 1)[1])
         lost: list[str] = []
         closing: list[int] = []
