@@ -124,47 +124,52 @@ def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model
     assert "Uvicorn running" not in proc.stderr
 
 
-def _slow_decoding(client: TestClient, seconds: float) -> None:
-    """Files named ``slow*`` take ``seconds`` to decode (a large PNG on a busy core)."""
+def _slow_decoding(client: TestClient, seconds: float) -> list[str]:
+    """Files named ``slow*`` take ``seconds`` to decode (a large PNG on a busy core); the list
+    returned fills with the names of the files decoded."""
     state = client.app.state.smso
     original = state.preprocess
+    decoded: list[str] = []
 
     def preprocess(data: bytes, filename: str) -> np.ndarray:
+        decoded.append(filename)
         if filename.startswith("slow"):
             time.sleep(seconds)
         return original(data, filename)
 
     state.preprocess = preprocess
+    return decoded
 
 
-def _post(client: TestClient, name: str) -> tuple[int, float, httpx.Headers]:
-    start = time.perf_counter()
+def _post(client: TestClient, name: str) -> tuple[int, httpx.Headers]:
     response = client.post("/classify", files=[("file", (name, grey(1), "image/png"))])
-    return response.status_code, time.perf_counter() - start, response.headers
+    return response.status_code, response.headers
 
 
 def test_expired_requests_stop_decoding_and_do_not_delay_a_later_one(make_client):
     """Ten slow images in one decode thread would take 5 s; their requests' deadline is 1 s.
-    They get 504 at their deadline, their images still waiting for the thread are dropped, and
-    a tiny request sent after them is answered at once (it waited 3.5 s and got 504 before)."""
+    They get 504 at their deadline, their images still waiting for the thread are dropped (not
+    decoded), and a tiny request sent after them is answered (it waited 3.5 s and got 504
+    before)."""
     client = make_client(request_timeout_s=1.0, decode_threads=1)
-    _slow_decoding(client, 0.5)
+    decoded = _slow_decoding(client, 0.5)
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
         slow = [pool.submit(_post, client, f"slow{i}.png") for i in range(10)]
         time.sleep(1.2)  # past their deadline
-        status, elapsed, _ = _post(client, "tiny.png")
+        status, _ = _post(client, "tiny.png")
         answers = [future.result() for future in slow]
     assert status == 200
-    assert elapsed < 0.8  # at most the one slow image the thread was decoding at the deadline
-    assert [code for code, _, _ in answers].count(504) >= 7
-    for code, seconds, _ in answers:
-        assert code in (200, 504)
-        assert seconds < 1.0 + 0.5 + 0.3  # the deadline, not the decode pool's backlog
+    codes = [code for code, _ in answers]
+    assert set(codes) <= {200, 504}
+    assert codes.count(504) >= 7
+    # at most the images decoded before the deadline and the one in the thread at it
+    assert len([name for name in decoded if name.startswith("slow")]) <= 3, decoded
+    assert "tiny.png" in decoded
 
 
 def test_images_beyond_max_inflight_are_refused_at_once_with_retry_after(make_client):
     client = make_client(max_inflight=2, max_files=2, decode_threads=1)
-    _slow_decoding(client, 0.5)
+    decoded = _slow_decoding(client, 0.5)
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(lambda i: _post(client, f"slow{i}.png"), range(6)))
     admitted = [a for a in answers if a[0] == 200]
@@ -172,8 +177,8 @@ def test_images_beyond_max_inflight_are_refused_at_once_with_retry_after(make_cl
     assert len(admitted) + len(refused) == 6
     assert 1 <= len(admitted) <= 4  # two at a time; a refused client is not retried here
     assert len(refused) >= 2
-    for _, seconds, headers in refused:
-        assert seconds < 0.3  # refused on arrival, not after the queue
+    assert len(decoded) == len(admitted)  # refused on arrival: never queued for decoding
+    for _, headers in refused:
         assert headers["retry-after"] == "1"
     assert client.app.state.smso.admission.in_flight == 0  # every admission released
 

@@ -10,13 +10,13 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 import zlib
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 
 from service.card import Preprocessing
 from service.images import (
@@ -101,10 +101,15 @@ def test_a_strip_is_refused_from_its_header_quickly(case):
     if case.startswith("WEBP") and not available("WEBP"):
         pytest.skip("this Pillow has no WebP")
     data = STRIPS[case]()
-    start = time.perf_counter()
-    with pytest.raises(AspectRatioError) as caught:
+
+    def decode(self: ImageFile.ImageFile) -> None:
+        raise AssertionError("decoded: the header alone should have refused it")
+
+    with (
+        mock.patch.object(ImageFile.ImageFile, "load", decode),
+        pytest.raises(AspectRatioError) as caught,
+    ):
         Preprocessor(RGB, 50_000_000)(data, "strip.img")
-    assert time.perf_counter() - start < 0.5  # the header alone: nothing is decoded or resized
     message = str(caught.value)
     width, height = Image.open(io.BytesIO(data)).size
     assert message.startswith("strip.img: ")
@@ -130,7 +135,7 @@ def test_the_aspect_ratio_bound_is_inclusive(size, refused):
 
 
 PEAK = """
-import resource, sys, time
+import resource, sys
 from service.card import Preprocessing
 from service.images import ImageError, Preprocessor
 data = open(sys.argv[1], "rb").read()
@@ -138,38 +143,35 @@ spec = Preprocessing(colour=sys.argv[2], resize=256, crop=224, mean=[0.5] * 3, s
 if spec.colour == "L":
     spec = Preprocessing(colour="L", resize=256, crop=224, mean=[0.5], std=[0.25])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start = time.perf_counter()
 try:
     outcome = "x".join(map(str, Preprocessor(spec, 50_000_000)(data, "bomb.png").shape))
 except ImageError as error:
     outcome = type(error).__name__
-seconds = time.perf_counter() - start
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(outcome, (after - before) * 1024, seconds)  # ru_maxrss is in KiB on Linux
+print(outcome, (after - before) * 1024)  # ru_maxrss is in KiB on Linux
 """
 
 
-def decode_peak(tmp_path: Path, data: bytes, colour: str) -> tuple[str, int, float]:
-    """Outcome, growth of the peak RSS in bytes, and seconds of decoding ``data`` in a fresh
-    interpreter (imports done before the measure)."""
+def decode_peak(tmp_path: Path, data: bytes, colour: str) -> tuple[str, int]:
+    """Outcome and growth of the peak RSS in bytes of decoding ``data`` in a fresh interpreter
+    (imports done before the measure)."""
     path = tmp_path / "bomb.png"
     path.write_bytes(data)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(PEAK), str(path), colour],
         capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
     )  # fmt: skip
-    outcome, grown, seconds = done.stdout.split()
-    return outcome, int(grown), float(seconds)
+    outcome, grown = done.stdout.split()
+    return outcome, int(grown)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units differ off Linux")
 @pytest.mark.parametrize("colour", ["L", "RGB"])
 def test_the_issues_png_costs_no_memory(tmp_path, colour):
     # before: 1 x 30,000 took 21.7 s and 7.9 GB; 1 x 1,000,000 was a MemoryError (a 500)
-    outcome, grown, seconds = decode_peak(tmp_path, issue_png(), colour)
+    outcome, grown = decode_peak(tmp_path, issue_png(), colour)
     assert outcome == "AspectRatioError"
     assert grown < 16 * 2**20
-    assert seconds < 0.5
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units differ off Linux")
@@ -178,17 +180,14 @@ def test_a_large_sixteen_bit_png_is_scaled_without_float64_copies(tmp_path):
     # 1 (49 MB); before, float64 copies of the whole image peaked at 1.1 GB (4.6 s)
     pixels = 7000 * 7000
     data = png_stream(7000, 7000, bytes(1 + 2 * 7000), depth=16)
-    outcome, grown, seconds = decode_peak(tmp_path, data, "L")
+    outcome, grown = decode_peak(tmp_path, data, "L")
     assert outcome == "1x224x224"
     assert grown < 3 * pixels + 32 * 2**20, f"peak grew by {grown / 2**20:.0f} MiB"
-    assert seconds < 3
 
 
 def test_classify_refuses_the_issues_png_with_a_400_naming_the_file(make_client):
     client = make_client()
-    start = time.perf_counter()
     response = client.post("/classify", files=[("file", ("strip.png", issue_png(), "image/png"))])
-    assert time.perf_counter() - start < 2
     assert response.status_code == 400
     message = response.json()["error"]["message"]
     assert "strip.png" in message

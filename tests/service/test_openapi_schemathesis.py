@@ -35,7 +35,7 @@ def images(draw: st.DrawFn) -> bytes:
     """An encoded image of an accepted format: to the service a schema-valid image is a
     decodable one, which JSON Schema cannot say (``format: binary`` is any bytes)."""
     side = st.integers(1, 48)
-    shape = (draw(side), draw(side)) + draw(st.sampled_from([(), (3,)]))
+    shape = (draw(side), draw(side), *draw(st.sampled_from([(), (3,)])))
     seed = draw(st.integers(0, 2**32 - 1))
     pixels = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
     return png(pixels, draw(st.sampled_from(["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"])))
