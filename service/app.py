@@ -266,7 +266,8 @@ async def _load(state: ServiceState) -> None:
         return
     state.ready = True
     card = backend.card
-    log.info("ready: %s (%s) on %s", card.name, card.model_version, ", ".join(backend.providers))
+    log.info("ready: %s (%s) on %s; /readyz answers 200", card.name, card.model_version,
+             ", ".join(backend.providers))  # fmt: skip
 
 
 async def _warm_up(state: ServiceState) -> None:

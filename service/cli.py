@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = _Server(
         config,
         on_drain=lambda: setattr(state, "draining", True),
-        where="SMSO service ready on " + where_to_go(settings, listener),
+        where="SMSO service listening on " + where_to_go(settings, listener),
     )
     try:
         server.run(sockets=[listener])

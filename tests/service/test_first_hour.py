@@ -172,7 +172,7 @@ def test_make_serve_says_where_to_go_and_stops_quietly(tmp_path, shipped_model, 
         if make.poll() is None:
             os.killpg(make.pid, signal.SIGKILL)
             make.wait()
-    assert f"SMSO service ready on {base} - API docs at {base}/docs" in stderr
+    assert f"SMSO service listening on {base} - API docs at {base}/docs" in stderr
     assert "make:" not in stderr, stderr
     assert "Traceback" not in stderr, stderr
     assert "Finished server process" in stderr
