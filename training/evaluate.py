@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from training.checkpoint import CheckpointError, load_model
-from training.cli import run_cli
+from training.cli import HelpFormatter, run_cli
 from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
@@ -82,17 +82,28 @@ def format_confusion(confusion: torch.Tensor, classes: Sequence[str]) -> str:
     return "\n".join([header, *rows])
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """``smso-eval``'s flags."""
+    parser = argparse.ArgumentParser(
+        prog="smso-eval", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
+    parser.add_argument("--split", default="test", choices=SPLITS,
+                        help="which split of the checkpoint's dataset to evaluate")  # fmt: skip
+    parser.add_argument("--data-root", help="the dataset's folder on this machine (default: the "
+                        "one the checkpoint was trained on)")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda when available, else cpu), cpu, cuda or cuda:N")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=2,
+                        help="data-loading processes (0: load in this process)")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-eval``; a user's mistake prints one error line and exits 2."""
-    parser = argparse.ArgumentParser(prog="smso-eval", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
-    parser.add_argument("--split", default="test", choices=SPLITS)
-    parser.add_argument("--data-root", help="the dataset's folder on this machine")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     def body() -> int:
         result, classes = evaluate_checkpoint(

@@ -1,4 +1,4 @@
-"""``smso-train --help``: every flag described, the valid values listed from the registries, each
+"""``smso-train --help`` and ``smso-eval --help``: every flag described, the valid values listed from the registries, each
 default shown once and never as None."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import re
 from training.backbones import BACKBONES
 from training.config import build_parser
 from training.datasets import DATASETS
+from training.evaluate import build_parser as eval_parser
 from training.heads import HEADS
 
 
@@ -48,3 +49,9 @@ def test_every_smso_train_flag_has_help_and_shows_its_choices():
         assert "one of:" in helps[flag], flag
     assert "(default: 30)" in helps["--epochs"]
     assert "(default: on)" in helps["--recalibrate"]
+
+
+def test_every_smso_eval_flag_has_help():
+    helps = check_help(eval_parser())
+    assert "{train,val,test}" in eval_parser().format_help()
+    assert "(default: 256)" in helps["--batch-size"]
