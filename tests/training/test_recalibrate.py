@@ -15,6 +15,7 @@ import torch
 from scipy import stats
 from torch import nn
 
+import training.recalibrate as module
 from export.graph import exportable
 from training.checkpoint import load_checkpoint, load_model
 from training.evaluate import load_with_splits
@@ -23,6 +24,7 @@ from training.heads import SMSOPooling
 from training.model import ModelConfig, build_model
 from training.recalibrate import main as recalibrate_main
 from training.recalibrate import recalibrate_checkpoint
+from training.runtime import setup_runtime
 from training.train import fit
 
 from .test_train import tiny_config
@@ -143,14 +145,21 @@ def test_smso_train_recalibrates_best_pt_over_the_training_images(run: Path) -> 
     assert (report["split"], report["transform"]) == ("train", "eval")
     assert json.loads((run / "test.json").read_text())["recalibration"] == report
     assert "recalibration" not in load_checkpoint(run / "last.pt")  # kept for --resume as it was
-    # best.pt's Sigma is the cumulative average over those images, recomputed here
+    # the cumulative average over those images, recomputed here; best.pt holds it unless it
+    # lowered the validation accuracy by more than its noise, else the running Sigma
     model, _ = load_model(run / "best.pt")
-    expected = model.head.running_cov.clone()
     _, _, splits = load_with_splits(run / "best.pt")
     with torch.no_grad():
         features = [model.forward_features(x[None]) for x, _ in splits.train_eval]
+    held = model.head.running_cov.clone()
     accumulate_input_statistics(model.head, features)
-    torch.testing.assert_close(model.head.running_cov, expected, rtol=1e-5, atol=1e-6)
+    if report["kept"]:
+        torch.testing.assert_close(held, model.head.running_cov, rtol=1e-5, atol=1e-6)
+    else:
+        assert report["val_accuracy_after"] < report["val_accuracy_before"]
+        running = load_checkpoint(run / "last.pt")["model_state"]["head.running_cov"]
+        assert torch.equal(held, running)  # one epoch: best.pt is last.pt's weights
+        assert not torch.allclose(held, model.head.running_cov)
 
 
 def test_no_recalibrate_keeps_the_running_sigma(tiny_fashion_mnist: Path, tmp_path: Path) -> None:
@@ -190,3 +199,28 @@ def test_smso_recalibrate_refuses_a_head_without_sigma(
         recalibrate_checkpoint(out / "best.pt", workers=0)
     assert recalibrate_main([str(out / "best.pt")]) == 2
     assert "smso-recalibrate: error:" in capsys.readouterr().err
+
+
+def test_a_re_estimate_that_lowers_validation_accuracy_is_not_kept(monkeypatch) -> None:
+    """The choice between the running and the re-estimated Sigma is made on validation images:
+    on a small or easy dataset the running one can suit the trained weights better."""
+    model = build_model(ModelConfig(3, "small_cnn", "smso", {"dim": 8}, reduce_dim=8))
+    running = model.head.running_cov.clone()
+    accuracies = iter([0.9, 0.5])  # before, after
+
+    def evaluate(*args, **kwargs):
+        return type("Result", (), {"accuracy": next(accuracies), "count": 10_000})()
+
+    def fit_input_statistics(model, images, runtime):
+        model.head.running_cov.mul_(1e6)  # a re-estimate that makes things worse
+        return 10
+
+    monkeypatch.setattr(module, "evaluate", evaluate)
+    monkeypatch.setattr(module, "fit_input_statistics", fit_input_statistics)
+    report = module.recalibrate(model, [], [], None, 3, setup_runtime("cpu", "off"))
+    assert report["kept"] is False
+    assert (report["val_accuracy_before"], report["val_accuracy_after"]) == (0.9, 0.5)
+    assert torch.equal(model.head.running_cov, running)
+    accuracies = iter([0.5, 0.495])  # within 2 standard errors (0.01): the statistically right one
+    assert module.recalibrate(model, [], [], None, 3, setup_runtime("cpu", "off"))["kept"]
+    torch.testing.assert_close(model.head.running_cov, running * 1e6)
