@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -27,20 +27,20 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
-from service.backend import Backend, OnnxBackend
-from service.batcher import MicroBatcher
+from service.backend import Backend
 from service.bodies import BodyBudget
-from service.dependencies import ReadyState, authorize
+from service.dependencies import authorize
 from service.disconnect import CancelWhenGone
 from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import ServiceError, install_error_handlers
-from service.images import Preprocessor
 from service.inputs import MAX_FILENAME, Upload, read_uploads
+from service.loader import load_model
 from service.metrics import Metrics, MetricsMiddleware, exposition
 from service.oip import build_router
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
-from service.runner import buckets
+from service.registry import LoadedModel
+from service.repository import Repository
 from service.settings import Settings
 
 __all__ = ["app_from_environment", "create_app"]
@@ -90,6 +90,7 @@ IMAGE_BODY = {
 def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake)."""
     state = ServiceState(settings)
+    state.registry.default = settings.default_model
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,18 +100,27 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         state.decoder = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="decode")
         if settings.api_key is None:
             log.warning("no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
-                        "/metadata, /v2/models/...) are open to anyone who can reach this "
-                        "server")  # fmt: skip
-        loading = asyncio.get_running_loop().create_task(_load(state), name="load-model")
+                        "/metadata, /models/..., /v2/models/...) are open to anyone who can "
+                        "reach this server")  # fmt: skip
+        if settings.model_repository is not None:
+            state.repository = Repository(state, settings.model_repository)
+            loading = asyncio.get_running_loop().create_task(
+                state.repository.run(), name="repository"
+            )
+        else:
+            source = None if backend is not None else settings.model_path
+            loading = asyncio.get_running_loop().create_task(
+                load_model(state, source, backend=backend), name="load-model"
+            )
         try:
             yield
         finally:
-            state.ready, state.draining = False, True
+            state.draining = True
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
-            if state.batcher is not None:
-                await state.batcher.stop()  # every queued image is answered first
+            for model in state.registry.serving():
+                await model.batcher.stop()  # every queued image is answered first
             state.decoder.shutdown(wait=True)
 
     # with an API key the docs (model routes, limits) are for key holders unless opened
@@ -127,7 +137,6 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
         # client's Host header (and a POST's body lost on the way)
         redirect_slashes=False,
     )
-    state.backend = backend
     app.state.smso = state
     install_error_handlers(app)
     # a client that leaves after sending its request stops its work (inside the metrics: 499)
@@ -147,75 +156,26 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
              responses={503: {"model": schemas.ErrorResponse}})  # fmt: skip
     @app.head("/readyz", include_in_schema=False)
     async def readyz() -> Any:
-        """Ready: the model is loaded and warmed up (each batch-size bucket run once)."""
-        if state.ready:
+        """Ready: the models are loaded and warmed up (each batch-size bucket run once); with
+        a repository, every model is ready or unavailable and the default one is ready."""
+        if state.draining:
+            return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "1"})
+        status = state.registry.readiness()
+        if status == "ready":
             return {"status": "ready"}
-        if state.failed and not state.draining:  # for good: no Retry-After
+        if status == "failed":  # for good: no Retry-After
             return JSONResponse({"status": "failed"}, 503)
-        status = "draining" if state.draining else "loading"
         return JSONResponse({"status": status}, 503, headers={"Retry-After": "1"})
-
-    @app.get("/metadata", dependencies=[Depends(authorize)], tags=["model"])
-    async def metadata(s: ReadyState) -> dict[str, Any]:
-        """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
-        assert s.backend is not None
-        return {
-            "model": {"name": s.backend.card.name, "version": s.backend.card.model_version},
-            "providers": s.backend.providers, "card": s.backend.card_dict,
-        }  # fmt: skip
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics() -> Response:
         """Prometheus metrics."""
         return Response(exposition(state.metrics), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post(
-        "/classify", response_model=schemas.ClassifyResponse, tags=["inference"],
-        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
-        responses=schemas.ERROR_RESPONSES,
-    )  # fmt: skip
-    async def classify(
-        request: Request,
-        s: ReadyState,
-        top_k: Annotated[
-            int, Query(ge=1, le=1000, description="classes per image, best first")
-        ] = 5,
-    ) -> JSONResponse:
-        """Top-k classes of each image (softmax probabilities), one result per image in order."""
-        uploads, outputs = await _infer(s, request, "/classify")
-        classes = s.backend.card.classes  # type: ignore[union-attr]
-        scores, order = top_classes(np.stack([logits for logits, _ in outputs]), top_k)
-        results = [
-            {"filename": upload.filename,
-             "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[n, i])}
-                             for i in order[n]]}
-            for n, upload in enumerate(uploads)
-        ]  # fmt: skip
-        # a Response skips FastAPI's re-validation of the payload (response_model documents it)
-        return JSONResponse({"model": _model(s), "results": results})
+    for prefix, target in _TARGETS.items():
+        _model_routes(app, prefix, target)
 
-    @app.post(
-        "/embed", response_model=schemas.EmbedResponse, tags=["inference"],
-        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
-        responses=schemas.ERROR_RESPONSES,
-    )  # fmt: skip
-    async def embed(
-        request: Request,
-        s: ReadyState,
-        normalize: Annotated[bool, Query(description="l2-normalise each embedding")] = False,
-    ) -> JSONResponse:
-        """The p-dimensional SMSO embedding of each image, one result per image in order."""
-        uploads, outputs = await _infer(s, request, "/embed")
-        results = []
-        for upload, (_, embedding) in zip(uploads, outputs, strict=True):
-            vector = embedding.astype(np.float64)
-            if normalize:
-                vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-            results.append({"filename": upload.filename, "embedding": vector.tolist()})
-        dim = s.backend.card.model.embedding_dim  # type: ignore[union-attr]
-        return JSONResponse({"model": _model(s), "dim": dim, "results": results})
-
-    app.include_router(build_router())
+    app.include_router(build_router(repository=settings.model_repository is not None))
     if docs:
         install_docs(app)  # /docs, /redoc and / -> /docs; else all three are 404
     return app
@@ -231,58 +191,108 @@ def app_from_environment() -> FastAPI:
     return create_app(settings)
 
 
-def _model(state: ServiceState) -> dict[str, str]:
-    card = state.backend.card  # type: ignore[union-attr]
-    return {"name": card.name, "version": card.model_version}
+#: ``(model name, version)`` a route's path names; ``None``: the default model, its version.
+Named = tuple[str | None, str | None]
 
 
-async def _load(state: ServiceState) -> None:
-    """Load the model (unless given), start the batcher, warm up, then turn ready."""
-    settings = state.settings
-    try:
-        if state.backend is None:
-            state.backend = await asyncio.get_running_loop().run_in_executor(
-                None, OnnxBackend, settings.model_path, settings.backend_options
-            )
-        backend = state.backend
-        state.preprocess = Preprocessor(backend.card.preprocessing, settings.max_pixels)
-        metrics = state.metrics
-        state.batcher = MicroBatcher(
-            backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
-            settings.queue_size, on_batch=metrics.observe_batch if metrics else None,
-            wait_for_announced=True, patience=settings.batch_patience,
-            on_depth=metrics.queue_depth.set if metrics else None,
-        )  # fmt: skip
-        state.batcher.start()
-        await _warm_up(state)
-    except asyncio.CancelledError:
-        raise
-    except Exception as error:
-        state.failure = " ".join(str(error).split()) or type(error).__name__
-        log.exception(
-            "the model could not be loaded or warmed up; /readyz says failed and every "
-            "inference route answers 503 until a restart"
-        )
-        return
-    state.ready = True
-    card = backend.card
-    log.info("ready: %s (%s) on %s; /readyz answers 200", card.name, card.model_version,
-             ", ".join(backend.providers))  # fmt: skip
+async def _default_model() -> tuple[str | None, str | None]:
+    return None, None
 
 
-async def _warm_up(state: ServiceState) -> None:
-    """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
-    ``max_batch_size``) so that no request pays for a first call."""
-    spec = state.backend.card.input  # type: ignore[union-attr]
-    rng = np.random.default_rng(0)
-    sizes = getattr(state.backend, "warmup_batches", None) or buckets(state.settings.max_batch_size)
-    for size in sizes:
-        images = rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
-        await state.batcher.run_direct(images)  # type: ignore[union-attr]
+async def _named_model(model_name: str) -> tuple[str | None, str | None]:
+    return model_name, None
+
+
+async def _model_version(model_name: str, model_version: str) -> tuple[str | None, str | None]:
+    return model_name, model_version
+
+
+#: Where each model's routes are (prefix), and how the prefix names the model (a dependency
+#: reading the path: ``(name, version)``, ``None`` for the default model or its served version).
+_TARGETS = {
+    "": _default_model,
+    "/models/{model_name}": _named_model,
+    "/models/{model_name}/versions/{model_version}": _model_version,
+}
+
+
+def _model_routes(app: FastAPI, prefix: str, target: Callable[..., Awaitable[Named]]) -> None:
+    """``/metadata``, ``/classify`` and ``/embed`` under ``prefix``: the default model's
+    (``""``), a named model's, or a named version's."""
+    tags = ["inference"] if not prefix else ["models"]
+    # a parameter's default, not an Annotated alias: the dependency differs per prefix, and a
+    # local alias would be an unresolvable string annotation here
+    named_by_path = Depends(target)
+
+    @app.get(f"{prefix}/metadata", dependencies=[Depends(authorize)], tags=["model"] if not prefix else tags,
+             responses=schemas.ERROR_RESPONSES)  # fmt: skip
+    async def metadata(request: Request, named: Named = named_by_path) -> dict[str, Any]:
+        """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
+        model = _state(request).registry.lookup(*named)
+        return {
+            "model": _ref(model), "providers": getattr(model.backend, "providers", []),
+            "card": getattr(model.backend, "card_dict", model.card.model_dump()),
+        }  # fmt: skip
+
+    @app.post(
+        f"{prefix}/classify", response_model=schemas.ClassifyResponse, tags=tags,
+        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        responses=schemas.ERROR_RESPONSES,
+    )  # fmt: skip
+    async def classify(
+        request: Request,
+        named: Named = named_by_path,
+        top_k: Annotated[
+            int, Query(ge=1, le=1000, description="classes per image, best first")
+        ] = 5,
+    ) -> JSONResponse:
+        """Top-k classes of each image (softmax probabilities), one result per image in order."""
+        async with _state(request).registry.using(*named) as model:
+            uploads, outputs = await _infer(_state(request), model, request, "/classify")
+        classes = model.card.classes
+        scores, order = top_classes(np.stack([logits for logits, _ in outputs]), top_k)
+        results = [
+            {"filename": upload.filename,
+             "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[n, i])}
+                             for i in order[n]]}
+            for n, upload in enumerate(uploads)
+        ]  # fmt: skip
+        # a Response skips FastAPI's re-validation of the payload (response_model documents it)
+        return JSONResponse({"model": _ref(model), "results": results})
+
+    @app.post(
+        f"{prefix}/embed", response_model=schemas.EmbedResponse, tags=tags,
+        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        responses=schemas.ERROR_RESPONSES,
+    )  # fmt: skip
+    async def embed(
+        request: Request,
+        named: Named = named_by_path,
+        normalize: Annotated[bool, Query(description="l2-normalise each embedding")] = False,
+    ) -> JSONResponse:
+        """The p-dimensional SMSO embedding of each image, one result per image in order."""
+        async with _state(request).registry.using(*named) as model:
+            uploads, outputs = await _infer(_state(request), model, request, "/embed")
+        results = []
+        for upload, (_, embedding) in zip(uploads, outputs, strict=True):
+            vector = embedding.astype(np.float64)
+            if normalize:
+                vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+            results.append({"filename": upload.filename, "embedding": vector.tolist()})
+        dim = model.card.model.embedding_dim
+        return JSONResponse({"model": _ref(model), "dim": dim, "results": results})
+
+
+def _state(request: Request) -> ServiceState:
+    return request.app.state.smso  # type: ignore[no-any-return]
+
+
+def _ref(model: LoadedModel) -> dict[str, str]:
+    return {"name": model.name, "version": model.version}
 
 
 async def _infer(
-    state: ServiceState, request: Request, route: str
+    state: ServiceState, model: LoadedModel, request: Request, route: str
 ) -> tuple[list[Upload], list[Outputs]]:
     """Read, decode and run the request's images under its deadline."""
     settings = state.settings
@@ -293,5 +303,5 @@ async def _infer(
     if len(uploads) > settings.max_files:
         raise ServiceError(413, "too_many_files",
                            f"{len(uploads)} files; at most {settings.max_files} per request")  # fmt: skip
-    images = await decode_all(state, uploads, deadline)
-    return uploads, await run_batched(state, images, deadline, route)
+    images = await decode_all(state, model, uploads, deadline)
+    return uploads, await run_batched(state, model, images, deadline, route)

@@ -80,13 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
-    try:
-        backend = OnnxBackend(settings.model_path, settings.backend_options)
-        _try_once(backend, settings.model_path)
-    except (CardError, ValueError, ModelCannotRunError) as error:
-        listener.close()
-        print(f"smso-serve: error: {error}", file=sys.stderr)
-        return 2
+    backend = None
+    if settings.model_repository is None:  # a repository's models are each loaded, or
+        try:  # unavailable with their reason, while the server runs
+            backend = OnnxBackend(settings.model_path, settings.backend_options)
+            _try_once(backend, settings.model_path)
+        except (CardError, ValueError, ModelCannotRunError) as error:
+            listener.close()
+            print(f"smso-serve: error: {error}", file=sys.stderr)
+            return 2
     app = create_app(settings, backend)
     config = _config(settings, app)
     state = app.state.smso
@@ -191,7 +193,8 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     try:
         # what every worker would refuse (and only log, staying unready): one line and exit
         # status 2 here, as without --workers
-        read_card(settings.model_path)
+        if settings.model_repository is None:
+            read_card(settings.model_path)
         if TENSORRT in check_providers(settings.providers):
             prepare_engine_cache(settings.backend_options.engine_cache_dir)
         listener = _listen(settings.host, settings.port)

@@ -1,16 +1,14 @@
-"""FastAPI dependencies the routes share: the API key check and the ready state."""
+"""FastAPI dependencies the routes share: the API key check."""
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Request
 
 from service.errors import ServiceError
-from service.pipeline import ServiceState
 
-__all__ = ["ReadyState", "authorize", "ready_state"]
+__all__ = ["authorize"]
 
 
 async def authorize(request: Request) -> None:
@@ -29,19 +27,3 @@ async def authorize(request: Request) -> None:
             "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )  # fmt: skip
-
-
-async def ready_state(request: Request) -> ServiceState:
-    """The app's state once the model is warmed up; 503 before (with Retry-After), while
-    draining, and for good when the model failed to load or warm up (async: a
-    plain def would make FastAPI hop to a worker thread on every request)."""
-    state: ServiceState = request.app.state.smso
-    if state.failure is not None:  # permanent: no Retry-After, a retry cannot succeed
-        raise ServiceError(503, "model_failed", f"the model failed to load: {state.failure}")
-    if not state.ready:
-        raise ServiceError(503, "not_ready", "the model is loading or the server is draining",
-                           headers={"Retry-After": "1"})  # fmt: skip
-    return state
-
-
-ReadyState = Annotated[ServiceState, Depends(ready_state)]

@@ -27,13 +27,13 @@ import binascii
 import re
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.dependencies import ReadyState, authorize
+from service.dependencies import authorize
 from service.errors import ServiceError
 from service.inputs import Upload, read_body, too_large
 from service.oip_codec import (
@@ -48,8 +48,12 @@ from service.oip_codec import (
     parse_request,
 )
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
-from service.schemas import OipModelReady, OipReady, oip_errors
+from service.registry import LoadedModel
+from service.schemas import OipIndexEntry, OipModelReady, OipReady, oip_errors
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.repository import Repository
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "build_router"]
 
@@ -103,21 +107,12 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return ServiceError(status, "protocol_error", message, headers)
 
 
-def _check_model(state: ServiceState, name: str, model_version: str | None) -> None:
-    """404 unless ``name`` (and ``model_version``, when given) is the model served here."""
-    card = state.backend.card  # type: ignore[union-attr]
-    if name != card.name or model_version not in (None, card.model_version):
-        asked = name if model_version is None else f"{name} version {model_version}"
-        raise _error(404, f"model {asked!r} is not served here; this server serves "
-                          f"{card.name!r} version {card.model_version!r}")  # fmt: skip
-
-
-def _model_metadata(state: ServiceState) -> dict[str, Any]:
-    card = state.backend.card  # type: ignore[union-attr]
+def _model_metadata(model: LoadedModel) -> dict[str, Any]:
+    card = model.card
     spec = card.input
     return {
-        "name": card.name,
-        "versions": [card.model_version],
+        "name": model.name,
+        "versions": [model.version],
         "platform": "onnxruntime_onnx",
         "inputs": [
             {"name": TENSOR_INPUT, "datatype": "FP32",
@@ -131,8 +126,8 @@ def _model_metadata(state: ServiceState) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _expected(state: ServiceState) -> str:
-    spec = state.backend.card.input  # type: ignore[union-attr]
+def _expected(model: LoadedModel) -> str:
+    spec = model.card.input
     return (
         f"send exactly one input: {TENSOR_INPUT!r} (FP32, shape [N, {spec.channels}, "
         f"{spec.height}, {spec.width}], preprocessed) or {BYTES_INPUT!r} (BYTES, shape [N], "
@@ -147,8 +142,10 @@ def _batch_size(state: ServiceState, n: int, name: str) -> None:
                      f"input {name!r} holds {n} images; send 1 to {limit} per request")  # fmt: skip
 
 
-def _tensor_images(state: ServiceState, tensor: InputTensor) -> list[np.ndarray]:
-    spec = state.backend.card.input  # type: ignore[union-attr]
+def _tensor_images(
+    state: ServiceState, model: LoadedModel, tensor: InputTensor
+) -> list[np.ndarray]:
+    spec = model.card.input
     want = (spec.channels, spec.height, spec.width)
     if tensor.datatype != "FP32":
         hint = f" (encoded images go in {BYTES_INPUT!r})" if tensor.datatype == "BYTES" else ""
@@ -204,16 +201,16 @@ def _requested(state: ServiceState, request: InferRequest) -> list[RequestedOutp
     return request.outputs
 
 
-def _classification(state: ServiceState, logits: np.ndarray, k: int) -> list[bytes]:
+def _classification(model: LoadedModel, logits: np.ndarray, k: int) -> list[bytes]:
     """Row-major ``"score:index:label"`` of each image's top ``k`` classes, best first."""
-    classes = state.backend.card.classes  # type: ignore[union-attr]
+    classes = model.card.classes
     scores, order = top_classes(logits, k)  # (N, K), (N, k)
     return [f"{scores[n, i]:f}:{i}:{classes[i]}".encode()
             for n in range(len(scores)) for i in order[n]]  # fmt: skip
 
 
 def _answer(
-    state: ServiceState, wanted: list[RequestedOutput], outputs: list[Outputs]
+    model: LoadedModel, wanted: list[RequestedOutput], outputs: list[Outputs]
 ) -> list[OutputTensor]:
     logits = np.stack([o[0] for o in outputs])  # (N, K)
     embedding = np.stack([o[1] for o in outputs])  # (N, p)
@@ -221,13 +218,19 @@ def _answer(
     for output in wanted:
         if output.classification:
             k = min(output.classification, logits.shape[1])
-            strings = _classification(state, logits, k)
+            strings = _classification(model, logits, k)
             tensors.append(OutputTensor("logits", "BYTES", (len(logits), k), strings,
                                         output.binary))  # fmt: skip
         else:
             array = logits if output.name == "logits" else embedding
             tensors.append(OutputTensor(output.name, "FP32", array.shape, array, output.binary))
     return tensors
+
+
+def _repository(request: Request) -> Repository:
+    state: ServiceState = request.app.state.smso
+    assert state.repository is not None  # the routes exist only with a repository
+    return state.repository
 
 
 def _deadline(state: ServiceState, request: InferRequest, start: float) -> float:
@@ -252,7 +255,7 @@ def _parse(body: bytes, encoding: str | None, length: int | None, settings: Sett
         raise ProtocolError(f"malformed request: {error}") from None
 
 
-async def _infer(state: ServiceState, http: Request, route: str) -> Response:
+async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: str) -> Response:
     settings = state.settings
     start = time.perf_counter()
     body = await read_body(http, settings.max_request_bytes)
@@ -276,16 +279,15 @@ async def _infer(state: ServiceState, http: Request, route: str) -> Response:
     wanted = _requested(state, request)
     if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
         names = [t.name for t in request.inputs]
-        raise _error(400, f"inputs {names} not understood: {_expected(state)}")
+        raise _error(400, f"inputs {names} not understood: {_expected(model)}")
     tensor = request.inputs[0]
     if tensor.name == TENSOR_INPUT:
-        images = _tensor_images(state, tensor)
+        images = _tensor_images(state, model, tensor)
     else:
-        images = await decode_all(state, _encoded_images(state, tensor), deadline)
-    outputs = await run_batched(state, images, deadline, route)
-    card = state.backend.card  # type: ignore[union-attr]
+        images = await decode_all(state, model, _encoded_images(state, tensor), deadline)
+    outputs = await run_batched(state, model, images, deadline, route)
     body, header_length = encode_response(
-        card.name, card.model_version, request.id, _answer(state, wanted, outputs)
+        model.name, model.version, request.id, _answer(model, wanted, outputs)
     )
     if header_length is None:
         return Response(body, media_type="application/json")
@@ -293,14 +295,16 @@ async def _infer(state: ServiceState, http: Request, route: str) -> Response:
                     headers={HEADER_LENGTH: str(header_length)})  # fmt: skip
 
 
-def build_router() -> APIRouter:
-    """The ``/v2`` routes; the app's state is read from ``request.app.state.smso``."""
+def build_router(repository: bool = False) -> APIRouter:
+    """The ``/v2`` routes (with ``repository``, the model repository extension's too); the
+    app's state is read from ``request.app.state.smso``."""
     router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
     @router.get("")
     async def server_metadata() -> dict[str, Any]:
         """Server name, version and the protocol extensions it supports."""
-        return {"name": SERVER_NAME, "version": _server_version(), "extensions": EXTENSIONS}
+        extensions = EXTENSIONS + (["model_repository"] if repository else [])
+        return {"name": SERVER_NAME, "version": _server_version(), "extensions": extensions}
 
     @router.get("/health/live")
     @router.head("/health/live", include_in_schema=False)
@@ -312,12 +316,13 @@ def build_router() -> APIRouter:
                 responses={400: {"model": OipReady, "description": "not ready"}})  # fmt: skip
     @router.head("/health/ready", include_in_schema=False)
     async def server_ready(request: Request) -> JSONResponse:
-        """200 once the model is loaded and warmed up; 400 (the protocol's "false") before and
-        while draining."""
-        ready = request.app.state.smso.ready
+        """200 once the models are loaded and warmed up; 400 (the protocol's "false") before
+        and while draining."""
+        state: ServiceState = request.app.state.smso
+        ready = not state.draining and state.registry.readiness() == "ready"
         return JSONResponse({"ready": ready}, 200 if ready else 400)
 
-    # behind the key like the model's metadata: its 404 names the model served here
+    # behind the key like the model's metadata: its 404 names the models served here
     ready_responses = {400: {"model": OipModelReady, "description": "loading or draining"},
                        **oip_errors(401, 404, 422)}  # fmt: skip
 
@@ -329,23 +334,28 @@ def build_router() -> APIRouter:
     async def model_ready(
         request: Request, model_name: str, model_version: str | None = None
     ) -> JSONResponse:
-        """200 when this model is served and ready; 400 while loading or draining."""
+        """200 when this model is served and ready; 400 while loading, unavailable or
+        draining."""
         state: ServiceState = request.app.state.smso
-        if state.backend is None:
+        try:
+            state.registry.lookup(model_name, model_version)
+        except ServiceError as error:
+            if error.status == 404:
+                raise
             return JSONResponse({"name": model_name, "ready": False}, 400)
-        _check_model(state, model_name, model_version)
-        return JSONResponse({"name": model_name, "ready": state.ready}, 200 if state.ready else 400)
+        ready = not state.draining
+        return JSONResponse({"name": model_name, "ready": ready}, 200 if ready else 400)
 
     @router.get("/models/{model_name}", dependencies=[Depends(authorize)],
                 responses=oip_errors(401, 404, 422, 503))  # fmt: skip
     @router.get("/models/{model_name}/versions/{model_version}", dependencies=[Depends(authorize)],
                 responses=oip_errors(401, 404, 422, 503))  # fmt: skip
     async def model_metadata(
-        s: ReadyState, model_name: str, model_version: str | None = None
+        request: Request, model_name: str, model_version: str | None = None
     ) -> dict[str, Any]:
         """The model's inputs and outputs: names, datatypes and shapes (-1: any batch size)."""
-        _check_model(s, model_name, model_version)
-        return _model_metadata(s)
+        state: ServiceState = request.app.state.smso
+        return _model_metadata(state.registry.lookup(model_name, model_version))
 
     infer_responses = oip_errors(400, 401, 404, 413, 415, 422, 503, 504)
 
@@ -356,11 +366,41 @@ def build_router() -> APIRouter:
                  dependencies=[Depends(authorize)], openapi_extra=INFER_BODY,
                  response_class=Response, responses=infer_responses)  # fmt: skip
     async def infer(
-        request: Request, s: ReadyState, model_name: str, model_version: str | None = None
+        request: Request, model_name: str, model_version: str | None = None
     ) -> Response:
         """Inference on a preprocessed FP32 tensor or on encoded images (JSON or binary)."""
-        _check_model(s, model_name, model_version)
+        state: ServiceState = request.app.state.smso
         route = getattr(request.scope.get("route"), "path", "/v2/models/{model_name}/infer")
-        return await _infer(s, request, route)
+        async with state.registry.using(model_name, model_version) as model:
+            return await _infer(state, model, request, route)
+
+    if not repository:
+        return router
+
+    # the model repository extension (Triton's): index, load, unload
+    @router.post("/repository/index", dependencies=[Depends(authorize)],
+                 response_model=list[OipIndexEntry], responses=oip_errors(401))  # fmt: skip
+    async def repository_index(request: Request) -> list[dict[str, str]]:
+        """Every model the server knows: name, version, state (READY, LOADING, UNAVAILABLE,
+        UNLOADING) and, when unavailable, why."""
+        state: ServiceState = request.app.state.smso
+        return [state.registry.entries[name].index() for name in state.registry.names()]
+
+    control_responses = oip_errors(400, 401, 404, 422)
+
+    @router.post("/repository/models/{model_name}/load", dependencies=[Depends(authorize)],
+                 responses=control_responses)  # fmt: skip
+    async def repository_load(request: Request, model_name: str) -> dict[str, Any]:
+        """Load (or reload) a model from the repository folder; answers once it is serving,
+        400 with the reason when it cannot be loaded."""
+        await _repository(request).load(model_name)
+        return {}
+
+    @router.post("/repository/models/{model_name}/unload", dependencies=[Depends(authorize)],
+                 responses=control_responses)  # fmt: skip
+    async def repository_unload(request: Request, model_name: str) -> dict[str, Any]:
+        """Stop serving a model: new requests get 404, those in flight are answered."""
+        await _repository(request).unload(model_name)
+        return {}
 
     return router

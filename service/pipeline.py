@@ -15,20 +15,26 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from service.admission import Admission
-from service.backend import Backend
-from service.batcher import MicroBatcher, QueueFullError
+from service.batcher import QueueFullError
 from service.bodies import BufferedBytes
 from service.errors import ServiceError
-from service.images import ImageError, ImageTooLargeError, Preprocessor
+from service.images import ImageError, ImageTooLargeError
 from service.inputs import Upload
 from service.metrics import Metrics
+from service.registry import LoadedModel, Registry
 from service.settings import Settings
 
-__all__ = ["Outputs", "ServiceState", "decode_all", "run_batched", "softmax", "top_classes"]
+if TYPE_CHECKING:
+    from service.repository import Repository
+
+__all__ = [
+    "Outputs", "ServiceState", "decode_all", "queue_depth", "run_batched", "softmax", "top_classes",
+]  # fmt: skip
 
 log = logging.getLogger("service")
 
@@ -38,18 +44,17 @@ Outputs = tuple[np.ndarray, np.ndarray]
 
 @dataclass
 class ServiceState:
-    """What the routes of one app share; filled in by the app's lifespan."""
+    """What the routes of one app share: settings, the models (``registry``), the decode
+    threads, metrics and the server-wide bounds. Filled in by the app's lifespan."""
 
     settings: Settings
-    backend: Backend | None = None
-    batcher: MicroBatcher | None = None
-    preprocess: Preprocessor | None = None
+    registry: Registry = field(default_factory=Registry)
     decoder: ThreadPoolExecutor | None = None
     metrics: Metrics | None = None
-    ready: bool = False
+    #: shutting down: health checks say so and no model takes new requests
     draining: bool = False
-    #: why the model could not be loaded or run (set once, permanent: no retry will help)
-    failure: str | None = None
+    #: the model repository being followed, when the server serves one
+    repository: Repository | None = None
     admission: Admission = field(init=False)
     buffered: BufferedBytes = field(init=False)
 
@@ -57,9 +62,10 @@ class ServiceState:
         self.admission = Admission(self.settings.inflight_limit)
         self.buffered = BufferedBytes(self.settings.max_buffered_bytes)
 
-    @property
-    def failed(self) -> bool:
-        return self.failure is not None
+
+def queue_depth(state: ServiceState) -> int:
+    """Images waiting for inference, over every model served."""
+    return sum(model.batcher.depth for model in state.registry.serving())
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -78,14 +84,18 @@ def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decode_unless_abandoned(
-    state: ServiceState, upload: Upload, deadline: float, gone: threading.Event
+    state: ServiceState,
+    model: LoadedModel,
+    upload: Upload,
+    deadline: float,
+    gone: threading.Event,
 ) -> np.ndarray | None:
     """In a decode thread: the image decoded, or ``None`` (counted as dropped) when its request
     no longer wants it: an image may wait for a thread longer than its request lives."""
     if gone.is_set() or time.perf_counter() > deadline:
         state.metrics.dropped.inc()  # type: ignore[union-attr]
         return None
-    return state.preprocess(upload.data, upload.filename)  # type: ignore[misc]
+    return model.preprocess(upload.data, upload.filename)
 
 
 def _deadline_exceeded(state: ServiceState) -> ServiceError:
@@ -102,12 +112,16 @@ def _retrieve(work: asyncio.Future[np.ndarray | None]) -> None:
 
 
 async def _decode(
-    state: ServiceState, upload: Upload, deadline: float, gone: threading.Event
+    state: ServiceState,
+    model: LoadedModel,
+    upload: Upload,
+    deadline: float,
+    gone: threading.Event,
 ) -> np.ndarray:
     loop = asyncio.get_running_loop()
     start = time.perf_counter()
     work = loop.run_in_executor(
-        state.decoder, _decode_unless_abandoned, state, upload, deadline, gone
+        state.decoder, _decode_unless_abandoned, state, model, upload, deadline, gone
     )
     work.add_done_callback(_retrieve)
     try:
@@ -126,10 +140,13 @@ async def _decode(
 
 
 async def decode_all(
-    state: ServiceState, uploads: Sequence[Upload], deadline: float | None = None
+    state: ServiceState,
+    model: LoadedModel,
+    uploads: Sequence[Upload],
+    deadline: float | None = None,
 ) -> list[np.ndarray]:
-    """Each encoded image decoded and preprocessed to ``(C, H, W)`` float32, in a thread pool;
-    400 (undecodable) or 413 (over the pixel limit) naming the file.
+    """Each encoded image decoded and preprocessed for ``model`` to ``(C, H, W)`` float32, in
+    a thread pool; 400 (undecodable) or 413 (over the pixel limit) naming the file.
 
     Admitted first (503 at once when ``max_inflight`` images are already being decoded), and
     under the request's ``deadline`` (a ``time.perf_counter()`` value; by default
@@ -139,14 +156,13 @@ async def decode_all(
     The images are announced to the batcher while they decode, so that it waits for them; the
     caller submits them (:func:`run_batched`) with no ``await`` in between.
     """
-    batcher = state.batcher
-    assert batcher is not None
+    batcher = model.batcher
     if deadline is None:
         deadline = time.perf_counter() + state.settings.request_timeout_s
     with state.admission.admit(len(uploads)):
         gone = threading.Event()  # the decode threads skip this request's images once set
         batcher.announce(len(uploads))
-        tasks = [asyncio.ensure_future(_decode(state, u, deadline, gone)) for u in uploads]
+        tasks = [asyncio.ensure_future(_decode(state, model, u, deadline, gone)) for u in uploads]
         try:
             async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
                 return list(await asyncio.gather(*tasks))
@@ -160,9 +176,13 @@ async def decode_all(
 
 
 async def run_batched(
-    state: ServiceState, images: Sequence[np.ndarray], deadline: float, route: str
+    state: ServiceState,
+    model: LoadedModel,
+    images: Sequence[np.ndarray],
+    deadline: float,
+    route: str,
 ) -> list[Outputs]:
-    """Each ``(C, H, W)`` image through the micro-batcher; its outputs, in order.
+    """Each ``(C, H, W)`` image through ``model``'s micro-batcher; its outputs, in order.
 
     413 when there are more images than the queue can ever hold, 503 when it is full, 504 once
     ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in failed (the backend's fault, not the client's).
@@ -174,13 +194,13 @@ async def run_batched(
     futures = []
     try:
         for image in images:
-            futures.append(state.batcher.submit(image))  # type: ignore[union-attr]
+            futures.append(model.batcher.submit(image))
     except QueueFullError:
         for future in futures:
             future.cancel()
         raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
                            headers={"Retry-After": "1"}) from None  # fmt: skip
-    state.metrics.queue_depth.set(state.batcher.depth)  # type: ignore[union-attr]
+    state.metrics.queue_depth.set(queue_depth(state))  # type: ignore[union-attr]
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
             outputs = await asyncio.gather(*futures)

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ERROR_RESPONSES", "ClassifyResponse", "EmbedResponse", "ErrorResponse", "OipError",
+    "OipIndexEntry",
     "OipModelReady", "OipReady", "Status", "oip_errors",
 ]  # fmt: skip
 
@@ -64,10 +65,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, text in {
         400: "undecodable, truncated or empty image",
         401: "missing or wrong API key",
+        404: "the model (or version) is not served here, or no model is the default",
         413: "upload or image over the limits",
         415: "not an image",
         422: "missing file part or bad query",
-        503: "overloaded (Retry-After) or not ready",
+        503: "overloaded (Retry-After), the model loading (Retry-After) or failed",
         504: "deadline passed",
     }.items()
 }
@@ -81,6 +83,15 @@ class OipError(BaseModel):
 
 class OipReady(BaseModel):
     ready: bool
+
+
+class OipIndexEntry(BaseModel):
+    """A model in the repository index (Triton's model repository extension)."""
+
+    name: str = Field(examples=["fashion_mnist"])
+    version: str = Field(examples=["2"])
+    state: str = Field(examples=["READY"], description="READY, LOADING, UNAVAILABLE or UNLOADING")
+    reason: str = Field("", description="why the model is unavailable")
 
 
 class OipModelReady(BaseModel):

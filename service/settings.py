@@ -35,6 +35,26 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SMSO_", env_file=None, extra="forbid")
 
     model_path: Path = Field(DEFAULT_MODEL, description="ONNX file written by smso-export")
+    model_repository: Path | None = Field(
+        None,
+        description="a folder of models in Triton's layout, <name>/<version>/model.onnx (the "
+        "highest version of each is served under the folder's name); when set, model_path is "
+        "not used",
+    )
+    model_control: Literal["poll", "explicit"] = Field(
+        "poll",
+        description="with a repository: 'poll' follows the folder (new models and versions "
+        "loaded, removed ones unloaded); 'explicit': only /v2/repository/models/<name>/load "
+        "and /unload do",
+    )
+    repository_poll_s: float = Field(
+        5.0, gt=0, le=3600, description="with model_control 'poll': seconds between scans"
+    )
+    default_model: str | None = Field(
+        None,
+        description="the model /classify, /embed and /metadata serve when a repository holds "
+        "several (unset: the only one)",
+    )
     providers: str = Field(
         "auto",
         description="'auto' (TensorRT or CUDA where really usable, else CPU) or a comma-separated "
@@ -126,20 +146,27 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("model_path")
+    @field_validator("model_repository")
     @classmethod
-    def _model_exists(cls, path: Path) -> Path:
-        if not path.is_file():
+    def _repository_exists(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_dir():
             raise ValueError(
-                f"model file {path} does not exist; give an ONNX file written by smso-export "
-                "(SMSO_MODEL_PATH or --model-path), or run `make onnx` for the shipped one"
+                f"model repository {path} is not a folder; give a folder of "
+                "<name>/<version>/model.onnx (SMSO_MODEL_REPOSITORY or --model-repository)"
             )
         return path
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         """Settings that only make sense together: a request with more images than the queue
-        holds could never be admitted, and would get 503 with Retry-After forever."""
+        holds could never be admitted, and would get 503 with Retry-After forever; a model file
+        that does not exist (unless a repository is served instead)."""
+        if self.model_repository is None and not self.model_path.is_file():
+            raise ValueError(
+                f"model file {self.model_path} does not exist; give an ONNX file written by "
+                "smso-export (SMSO_MODEL_PATH or --model-path), or run `make onnx` for the "
+                "shipped one"
+            )
         if self.max_files > self.queue_size:
             raise ValueError(
                 f"max_files ({self.max_files}) is larger than queue_size ({self.queue_size}): "

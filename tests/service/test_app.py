@@ -252,7 +252,9 @@ def test_the_queue_depth_gauge_falls_to_zero_when_waiting_callers_have_left(make
         responses = list(pool.map(lambda v: classify(client, grey(v)), range(4)))
     assert [r.status_code for r in responses] == [504] * 4
     deadline = time.monotonic() + 5
-    while client.app.state.smso.batcher.depth:  # the batcher drops the images of gone callers
+    while (
+        client.app.state.smso.registry.lookup().batcher.depth
+    ):  # the batcher drops the images of gone callers
         assert time.monotonic() < deadline
         time.sleep(0.02)
     deadline = time.monotonic() + 1

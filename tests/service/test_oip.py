@@ -52,10 +52,7 @@ def test_health_and_readiness(make_client):
     assert client.get(f"/v2/models/{NAME}/versions/{VERSION}/ready").status_code == 200
     missing = client.get("/v2/models/other/ready")
     assert missing.status_code == 404
-    assert missing.json() == {
-        "error": f"model 'other' is not served here; this server serves {NAME!r} version "
-        f"{VERSION!r}"
-    }
+    assert missing.json() == {"error": f"model 'other' is not served here; models: [{NAME!r}]"}
     assert client.get(f"/v2/models/{NAME}/versions/v9/ready").status_code == 404
 
 
@@ -143,7 +140,7 @@ def test_model_name_body_and_size_errors(make_client):
     client = make_client(max_request_bytes=4096, max_files=2)
     wrong = client.post("/v2/models/nope/infer", json={"inputs": [bytes_input(grey(1))]})
     assert wrong.status_code == 404
-    assert "serves 'fake-small_cnn-smso'" in wrong.json()["error"]
+    assert "models: ['fake-small_cnn-smso']" in wrong.json()["error"]
     garbage = client.post(INFER, content=b"\x00\x01", headers={"content-type": "application/json"})
     assert garbage.status_code == 400
     assert "not valid JSON" in garbage.json()["error"]

@@ -1,0 +1,114 @@
+"""Loading a model into a running server, and retiring one, without failing a request.
+
+:func:`load_model` builds one :class:`~service.registry.LoadedModel` (onnxruntime session off
+the event loop, preprocessor, micro-batcher), warms it up (each batch-size bucket once) and only
+then makes it serve its name; the version it replaces retires (:func:`retire`) once the requests
+holding it have been answered. A model that cannot be loaded or run is marked unavailable with
+the reason, and whatever served its name before keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from service.backend import Backend, OnnxBackend
+from service.batcher import MicroBatcher
+from service.images import Preprocessor
+from service.pipeline import ServiceState, queue_depth
+from service.registry import LoadedModel, ModelStatus
+from service.runner import buckets
+
+__all__ = ["load_model", "retire", "unload_model"]
+
+log = logging.getLogger("service")
+
+
+async def load_model(
+    state: ServiceState,
+    source: Path | None,
+    name: str | None = None,
+    version: str | None = None,
+    backend: Backend | None = None,
+) -> LoadedModel | None:
+    """Load ``source`` (or take ``backend``, a test's fake), warm it up and serve it as
+    ``name`` at ``version`` (by default the card's served name and version); ``None`` when it
+    could not be loaded or run (its entry then says why)."""
+    registry, settings = state.registry, state.settings
+    if name is not None:
+        registry.mark(name, version or "", ModelStatus.LOADING, source=source)
+    batcher = None
+    try:
+        if backend is None:
+            backend = await asyncio.get_running_loop().run_in_executor(
+                None, OnnxBackend, source, settings.backend_options
+            )
+        card = backend.card
+        name, version = name or card.name, version or card.model_version
+        registry.mark(name, version, ModelStatus.LOADING, source=source)
+        metrics = state.metrics
+        batcher = MicroBatcher(
+            backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
+            settings.queue_size, on_batch=metrics.observe_batch if metrics else None,
+            wait_for_announced=True, patience=settings.batch_patience,
+            on_depth=(lambda _: metrics.queue_depth.set(queue_depth(state))) if metrics else None,
+        )  # fmt: skip
+        batcher.start()
+        await _warm_up(backend, batcher, settings.max_batch_size)
+        preprocess = Preprocessor(card.preprocessing, settings.max_pixels)
+    except asyncio.CancelledError:
+        if batcher is not None:
+            await batcher.stop()
+        raise
+    except Exception as error:
+        if batcher is not None:
+            await batcher.stop()
+        reason = " ".join(str(error).split()) or type(error).__name__
+        failed = name or (source.parent.name if source is not None else "model")
+        registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, reason, source)
+        log.error("model %s could not be loaded or warmed up, and is unavailable (503) until "
+                  "it is replaced: %s", failed, reason)  # fmt: skip
+        log.debug("what failed", exc_info=True)
+        return None
+    model = LoadedModel(name, version, card, backend, preprocess, batcher, source)
+    previous = registry.serve(model)
+    log.info("ready: %s (%s) on %s; /readyz answers 200", name, version,
+             ", ".join(getattr(backend, "providers", ["?"])))  # fmt: skip
+    if previous is not None:
+        await retire(previous, settings.request_timeout_s)
+    return model
+
+
+async def unload_model(state: ServiceState, name: str) -> bool:
+    """Stop serving ``name``: new requests get 404, those in flight are answered; whether it
+    was known."""
+    known = name in state.registry.entries
+    model = state.registry.withdraw(name)
+    if model is not None:
+        log.info("unloading %s (%s)", model.name, model.version)
+        await retire(model, state.settings.request_timeout_s)
+    return known or model is not None
+
+
+async def retire(model: LoadedModel, timeout_s: float) -> None:
+    """Stop ``model``'s batcher once no request holds it (or after ``timeout_s``, the longest a
+    request may take); every image already queued is answered first."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await model.users.idle.wait()
+    await model.batcher.stop()
+
+
+async def _warm_up(backend: Backend, batcher: MicroBatcher, max_batch_size: int) -> None:
+    """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
+    ``max_batch_size``) so that no request pays for a first call."""
+    spec = backend.card.input
+    rng = np.random.default_rng(0)
+    sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
+    for size in sizes:
+        images = rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
+        await batcher.run_direct(images)
