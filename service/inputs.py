@@ -15,6 +15,7 @@ accepted and judged by its bytes.
 from __future__ import annotations
 
 import email.message
+import logging
 import unicodedata
 from dataclasses import dataclass
 
@@ -29,6 +30,10 @@ from service.errors import ServiceError
 __all__ = ["MAX_FILENAME", "Upload", "read_body", "read_uploads", "too_large"]
 
 GENERIC_TYPES = {"", "application/octet-stream"}
+# python-multipart logs a warning for every malformed body it parses: any client could fill the
+# server's log with them. The client gets its 400 ("malformed multipart body: ..."); the log
+# keeps python-multipart's errors only.
+logging.getLogger("python_multipart").setLevel(logging.ERROR)
 #: The longest name a raw body may give itself (a file name's usual limit).
 MAX_FILENAME = 255
 

@@ -3,6 +3,7 @@ server's fault, reveal what a key protects, or send anyone elsewhere."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -151,3 +152,20 @@ def test_a_client_that_leaves_mid_upload_is_one_log_line_and_a_499(shipped_model
     lines = [line for line in output.splitlines() if "closed the connection" in line]
     assert len(lines) == len(uploads), output
     assert "(499)" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "body", [b"garbage without a boundary", b"--b0undary\r\nbad header line\r\n\r\n--b0undary--"]
+)
+def test_a_malformed_multipart_body_is_a_400_and_no_log_line(make_client, caplog, body):
+    """python-multipart logged a warning for each: any client could fill the server's log."""
+    client = make_client()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        response = client.post(
+            "/classify", content=body,
+            headers={"Content-Type": "multipart/form-data; boundary=b0undary"},
+        )  # fmt: skip
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_multipart"
+    assert not [r for r in caplog.records if r.name.startswith("python_multipart")]
