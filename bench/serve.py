@@ -190,12 +190,13 @@ def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """``name -> value`` for the unlabelled samples of a Prometheus text page."""
-    values = {}
+    """``name -> value`` of a Prometheus text page, each name's samples summed over their
+    labels (every model's, for instance) except ``le`` (histogram buckets are skipped)."""
+    values: dict[str, float] = {}
     for line in httpx.get(url, timeout=10).text.splitlines():
-        match = re.match(r"^([a-z_]+) ([0-9.e+-]+)$", line)
-        if match:
-            values[match.group(1)] = float(match.group(2))
+        match = re.match(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if match and 'le="' not in (match.group(2) or ""):
+            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(3))
     return values
 
 

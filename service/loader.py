@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +54,10 @@ async def load_model(
         metrics = state.metrics
         batcher = MicroBatcher(
             backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
-            settings.queue_size, on_batch=metrics.observe_batch if metrics else None,
+            settings.queue_size,
+            on_batch=metrics.batch_observer(name, version) if metrics else None,
             wait_for_announced=True, patience=settings.batch_patience,
-            on_depth=(lambda _: metrics.queue_depth.set(queue_depth(state))) if metrics else None,
+            on_depth=_depth_reporter(state, name, version) if metrics else None,
         )  # fmt: skip
         batcher.start()
         await _warm_up(backend, batcher, settings.max_batch_size)
@@ -79,7 +81,7 @@ async def load_model(
     log.info("ready: %s (%s) on %s; /readyz answers 200", name, version,
              ", ".join(getattr(backend, "providers", ["?"])))  # fmt: skip
     if previous is not None:
-        await retire(previous, settings.request_timeout_s)
+        await retire(state, previous)
     return model
 
 
@@ -90,17 +92,33 @@ async def unload_model(state: ServiceState, name: str) -> bool:
     model = state.registry.withdraw(name)
     if model is not None:
         log.info("unloading %s (%s)", model.name, model.version)
-        await retire(model, state.settings.request_timeout_s)
+        await retire(state, model)
     return known or model is not None
 
 
-async def retire(model: LoadedModel, timeout_s: float) -> None:
-    """Stop ``model``'s batcher once no request holds it (or after ``timeout_s``, the longest a
-    request may take); every image already queued is answered first."""
+async def retire(state: ServiceState, model: LoadedModel) -> None:
+    """Stop ``model``'s batcher once no request holds it (or after ``request_timeout_s``, the
+    longest a request may take); every image already queued is answered first."""
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(state.settings.request_timeout_s):
             await model.users.idle.wait()
     await model.batcher.stop()
+    if state.metrics is not None:
+        state.metrics.forget(model.name, model.version)
+
+
+def _depth_reporter(state: ServiceState, name: str, version: str) -> Callable[[int], None]:
+    """What a model's batcher calls when its queue's depth changes: the model's gauge and the
+    total over all models."""
+    metrics = state.metrics
+    assert metrics is not None
+    gauge = metrics.model_queue_depth.labels(name, version)
+
+    def report(depth: int) -> None:
+        gauge.set(depth)
+        metrics.queue_depth.set(queue_depth(state))
+
+    return report
 
 
 async def _warm_up(backend: Backend, batcher: MicroBatcher, max_batch_size: int) -> None:

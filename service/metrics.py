@@ -60,6 +60,10 @@ def counted(path: str) -> bool:
     )
 
 
+#: The labels of per-model metrics.
+MODEL = ["model", "version"]
+
+
 class Metrics:
     """The service's metrics in their own registry."""
 
@@ -74,9 +78,12 @@ class Metrics:
             "smso_http_request_duration_seconds", "Request latency, first byte in to last out",
             ["method", "route"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        # model and version label values come from the models loaded (a closed set: folder
+        # names of the repository, or the one model's card), never from a request
         self.images = Counter(
-            "smso_images_total", "Images answered, by route", ["route"], registry=r
-        )
+            "smso_images_total", "Images answered, by route and model", ["route", *MODEL],
+            registry=r,
+        )  # fmt: skip
         self.dropped = Counter(
             "smso_images_dropped_total",
             "Images not decoded because their request had passed its deadline or its client left",
@@ -87,27 +94,47 @@ class Metrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
-            "smso_queue_wait_seconds", "Time an image waited in the batcher's queue",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "smso_queue_wait_seconds", "Time an image waited in its model's batcher queue",
+            MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.inference = Histogram(
             "smso_inference_seconds", "One onnxruntime call on a batch",
-            buckets=LATENCY_BUCKETS, registry=r,
+            MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.batch_size = Histogram(
             "smso_batch_size", "Images per onnxruntime call",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
+            MODEL, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
         )  # fmt: skip
         # set on every submit and when a batch is taken (the batcher's on_depth): the only
         # moments the depth changes; summed over the live worker processes
-        self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference",
+        self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference, all models",
                                  registry=r, multiprocess_mode="livesum")  # fmt: skip
+        self.model_queue_depth = Gauge(
+            "smso_model_queue_depth", "Images waiting for inference, by model", MODEL,
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
 
-    def observe_batch(self, stats: BatchStats) -> None:
-        self.batch_size.observe(stats.size)
-        self.inference.observe(stats.inference_s)
-        for wait in stats.queue_wait_s:
-            self.queue_wait.observe(wait)
+    def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
+        """What a model's batcher calls after each batch: its size, inference time and each
+        image's wait, labelled with the model."""
+        size, inference = (
+            self.batch_size.labels(model, version),
+            self.inference.labels(model, version),
+        )
+        wait = self.queue_wait.labels(model, version)
+
+        def observe(stats: BatchStats) -> None:
+            size.observe(stats.size)
+            inference.observe(stats.inference_s)
+            for seconds in stats.queue_wait_s:
+                wait.observe(seconds)
+
+        return observe
+
+    def forget(self, model: str, version: str) -> None:
+        """Drop a retired model's queue-depth series (its counters keep their totals)."""
+        with contextlib.suppress(KeyError):
+            self.model_queue_depth.remove(model, version)
 
 
 def exposition(metrics: Metrics | None) -> bytes:

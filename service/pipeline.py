@@ -211,5 +211,5 @@ async def run_batched(
     except Exception as error:
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
-    state.metrics.images.labels(route).inc(len(images))  # type: ignore[union-attr]
+    state.metrics.images.labels(route, model.name, model.version).inc(len(images))  # type: ignore[union-attr]
     return list(outputs)

@@ -18,7 +18,7 @@ import sys
 from service.metrics import Metrics
 metrics = Metrics()
 metrics.queue_depth.set(int(sys.argv[1]))
-metrics.images.labels("/classify").inc()
+metrics.images.labels("/classify", "m", "1").inc()
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -46,4 +46,4 @@ def test_the_queue_depth_is_summed_over_live_workers_only(tmp_path, monkeypatch)
     finally:
         live.communicate("")
     assert "smso_queue_depth 2.0" in text
-    assert 'smso_images_total{route="/classify"} 2.0' in text
+    assert 'smso_images_total{model="m",route="/classify",version="1"} 2.0' in text

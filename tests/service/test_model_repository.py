@@ -197,3 +197,18 @@ def test_smso_serve_serves_a_repository(repository, tmp_path):
         answer = httpx.post(f"{base}/classify", files=image())
         assert answer.json()["model"] == {"name": "shirts", "version": "2"}
         assert httpx.post(f"{base}/models/boots/classify", files=image()).status_code == 200
+
+
+def test_metrics_carry_each_models_name_and_version(serve, repository):
+    client = serve(repository, model_control="explicit", default_model="boots")
+    for name in ("boots", "shirts", "shirts"):
+        assert client.post(f"/models/{name}/classify", files=image()).status_code == 200
+    text = client.get("/metrics").text
+    assert 'smso_images_total{model="boots",route="/classify",version="1"} 1.0' in text
+    assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text
+    assert 'smso_inference_seconds_count{model="shirts",version="2"}' in text
+    assert 'smso_model_queue_depth{model="shirts",version="2"} 0.0' in text
+    assert client.post("/v2/repository/models/shirts/unload").status_code == 200
+    text = client.get("/metrics").text
+    assert 'smso_model_queue_depth{model="shirts"' not in text  # a retired model's gauge goes
+    assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text

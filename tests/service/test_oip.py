@@ -207,7 +207,8 @@ def test_metrics_count_inference_by_route_template_but_not_health(make_client):
     text = client.get("/metrics").text
     assert ('smso_http_requests_total{method="POST",route="/v2/models/{model_name}/infer",'
             'status="200"} 1.0') in text  # fmt: skip
-    assert 'smso_images_total{route="/v2/models/{model_name}/infer"} 2.0' in text
+    assert ('smso_images_total{model="fake-small_cnn-smso",route="/v2/models/{model_name}/infer",'
+            'version="0123456789ab"} 2.0') in text  # fmt: skip
     assert "/v2/health" not in text
     assert "/ready" not in text
 

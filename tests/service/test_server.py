@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -145,7 +146,8 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
                 timeout=30).status_code, range(20)))  # fmt: skip
         assert statuses == [200] * 20
         metrics = httpx.get(f"{base}/metrics").text
-        assert 'smso_images_total{route="/classify"} 20.0' in metrics
+        assert re.search(r'smso_images_total\{model="[^"]+",route="/classify",version="[^"]+"\} 20.0',
+                         metrics)  # fmt: skip
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
 
