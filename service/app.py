@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from service.drain import CloseWhenDraining
 from service.errors import ServiceError, install_error_handlers
 from service.inputs import MAX_FILENAME, Upload, read_uploads
 from service.loader import load_model
-from service.metrics import Metrics, MetricsMiddleware, exposition
+from service.metrics import MetricsMiddleware, exposition
 from service.oip import build_router
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
 from service.registry import LoadedModel
@@ -96,8 +95,6 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The server accepts connections at once (/healthz answers, /readyz says "loading");
         # loading and warm-up run in the background and turn /readyz ready when done.
-        state.metrics = Metrics()
-        state.decoder = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="decode")
         if settings.api_key is None:
             log.warning("no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
                         "/metadata, /models/..., /v2/models/...) are open to anyone who can "

@@ -51,13 +51,11 @@ async def load_model(
         card = backend.card
         name, version = name or card.name, version or card.model_version
         registry.mark(name, version, ModelStatus.LOADING, source=source)
-        metrics = state.metrics
         batcher = MicroBatcher(
             backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
-            settings.queue_size,
-            on_batch=metrics.batch_observer(name, version) if metrics else None,
+            settings.queue_size, on_batch=state.metrics.batch_observer(name, version),
             wait_for_announced=True, patience=settings.batch_patience,
-            on_depth=_depth_reporter(state, name, version) if metrics else None,
+            on_depth=_depth_reporter(state, name, version),
         )  # fmt: skip
         batcher.start()
         await _warm_up(backend, batcher, settings.max_batch_size)
@@ -103,15 +101,13 @@ async def retire(state: ServiceState, model: LoadedModel) -> None:
         async with asyncio.timeout(state.settings.request_timeout_s):
             await model.users.idle.wait()
     await model.batcher.stop()
-    if state.metrics is not None:
-        state.metrics.forget(model.name, model.version)
+    state.metrics.forget(model.name, model.version)
 
 
 def _depth_reporter(state: ServiceState, name: str, version: str) -> Callable[[int], None]:
     """What a model's batcher calls when its queue's depth changes: the model's gauge and the
     total over all models."""
     metrics = state.metrics
-    assert metrics is not None
     gauge = metrics.model_queue_depth.labels(name, version)
 
     def report(depth: int) -> None:

@@ -49,16 +49,20 @@ class ServiceState:
 
     settings: Settings
     registry: Registry = field(default_factory=Registry)
-    decoder: ThreadPoolExecutor | None = None
-    metrics: Metrics | None = None
+    metrics: Metrics = field(default_factory=Metrics)
     #: shutting down: health checks say so and no model takes new requests
     draining: bool = False
     #: the model repository being followed, when the server serves one
     repository: Repository | None = None
     admission: Admission = field(init=False)
     buffered: BufferedBytes = field(init=False)
+    #: the threads that decode images (and parse large protocol requests)
+    decoder: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
+        self.decoder = ThreadPoolExecutor(
+            self.settings.decode_workers, thread_name_prefix="decode"
+        )  # threads start on first use
         self.admission = Admission(self.settings.inflight_limit)
         self.buffered = BufferedBytes(self.settings.max_buffered_bytes)
 
@@ -93,7 +97,7 @@ def _decode_unless_abandoned(
     """In a decode thread: the image decoded, or ``None`` (counted as dropped) when its request
     no longer wants it: an image may wait for a thread longer than its request lives."""
     if gone.is_set() or time.perf_counter() > deadline:
-        state.metrics.dropped.inc()  # type: ignore[union-attr]
+        state.metrics.dropped.inc()
         return None
     return model.preprocess(upload.data, upload.filename)
 
@@ -135,7 +139,7 @@ async def _decode(
         raise ServiceError(400, "invalid_image", str(error)) from None
     if image is None:
         raise _deadline_exceeded(state)
-    state.metrics.decode.observe(time.perf_counter() - start)  # type: ignore[union-attr]
+    state.metrics.decode.observe(time.perf_counter() - start)
     return image
 
 
@@ -200,7 +204,7 @@ async def run_batched(
             future.cancel()
         raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
                            headers={"Retry-After": "1"}) from None  # fmt: skip
-    state.metrics.queue_depth.set(queue_depth(state))  # type: ignore[union-attr]
+    state.metrics.queue_depth.set(queue_depth(state))
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
             outputs = await asyncio.gather(*futures)
@@ -211,5 +215,5 @@ async def run_batched(
     except Exception as error:
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
-    state.metrics.images.labels(route, model.name, model.version).inc(len(images))  # type: ignore[union-attr]
+    state.metrics.images.labels(route, model.name, model.version).inc(len(images))
     return list(outputs)
