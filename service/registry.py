@@ -85,6 +85,9 @@ class Registry:
 
     def __init__(self, default: str | None = None) -> None:
         self.default = default
+        #: every model there is to load has been tried at least once (a repository's first
+        #: scan): from then on, no models means an empty server, not one still loading
+        self.settled = False
         self.entries: dict[str, ModelEntry] = {}
         self._serving: dict[str, LoadedModel] = {}
 
@@ -103,7 +106,7 @@ class Registry:
         """The ready model serving ``name`` (the default model if ``None``), at ``version`` if
         given. 404 for a name or version not served here, 503 while it loads (with
         ``Retry-After``) or when it could not be loaded (without: a retry cannot help)."""
-        if not self.entries and not self._serving:
+        if not self.entries and not self._serving and not self.settled:
             raise ServiceError(503, "not_ready", "the server is loading its models",
                                headers={"Retry-After": "1"})  # fmt: skip
         if name is None:
@@ -154,7 +157,7 @@ class Registry:
         """``"ready"`` once every model is ready or unavailable and the default (if any) is
         ready; ``"failed"`` when the default model could not be loaded; else ``"loading"``."""
         if not self.entries:
-            return "loading"
+            return "ready" if self.settled else "loading"
         default = self.default_name()
         if default is not None and default not in self._serving:
             entry = self.entries.get(default)

@@ -83,6 +83,7 @@ class Repository:
         """Load every model, then, with ``model_control = "poll"``, follow the folder."""
         settings = self.state.settings
         await self.sync()
+        self.state.registry.settled = True
         while settings.model_control == "poll":
             await asyncio.sleep(settings.repository_poll_s)
             try:

@@ -212,3 +212,17 @@ def test_metrics_carry_each_models_name_and_version(serve, repository):
     text = client.get("/metrics").text
     assert 'smso_model_queue_depth{model="shirts"' not in text  # a retired model's gauge goes
     assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text
+
+
+def test_an_empty_repository_is_a_ready_server_with_no_models(serve, tmp_path, shipped_model):
+    """Ready once scanned (a probe must not hold it back for ever); models come and go."""
+    root = tmp_path / "empty"
+    root.mkdir()
+    client = serve(root)
+    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.post("/classify", files=image()).status_code == 404
+    put(root, "boots", 1, shipped_model)
+    until(lambda: index(client).get("boots") == ("1", "READY"))
+    shutil.rmtree(root / "boots")
+    until(lambda: "boots" not in index(client))
+    assert client.get("/readyz").json() == {"status": "ready"}
