@@ -45,6 +45,7 @@ from service.oip_codec import (
     RequestedOutput,
     decompress,
     encode_response,
+    header_schema,
     parse_request,
 )
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
@@ -70,7 +71,7 @@ INFER_BODY = {
         "required": True,
         "content": {
             "application/json": {
-                "schema": {"type": "object"},
+                "schema": header_schema(),
                 "example": {
                     "inputs": [
                         {

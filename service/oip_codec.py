@@ -7,6 +7,9 @@ major; a ``BYTES`` element is a 4-byte little-endian length followed by that man
 
 :func:`parse_request` turns a body into an :class:`InferRequest` of numpy arrays (``BYTES``:
 lists of ``bytes``) and :func:`encode_response` writes the answer, JSON or binary per output.
+The JSON header's structure is checked by strict pydantic models (:class:`RequestHeader`, also
+the OpenAPI document's schema of the body); the binary framing (sizes, offsets, element counts,
+byte order) stays written out here, where its bounds are checked.
 Every problem raises :class:`ProtocolError` with a message that says what was expected.
 Nothing here knows about the model: ``service.oip`` checks names, shapes and datatypes.
 """
@@ -21,17 +24,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "DATATYPES",
     "HEADER_LENGTH",
     "InferRequest",
+    "InputHeader",
     "InputTensor",
+    "OutputHeader",
     "OutputTensor",
     "ProtocolError",
+    "RequestHeader",
     "RequestedOutput",
     "decompress",
     "encode_response",
+    "header_schema",
     "pack_bytes",
     "parse_request",
     "unpack_bytes",
@@ -60,6 +68,82 @@ class ProtocolError(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _Header(BaseModel):
+    """The JSON header's structure, checked strictly (no type coercion); values that need a
+    precise message (datatypes, shapes, sizes, flags) are checked where they are used."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class InputHeader(_Header):
+    """One entry of ``inputs``: ``data`` (JSON tensors) or ``parameters.binary_data_size``."""
+
+    name: str
+    # checked in _inputs, for a message that lists the choices; the schema documents them
+    datatype: Any = Field(None, json_schema_extra={"type": "string", "enum": sorted(DATATYPES)})
+    shape: Any = Field(None, json_schema_extra={
+        "type": "array", "maxItems": MAX_RANK,
+        "items": {"type": "integer", "minimum": 0, "maximum": MAX_DIM - 1},
+    })  # fmt: skip
+    parameters: dict[str, Any] | None = None
+    data: Any = None
+
+
+class OutputHeader(_Header):
+    """One entry of ``outputs``: ``parameters`` may ask for ``binary_data`` and
+    ``classification`` (top k)."""
+
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class RequestHeader(_Header):
+    """An ``infer`` request's JSON header."""
+
+    id: str | None = None
+    inputs: list[InputHeader] = Field(min_length=1)
+    outputs: list[OutputHeader] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+def header_schema() -> dict[str, Any]:
+    """:class:`RequestHeader`'s JSON Schema with its definitions inlined (for the OpenAPI
+    document, which has no ``$defs`` of its own)."""
+    schema = RequestHeader.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(definitions[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)  # type: ignore[no-any-return]
+
+
+def _header_error(error: ValidationError) -> ProtocolError:
+    """The first problem of a header as one sentence that says what was expected."""
+    first = error.errors()[0]
+    loc = first["loc"]
+    if not loc:
+        return ProtocolError("the request must be a JSON object with 'inputs'")
+    field, index = loc[0], loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if loc[-1] == "parameters":
+        where = "the request" if len(loc) == 1 else f"{field}[{index}]"
+        return ProtocolError(f"{where}: 'parameters' must be an object")
+    if field == "id":
+        return ProtocolError("'id' must be a string")
+    if field == "inputs" and index is None:
+        return ProtocolError("the request needs a non-empty 'inputs' list")
+    if field == "outputs" and index is None:
+        return ProtocolError("'outputs' must be a list")
+    return ProtocolError(f"{field}[{index}] must be an object with a 'name'")
 
 
 @dataclass(frozen=True)
@@ -198,10 +282,10 @@ def _is_number(value: Any, datatype: str) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _json_data(raw: dict[str, Any], name: str, datatype: str, shape: tuple[int, ...]) -> Any:
-    if "data" not in raw:
+def _json_data(raw: InputHeader, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    if "data" not in raw.model_fields_set:
         raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
-    elements = _flatten(raw["data"], len(shape), name)
+    elements = _flatten(raw.data, len(shape), name)
     count = math.prod(shape)
     if len(elements) != count:
         raise ProtocolError(
@@ -242,7 +326,7 @@ def _binary_data(
 
 def _header(
     body: bytes, header_length: int | None, max_json_bytes: int
-) -> tuple[dict[str, Any], memoryview]:
+) -> tuple[RequestHeader, memoryview]:
     if header_length is not None and not 0 < header_length <= len(body):
         raise ProtocolError(f"{HEADER_LENGTH} is {header_length} but the body is {len(body)} bytes")
     end = len(body) if header_length is None else header_length
@@ -259,17 +343,11 @@ def _header(
             f" (binary tensors need the {HEADER_LENGTH} header)"
         )  # fmt: skip
         raise ProtocolError(f"the request is not valid JSON: {error}{hint}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError("the request must be a JSON object with 'inputs'")
-    return header, memoryview(body)[end:]
-
-
-def _parameters(raw: Any, where: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ProtocolError(f"{where}: 'parameters' must be an object")
-    return raw
+    try:
+        parsed = RequestHeader.model_validate(header)
+    except ValidationError as error:
+        raise _header_error(error) from None
+    return parsed, memoryview(body)[end:]
 
 
 def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bool:
@@ -279,22 +357,17 @@ def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bo
     return value
 
 
-def _inputs(header: dict[str, Any], binary: memoryview, max_elements: int) -> list[InputTensor]:
-    raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise ProtocolError("the request needs a non-empty 'inputs' list")
+def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> list[InputTensor]:
     inputs, offset = [], 0
-    for i, raw in enumerate(raw_inputs):
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise ProtocolError(f"inputs[{i}] must be an object with a 'name'")
-        name = raw["name"]
-        datatype = raw.get("datatype")
+    for raw in header.inputs:
+        name = raw.name
+        datatype = raw.datatype
         if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise ProtocolError(
                 f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
             )
-        shape = _shape(raw.get("shape"), name)
-        parameters = _parameters(raw.get("parameters"), f"input {name!r}")
+        shape = _shape(raw.shape, name)
+        parameters = raw.parameters or {}
         if "shared_memory_region" in parameters:
             raise ProtocolError("the shared-memory extension is not supported; send the data")
         if datatype == "BYTES" and math.prod(shape) > max_elements:
@@ -329,30 +402,25 @@ def _inputs(header: dict[str, Any], binary: memoryview, max_elements: int) -> li
     return inputs
 
 
-def _outputs(header: dict[str, Any], binary_default: bool) -> list[RequestedOutput] | None:
+def _outputs(header: RequestHeader, binary_default: bool) -> list[RequestedOutput] | None:
     """The requested outputs; each is binary as its ``binary_data`` says, else as the request's
     ``binary_data_output`` says."""
-    raw_outputs = header.get("outputs")
-    if raw_outputs is None:
+    if header.outputs is None:
         return None
-    if not isinstance(raw_outputs, list):
-        raise ProtocolError("'outputs' must be a list")
-    outputs = []
-    for i, raw in enumerate(raw_outputs):
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise ProtocolError(f"outputs[{i}] must be an object with a 'name'")
-        parameters = _parameters(raw.get("parameters"), f"output {raw['name']!r}")
+    outputs: list[RequestedOutput] = []
+    for raw in header.outputs:
+        parameters = raw.parameters or {}
         if "shared_memory_region" in parameters:
             raise ProtocolError("the shared-memory extension is not supported")
         k = parameters.get("classification", 0)
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ProtocolError(
-                f"output {raw['name']!r}: classification must be a non-negative integer"
+                f"output {raw.name!r}: classification must be a non-negative integer"
             )
-        if any(o.name == raw["name"] for o in outputs):
-            raise ProtocolError(f"output {raw['name']!r} is requested twice")
-        binary = _flag(parameters, "binary_data", binary_default, f"output {raw['name']!r}")
-        outputs.append(RequestedOutput(raw["name"], binary, k))
+        if any(o.name == raw.name for o in outputs):
+            raise ProtocolError(f"output {raw.name!r} is requested twice")
+        binary = _flag(parameters, "binary_data", binary_default, f"output {raw.name!r}")
+        outputs.append(RequestedOutput(raw.name, binary, k))
     return outputs
 
 
@@ -368,13 +436,10 @@ def parse_request(
     interpreter) and a ``BYTES`` tensor at most ``max_elements`` elements.
     """
     header, binary = _header(body, header_length, max_json_bytes)
-    request_id = header.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise ProtocolError("'id' must be a string")
-    parameters = _parameters(header.get("parameters"), "the request")
+    parameters = header.parameters or {}
     binary_output = _flag(parameters, "binary_data_output", False, "the request")
     return InferRequest(
-        id=request_id,
+        id=header.id,
         inputs=_inputs(header, binary, max_elements),
         outputs=_outputs(header, binary_output),
         binary_output=binary_output,
