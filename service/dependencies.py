@@ -1,14 +1,16 @@
-"""FastAPI dependencies the routes share: the API key check."""
+"""FastAPI dependencies the routes share: the app's state, and the API key check."""
 
 from __future__ import annotations
 
 import hmac
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from service.errors import ServiceError
+from service.pipeline import ServiceState
 
-__all__ = ["authorize"]
+__all__ = ["State", "authorize", "service_state"]
 
 
 async def authorize(request: Request) -> None:
@@ -27,3 +29,13 @@ async def authorize(request: Request) -> None:
             "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )  # fmt: skip
+
+
+async def service_state(request: Request) -> ServiceState:
+    """The app's :class:`~service.pipeline.ServiceState` (async: a plain def would make FastAPI
+    hop to a worker thread on every request)."""
+    return request.app.state.smso  # type: ignore[no-any-return]
+
+
+#: A route's parameter for the app's state: the one way routes reach it.
+State = Annotated[ServiceState, Depends(service_state)]

@@ -33,7 +33,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from service.dependencies import authorize
+from service.dependencies import State, authorize
 from service.errors import ServiceError
 from service.inputs import Upload, read_body, too_large
 from service.oip_codec import (
@@ -228,8 +228,7 @@ def _answer(
     return tensors
 
 
-def _repository(request: Request) -> Repository:
-    state: ServiceState = request.app.state.smso
+def _repository(state: ServiceState) -> Repository:
     assert state.repository is not None  # the routes exist only with a repository
     return state.repository
 
@@ -298,7 +297,7 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
 
 def build_router(repository: bool = False) -> APIRouter:
     """The ``/v2`` routes (with ``repository``, the model repository extension's too); the
-    app's state is read from ``request.app.state.smso``."""
+    app's state comes from the :data:`~service.dependencies.State` dependency."""
     router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
     @router.get("")
@@ -316,10 +315,9 @@ def build_router(repository: bool = False) -> APIRouter:
     @router.get("/health/ready", response_model=OipReady,
                 responses={400: {"model": OipReady, "description": "not ready"}})  # fmt: skip
     @router.head("/health/ready", include_in_schema=False)
-    async def server_ready(request: Request) -> JSONResponse:
+    async def server_ready(state: State) -> JSONResponse:
         """200 once the models are loaded and warmed up; 400 (the protocol's "false") before
         and while draining."""
-        state: ServiceState = request.app.state.smso
         ready = not state.draining and state.registry.readiness() == "ready"
         return JSONResponse({"ready": ready}, 200 if ready else 400)
 
@@ -333,11 +331,10 @@ def build_router(repository: bool = False) -> APIRouter:
                 dependencies=[Depends(authorize)], response_model=OipModelReady,
                 responses=ready_responses)  # fmt: skip
     async def model_ready(
-        request: Request, model_name: str, model_version: str | None = None
+        state: State, model_name: str, model_version: str | None = None
     ) -> JSONResponse:
         """200 when this model is served and ready; 400 while loading, unavailable or
         draining."""
-        state: ServiceState = request.app.state.smso
         try:
             state.registry.lookup(model_name, model_version)
         except ServiceError as error:
@@ -352,10 +349,9 @@ def build_router(repository: bool = False) -> APIRouter:
     @router.get("/models/{model_name}/versions/{model_version}", dependencies=[Depends(authorize)],
                 responses=oip_errors(401, 404, 422, 503))  # fmt: skip
     async def model_metadata(
-        request: Request, model_name: str, model_version: str | None = None
+        state: State, model_name: str, model_version: str | None = None
     ) -> dict[str, Any]:
         """The model's inputs and outputs: names, datatypes and shapes (-1: any batch size)."""
-        state: ServiceState = request.app.state.smso
         return _model_metadata(state.registry.lookup(model_name, model_version))
 
     infer_responses = oip_errors(400, 401, 404, 413, 415, 422, 503, 504)
@@ -367,10 +363,9 @@ def build_router(repository: bool = False) -> APIRouter:
                  dependencies=[Depends(authorize)], openapi_extra=INFER_BODY,
                  response_class=Response, responses=infer_responses)  # fmt: skip
     async def infer(
-        request: Request, model_name: str, model_version: str | None = None
+        request: Request, state: State, model_name: str, model_version: str | None = None
     ) -> Response:
         """Inference on a preprocessed FP32 tensor or on encoded images (JSON or binary)."""
-        state: ServiceState = request.app.state.smso
         route = getattr(request.scope.get("route"), "path", "/v2/models/{model_name}/infer")
         async with state.registry.using(model_name, model_version) as model:
             return await _infer(state, model, request, route)
@@ -381,27 +376,26 @@ def build_router(repository: bool = False) -> APIRouter:
     # the model repository extension (Triton's): index, load, unload
     @router.post("/repository/index", dependencies=[Depends(authorize)],
                  response_model=list[OipIndexEntry], responses=oip_errors(401))  # fmt: skip
-    async def repository_index(request: Request) -> list[dict[str, str]]:
+    async def repository_index(state: State) -> list[dict[str, str]]:
         """Every model the server knows: name, version, state (READY, LOADING, UNAVAILABLE,
         UNLOADING) and, when unavailable, why."""
-        state: ServiceState = request.app.state.smso
         return [state.registry.entries[name].index() for name in state.registry.names()]
 
     control_responses = oip_errors(400, 401, 404, 422)
 
     @router.post("/repository/models/{model_name}/load", dependencies=[Depends(authorize)],
                  responses=control_responses)  # fmt: skip
-    async def repository_load(request: Request, model_name: str) -> dict[str, Any]:
+    async def repository_load(state: State, model_name: str) -> dict[str, Any]:
         """Load (or reload) a model from the repository folder; answers once it is serving,
         400 with the reason when it cannot be loaded."""
-        await _repository(request).load(model_name)
+        await _repository(state).load(model_name)
         return {}
 
     @router.post("/repository/models/{model_name}/unload", dependencies=[Depends(authorize)],
                  responses=control_responses)  # fmt: skip
-    async def repository_unload(request: Request, model_name: str) -> dict[str, Any]:
+    async def repository_unload(state: State, model_name: str) -> dict[str, Any]:
         """Stop serving a model: new requests get 404, those in flight are answered."""
-        await _repository(request).unload(model_name)
+        await _repository(state).unload(model_name)
         return {}
 
     return router

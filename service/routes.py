@@ -1,0 +1,218 @@
+"""The service's own routes: health, metrics, and each model's ``/classify``, ``/embed`` and
+``/metadata``, for the default model and under ``/models/{name}[/versions/{version}]``.
+
+Per request: the images are read under the upload limits (``service.inputs``), decoded and
+preprocessed in a thread pool (``service.images``), each queued in the model's micro-batcher
+(``service.batcher``) that runs onnxruntime in its worker thread, and awaited until the request's
+deadline. Nothing slow runs on the event loop. Every route reaches the app's state one way: the
+:data:`State` dependency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from service import schemas
+from service.dependencies import State, authorize
+from service.errors import ServiceError
+from service.inputs import MAX_FILENAME, Upload, read_uploads
+from service.metrics import exposition
+from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
+from service.registry import LoadedModel
+
+__all__ = ["IMAGE_BODY", "build_routes"]
+
+IMAGE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "format": "binary"},
+                        }
+                    },
+                    "required": ["file"],
+                }
+            },
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+        },
+    },
+    # read by service.inputs, which validates it: declared here for the docs only
+    "parameters": [
+        {
+            "name": "filename",
+            "in": "query",
+            "required": False,
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_FILENAME,
+                # printable, not only spaces: what service.inputs accepts
+                "pattern": r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$",
+            },
+            "description": "the name of an image sent as the raw body, in the results (else "
+            "its Content-Disposition filename, else 'body'); parts are named by their filenames",
+        }
+    ],
+}
+
+
+def build_routes() -> APIRouter:
+    """Health, metrics and every model route."""
+    router = APIRouter()
+
+    @router.get("/healthz", response_model=schemas.Status, tags=["health"])
+    @router.head("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        """Alive: the process answers."""
+        return {"status": "alive"}
+
+    @router.get("/readyz", response_model=schemas.Status, tags=["health"],
+             responses={503: {"model": schemas.ErrorResponse}})  # fmt: skip
+    @router.head("/readyz", include_in_schema=False)
+    async def readyz(state: State) -> Any:
+        """Ready: the models are loaded and warmed up (each batch-size bucket run once); with
+        a repository, every model is ready or unavailable and the default one is ready."""
+        if state.draining:
+            return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "1"})
+        status = state.registry.readiness()
+        if status == "ready":
+            return {"status": "ready"}
+        if status == "failed":  # for good: no Retry-After
+            return JSONResponse({"status": "failed"}, 503)
+        return JSONResponse({"status": status}, 503, headers={"Retry-After": "1"})
+
+    @router.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics(state: State) -> Response:
+        """Prometheus metrics."""
+        return Response(exposition(state.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    for prefix, target in _TARGETS.items():
+        _model_routes(router, prefix, target)
+    return router
+
+
+#: ``(model name, version)`` a route's path names; ``None``: the default model, its version.
+Named = tuple[str | None, str | None]
+
+
+async def _default_model() -> tuple[str | None, str | None]:
+    return None, None
+
+
+async def _named_model(model_name: str) -> tuple[str | None, str | None]:
+    return model_name, None
+
+
+async def _model_version(model_name: str, model_version: str) -> tuple[str | None, str | None]:
+    return model_name, model_version
+
+
+#: Where each model's routes are (prefix), and how the prefix names the model (a dependency
+#: reading the path: ``(name, version)``, ``None`` for the default model or its served version).
+_TARGETS = {
+    "": _default_model,
+    "/models/{model_name}": _named_model,
+    "/models/{model_name}/versions/{model_version}": _model_version,
+}
+
+
+def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitable[Named]]) -> None:
+    """``/metadata``, ``/classify`` and ``/embed`` under ``prefix``: the default model's
+    (``""``), a named model's, or a named version's."""
+    tags = ["inference"] if not prefix else ["models"]
+    # a parameter's default, not an Annotated alias: the dependency differs per prefix, and a
+    # local alias would be an unresolvable string annotation here
+    named_by_path = Depends(target)
+
+    @router.get(f"{prefix}/metadata", dependencies=[Depends(authorize)], tags=["model"] if not prefix else tags,
+             responses=schemas.ERROR_RESPONSES)  # fmt: skip
+    async def metadata(state: State, named: Named = named_by_path) -> dict[str, Any]:
+        """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
+        model = state.registry.lookup(*named)
+        return {
+            "model": _ref(model), "providers": getattr(model.backend, "providers", []),
+            "card": getattr(model.backend, "card_dict", model.card.model_dump()),
+        }  # fmt: skip
+
+    @router.post(
+        f"{prefix}/classify", response_model=schemas.ClassifyResponse, tags=tags,
+        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        responses=schemas.ERROR_RESPONSES,
+    )  # fmt: skip
+    async def classify(
+        request: Request,
+        state: State,
+        named: Named = named_by_path,
+        top_k: Annotated[
+            int, Query(ge=1, le=1000, description="classes per image, best first")
+        ] = 5,
+    ) -> JSONResponse:
+        """Top-k classes of each image (softmax probabilities), one result per image in order."""
+        async with state.registry.using(*named) as model:
+            uploads, outputs = await _infer(state, model, request, "/classify")
+        classes = model.card.classes
+        scores, order = top_classes(np.stack([logits for logits, _ in outputs]), top_k)
+        results = [
+            {"filename": upload.filename,
+             "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[n, i])}
+                             for i in order[n]]}
+            for n, upload in enumerate(uploads)
+        ]  # fmt: skip
+        # a Response skips FastAPI's re-validation of the payload (response_model documents it)
+        return JSONResponse({"model": _ref(model), "results": results})
+
+    @router.post(
+        f"{prefix}/embed", response_model=schemas.EmbedResponse, tags=tags,
+        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        responses=schemas.ERROR_RESPONSES,
+    )  # fmt: skip
+    async def embed(
+        request: Request,
+        state: State,
+        named: Named = named_by_path,
+        normalize: Annotated[bool, Query(description="l2-normalise each embedding")] = False,
+    ) -> JSONResponse:
+        """The p-dimensional SMSO embedding of each image, one result per image in order."""
+        async with state.registry.using(*named) as model:
+            uploads, outputs = await _infer(state, model, request, "/embed")
+        results = []
+        for upload, (_, embedding) in zip(uploads, outputs, strict=True):
+            vector = embedding.astype(np.float64)
+            if normalize:
+                vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+            results.append({"filename": upload.filename, "embedding": vector.tolist()})
+        dim = model.card.model.embedding_dim
+        return JSONResponse({"model": _ref(model), "dim": dim, "results": results})
+
+
+def _ref(model: LoadedModel) -> dict[str, str]:
+    return {"name": model.name, "version": model.version}
+
+
+async def _infer(
+    state: ServiceState, model: LoadedModel, request: Request, route: str
+) -> tuple[list[Upload], list[Outputs]]:
+    """Read, decode and run the request's images under its deadline."""
+    settings = state.settings
+    deadline = time.perf_counter() + settings.request_timeout_s
+    uploads = await read_uploads(
+        request, settings.max_request_bytes, settings.max_upload_bytes, settings.max_files
+    )
+    if len(uploads) > settings.max_files:
+        raise ServiceError(413, "too_many_files",
+                           f"{len(uploads)} files; at most {settings.max_files} per request")  # fmt: skip
+    images = await decode_all(state, model, uploads, deadline)
+    return uploads, await run_batched(state, model, images, deadline, route)
