@@ -101,7 +101,9 @@ async def retire(state: ServiceState, model: LoadedModel) -> None:
         async with asyncio.timeout(state.settings.request_timeout_s):
             await model.users.idle.wait()
     await model.batcher.stop()
-    state.metrics.forget(model.name, model.version)
+    serving = {(m.name, m.version) for m in state.registry.serving()}
+    if (model.name, model.version) not in serving:  # a file replaced under the same number
+        state.metrics.forget(model.name, model.version)  # keeps its successor's series
 
 
 def _depth_reporter(state: ServiceState, name: str, version: str) -> Callable[[int], None]:

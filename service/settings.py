@@ -44,8 +44,8 @@ class Settings(BaseSettings):
     model_control: Literal["poll", "explicit"] = Field(
         "poll",
         description="with a repository: 'poll' follows the folder (new models and versions "
-        "loaded, removed ones unloaded); 'explicit': only /v2/repository/models/<name>/load "
-        "and /unload do",
+        "loaded, removed ones unloaded); 'explicit': the models found at start-up are loaded, "
+        "then only /v2/repository/models/<name>/load and /unload load and unload",
     )
     repository_poll_s: float = Field(
         5.0, gt=0, le=3600, description="with model_control 'poll': seconds between scans"
