@@ -34,9 +34,8 @@ KUBERNETES_VERSIONS = ("1.30", "1.37")
 KSERVE = "serving.kserve.io/v1beta1"
 CUSTOM = {(KSERVE, "InferenceService")}
 
-#: Settings of the model repository being added to the service (issue 15); once a name is a
-#: field of Settings it is checked as every other setting and this set no longer matters.
-PLANNED_SETTINGS = {"SMSO_MODEL_REPOSITORY", "SMSO_MODEL_CONTROL", "SMSO_REPOSITORY_POLL_S"}
+#: Settings whose values are paths on the cluster, not here: their values are not parsed.
+CLUSTER_PATHS = {"SMSO_MODEL_PATH", "SMSO_MODEL_REPOSITORY"}
 
 #: Variables that KServe reads from its predictor container (the service ignores them).
 KSERVE_VARIABLES = {"PROTOCOL", "STORAGE_URI"}
@@ -218,12 +217,10 @@ def test_environment_holds_only_settings_of_the_service(name: str, pod: dict[str
         if not variable.startswith("SMSO_"):
             assert variable in allowed_others, f"{name}: {variable} is not a setting"
         elif variable in fields:
-            # the model's and repository's paths are on the cluster, not here (and those two
-            # settings go together): their values are left to the service
-            if value is not None and variable not in PLANNED_SETTINGS | {"SMSO_MODEL_PATH"}:
+            if value is not None and variable not in CLUSTER_PATHS:
                 values[fields[variable]] = value
         else:
-            assert variable in PLANNED_SETTINGS, f"{name}: {variable} is not a field of Settings"
+            raise AssertionError(f"{name}: {variable} is not a field of Settings")
     Settings(model_path=DEFAULT_MODEL, **values)
 
 
