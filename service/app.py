@@ -1,8 +1,8 @@
 """The FastAPI app, assembled: ``create_app(settings, backend=None)``.
 
 The state (``service.pipeline.ServiceState``), the lifespan that loads the models (one file, or
-a repository followed by ``service.repository``) and stops them, the middleware (metrics,
-client gone, body budget, drain), and the routes: ``service.routes`` (health, metrics, and each
+a repository followed by ``service.repository``) and stops them, the middleware (request id
+and access line, metrics, client gone, body budget, drain), and the routes: ``service.routes`` (health, metrics, and each
 model's ``/classify``, ``/embed`` and ``/metadata``), ``service.oip`` (the Open Inference
 Protocol under ``/v2``) and ``service.docs`` (the OpenAPI docs, offline).
 """
@@ -15,7 +15,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
+from service.access import AccessLog
 from service.backend import Backend
 from service.bodies import BodyBudget
 from service.disconnect import CancelWhenGone
@@ -23,6 +25,7 @@ from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import install_error_handlers
 from service.loader import load_model
+from service.logs import configure_logging
 from service.metrics import MetricsMiddleware
 from service.oip import build_router
 from service.pipeline import ServiceState
@@ -33,6 +36,14 @@ from service.settings import Settings
 __all__ = ["app_from_environment", "create_app"]
 
 log = logging.getLogger("service")
+
+
+class _App(FastAPI):
+    """FastAPI with :class:`~service.access.AccessLog` outside Starlette's own error layer, so
+    that a last-resort 500 too carries the request's id (``add_middleware`` nests inside it)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return AccessLog(super().build_middleware_stack())
 
 
 def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
@@ -71,7 +82,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
 
     # with an API key the docs (model routes, limits) are for key holders unless opened
     docs = settings.api_key is None or settings.docs_public
-    app = FastAPI(
+    app = _App(
         title="SMSO inference service",
         description="Class predictions and compact second-order (SMSO) embeddings of images.",
         version="1",
@@ -103,7 +114,5 @@ def app_from_environment() -> FastAPI:
     """The app of one worker process when ``smso-serve`` runs several: settings from the
     ``SMSO_*`` environment (which ``smso-serve`` set from its flags, and already validated)."""
     settings = Settings()
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=settings.log_level.upper(),
-                            format="%(asctime)s %(process)d %(name)s %(message)s")  # fmt: skip
+    configure_logging(settings.log_level, settings.log_format, process=True)
     return create_app(settings)

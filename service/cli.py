@@ -32,6 +32,7 @@ from service.backend import OnnxBackend, read_card
 from service.card import CardError
 from service.connections import ServerConfig
 from service.drain import DrainingServer, DrainingSupervisor
+from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
 from service.settings import Settings
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as error:
         print(f"smso-serve: error: {_one_line(error)}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format, process=settings.workers > 1)
     if settings.workers > 1:
         return _serve_workers(settings, overrides)
     try:
@@ -146,9 +147,12 @@ class _Server(DrainingServer):
 
 
 def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
-    """uvicorn's settings for ``app``: address, read bounds, connection limit, drain bound."""
+    """uvicorn's settings for ``app``: address, read bounds, connection limit, drain bound.
+    Its loggers go to the service's handler (no logging configuration of its own) and its access
+    log is off: :class:`service.access.AccessLog` writes one line per request instead."""
     return ServerConfig(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        log_config=None, access_log=False,
         header_timeout_s=settings.header_timeout_s, body_timeout_s=settings.request_timeout_s,
         timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections,
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5, **kwargs,

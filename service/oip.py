@@ -33,6 +33,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from service.access import note_model
 from service.dependencies import State, authorize
 from service.errors import ServiceError
 from service.inputs import Upload, read_body, too_large
@@ -256,6 +257,7 @@ def _parse(body: bytes, encoding: str | None, length: int | None, settings: Sett
 
 
 async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: str) -> Response:
+    note_model(model)
     settings = state.settings
     start = time.perf_counter()
     body = await read_body(http, settings.max_request_bytes)
@@ -352,7 +354,7 @@ def build_router(repository: bool = False) -> APIRouter:
         state: State, model_name: str, model_version: str | None = None
     ) -> dict[str, Any]:
         """The model's inputs and outputs: names, datatypes and shapes (-1: any batch size)."""
-        return _model_metadata(state.registry.lookup(model_name, model_version))
+        return _model_metadata(note_model(state.registry.lookup(model_name, model_version)))
 
     infer_responses = oip_errors(400, 401, 404, 413, 415, 422, 503, 504)
 

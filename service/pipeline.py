@@ -9,16 +9,18 @@ and :func:`run_batched` (preprocessed ``(C, H, W)`` float32 arrays).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from service import access
 from service.admission import Admission
 from service.batcher import QueueFullError
 from service.bodies import BufferedBytes
@@ -163,7 +165,7 @@ async def decode_all(
     batcher = model.batcher
     if deadline is None:
         deadline = time.perf_counter() + state.settings.request_timeout_s
-    with state.admission.admit(len(uploads)):
+    with _timed("decode_s", len(uploads)), state.admission.admit(len(uploads)):
         gone = threading.Event()  # the decode threads skip this request's images once set
         batcher.announce(len(uploads))
         tasks = [asyncio.ensure_future(_decode(state, model, u, deadline, gone)) for u in uploads]
@@ -177,6 +179,22 @@ async def decode_all(
             for task in tasks:  # a failed image (400) leaves its siblings running otherwise
                 task.cancel()
             batcher.withdraw(len(uploads))
+
+
+@contextlib.contextmanager
+def _timed(name: str, images: int) -> Iterator[None]:
+    """The time inside, added to the current request's ``name`` timing for its access line
+    (also when it fails), and its image count."""
+    record = access.current()
+    if record is None:  # not within a request (a test calling the pipeline directly)
+        yield
+        return
+    record.images = images
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record.add(name, time.perf_counter() - start)
 
 
 async def run_batched(
@@ -207,7 +225,8 @@ async def run_batched(
     state.metrics.queue_depth.set(queue_depth(state))
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
-            outputs = await asyncio.gather(*futures)
+            with _timed("batch_s", len(images)):
+                outputs = await asyncio.gather(*futures)
     except TimeoutError:
         for future in futures:
             future.cancel()

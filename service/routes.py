@@ -10,9 +10,10 @@ deadline. Nothing slow runs on the event loop. Every route reaches the app's sta
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service import schemas
+from service.access import note_model
 from service.dependencies import State, authorize
 from service.errors import ServiceError
 from service.inputs import MAX_FILENAME, Upload, read_uploads
@@ -67,6 +69,17 @@ IMAGE_BODY = {
         }
     ],
 }
+
+
+#: /embed's query parameters, described
+ENCODING = (
+    "'json': each embedding a list of numbers; 'base64': each embedding one string, the base64 "
+    "of its p values as little-endian floats of `dtype` (a quarter of the JSON's size or less)"
+)
+DTYPE = (
+    "'float32' (4 bytes a value) or 'float16' (2 bytes, about 3 significant digits; in JSON the "
+    "values rounded to it)"
+)
 
 
 def build_routes() -> APIRouter:
@@ -141,7 +154,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
              responses=schemas.ERROR_RESPONSES)  # fmt: skip
     async def metadata(state: State, named: Named = named_by_path) -> dict[str, Any]:
         """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
-        model = state.registry.lookup(*named)
+        model = note_model(state.registry.lookup(*named))
         return {
             "model": _ref(model), "providers": getattr(model.backend, "providers", []),
             "card": getattr(model.backend, "card_dict", model.card.model_dump()),
@@ -184,6 +197,8 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         state: State,
         named: Named = named_by_path,
         normalize: Annotated[bool, Query(description="l2-normalise each embedding")] = False,
+        encoding: Annotated[Literal["json", "base64"], Query(description=ENCODING)] = "json",
+        dtype: Annotated[Literal["float32", "float16"], Query(description=DTYPE)] = "float32",
     ) -> JSONResponse:
         """The p-dimensional SMSO embedding of each image, one result per image in order."""
         async with state.registry.using(*named) as model:
@@ -193,9 +208,20 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
             vector = embedding.astype(np.float64)
             if normalize:
                 vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-            results.append({"filename": upload.filename, "embedding": vector.tolist()})
+            results.append(
+                {"filename": upload.filename, "embedding": _encoded(vector, encoding, dtype)}
+            )
         dim = model.card.model.embedding_dim
         return JSONResponse({"model": _ref(model), "dim": dim, "results": results})
+
+
+def _encoded(vector: np.ndarray, encoding: str, dtype: str) -> list[float] | str:
+    """``vector`` (p,) as /embed answers it: a JSON list, or the base64 of its values as
+    little-endian ``dtype``; ``float16`` rounds the values first either way."""
+    values = vector.astype("<f2" if dtype == "float16" else "<f4")
+    if encoding == "json":  # float32: the values as computed (float64 when normalised)
+        return (values if dtype == "float16" else vector).tolist()
+    return base64.b64encode(values.tobytes()).decode()
 
 
 def _ref(model: LoadedModel) -> dict[str, str]:
@@ -206,6 +232,7 @@ async def _infer(
     state: ServiceState, model: LoadedModel, request: Request, route: str
 ) -> tuple[list[Upload], list[Outputs]]:
     """Read, decode and run the request's images under its deadline."""
+    note_model(model)
     settings = state.settings
     deadline = time.perf_counter() + settings.request_timeout_s
     uploads = await read_uploads(

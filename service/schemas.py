@@ -37,7 +37,11 @@ class ClassifyResponse(BaseModel):
 
 class EmbedResult(BaseModel):
     filename: str = Field(examples=["boot.png"])
-    embedding: list[float] = Field(examples=[[0.12, -1.3, 0.57]])
+    embedding: list[float] | str = Field(
+        examples=[[0.12, -1.3, 0.57]],
+        description="the p values: a list of numbers, or with encoding=base64 one string, the "
+        "base64 of the values as little-endian float32 (or float16 with dtype=float16)",
+    )
 
 
 class EmbedResponse(BaseModel):

@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="'text': one readable line per log record; 'json': one JSON object per line "
+        "(time, level, logger, message, request_id, the access line's fields)",
+    )
 
     @field_validator("model_repository")
     @classmethod

@@ -1,0 +1,151 @@
+"""Each request's id and its access line.
+
+:class:`AccessLog` (pure ASGI, the app's outermost layer) gives every HTTP request an id: the
+client's ``X-Request-ID`` when it is printable ASCII of at most 128 characters, else a new one
+(uuid4, hex). The id is echoed in the response's ``X-Request-ID`` header (errors included) and,
+through a context variable, attached to every log line emitted while the request is handled
+(:class:`service.logs.RequestIdFilter`). When the request ends, one access line is logged on
+``service.access``: the route template (never the raw path), the model, its version, the status,
+the images and the latency with its split, each where the request had them. Health checks and
+scrapes are logged at DEBUG, every other request at INFO.
+
+The routes fill in what only they know (the model) and :mod:`service.pipeline` the timings, on
+the request's :class:`RequestRecord` (:func:`current`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import CLIENT_CLOSED
+from service.metrics import counted, labels
+
+if TYPE_CHECKING:
+    from service.registry import LoadedModel
+
+__all__ = ["HEADER", "AccessLog", "RequestRecord", "current", "note_model", "request_id"]
+
+log = logging.getLogger("service.access")
+
+HEADER = "x-request-id"
+_RAW_HEADER = HEADER.encode()
+#: A client's id is kept when it is printable ASCII (spaces inside only), 1 to 128 characters.
+_VALID_ID = re.compile(rb"[!-~](?:[ -~]{0,126}[!-~])?")
+
+
+@dataclass
+class RequestRecord:
+    """What the access line says of one request; ``None``: the request had no such thing."""
+
+    request_id: str
+    model: str | None = None
+    version: str | None = None
+    images: int | None = None
+    decode_s: float | None = None  # in decode_all: admission, waiting for a thread, decoding
+    batch_s: float | None = None  # in run_batched: queue wait and inference, last image's
+
+    def add(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the timing ``name`` (``decode_s`` or ``batch_s``)."""
+        setattr(self, name, (getattr(self, name) or 0.0) + seconds)
+
+
+_CURRENT: ContextVar[RequestRecord | None] = ContextVar("smso_request", default=None)
+
+
+def current() -> RequestRecord | None:
+    """The record of the request being handled, ``None`` outside one."""
+    return _CURRENT.get()
+
+
+def request_id() -> str | None:
+    """The id of the request being handled, ``None`` outside one."""
+    record = _CURRENT.get()
+    return None if record is None else record.request_id
+
+
+def note_model(model: LoadedModel) -> LoadedModel:
+    """Name ``model`` (and its version) on the current request's access line; returns it."""
+    record = _CURRENT.get()
+    if record is not None:
+        record.model, record.version = model.name, model.version
+    return model
+
+
+def _client_id(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == _RAW_HEADER:
+            return value.decode("ascii") if _VALID_ID.fullmatch(value) else None
+    return None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+class AccessLog:
+    """Pure ASGI middleware: the request's id (accepted or generated, echoed in the response)
+    and one access line when it ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        record = RequestRecord(_client_id(scope) or uuid.uuid4().hex)
+        # not reset afterwards: the request's task ends with it, and a last-resort 500 (logged
+        # by Starlette's and uvicorn's error handlers, outside this middleware) keeps the id
+        _CURRENT.set(record)
+        header = (_RAW_HEADER, record.request_id.encode())
+        status: int | None = None  # until a response starts
+        gone = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive_wrapper, send_wrapper)
+        finally:
+            if status is None:  # no response: the client left (its work was stopped), or 500
+                status = CLIENT_CLOSED if gone else 500
+            self._log(scope, status, record, time.perf_counter() - start)
+
+    @staticmethod
+    def _log(scope: Scope, status: int, record: RequestRecord, seconds: float) -> None:
+        level = logging.INFO if counted(scope["path"]) else logging.DEBUG
+        if not log.isEnabledFor(level):
+            return
+        method, route, code = labels(scope, status)
+        fields: dict[str, Any] = {
+            "method": method,
+            "route": route,
+            "status": int(code) if code.isdigit() else code,
+            "model": record.model,
+            "version": record.version,
+            "images": record.images,
+            "latency_ms": _ms(seconds),
+            "decode_ms": _ms(record.decode_s),
+            "batch_ms": _ms(record.batch_s),
+        }
+        access = {name: value for name, value in fields.items() if value is not None}
+        log.log(level, "%s %s %s", method, route, code, extra={"access": access})
