@@ -192,7 +192,7 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500  # until a response starts: an exception that escapes the app
-        gone = False
+        gone = started = False
 
         async def receive_wrapper() -> Message:
             nonlocal gone
@@ -201,17 +201,19 @@ class MetricsMiddleware:
             return message
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
+        # 499 only when no response was sent and the client had gone (the server also reports
+        # http.disconnect once a response is complete: a real 500 stays a 500)
         try:
             await self.app(scope, receive_wrapper, send_wrapper)
-            if gone and status == 500:  # no response: the client left and its work was stopped
+            if gone and not started:  # no response: the client left and its work was stopped
                 status = CLIENT_CLOSED
         except Exception:
-            if gone and status == 500:  # whatever the app raised, the client had left first
+            if gone and not started:  # whatever the app raised, the client had left first
                 status = CLIENT_CLOSED
             raise
         finally:

@@ -206,6 +206,10 @@ def test_a_failing_batch_fails_every_request_in_it_with_json(make_client):
         responses = list(pool.map(lambda v: classify(client, grey(v)), range(3)))
     assert [r.status_code for r in responses] == [500] * 3
     assert all("fell over" in r.json()["error"]["message"] for r in responses)
+    # counted as the 500s they are: the server reports http.disconnect once a response is
+    # complete, which once made the metrics count them as clients gone (499)
+    text = client.get("/metrics").text
+    assert 'smso_http_requests_total{method="POST",route="/classify",status="500"} 3.0' in text
 
 
 def test_unknown_routes_and_methods_are_json(make_client):
