@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from opentelemetry.trace import TracerProvider
 from starlette.types import ASGIApp
 
 from service.access import AccessLog
@@ -32,6 +33,7 @@ from service.pipeline import ServiceState
 from service.repository import Repository
 from service.routes import build_routes
 from service.settings import Settings
+from service.tracing import telemetry_config, tracer
 
 __all__ = ["app_from_environment", "create_app"]
 
@@ -46,9 +48,15 @@ class _App(FastAPI):
         return AccessLog(super().build_middleware_stack())
 
 
-def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
-    """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake)."""
-    state = ServiceState(settings)
+def create_app(
+    settings: Settings,
+    backend: Backend | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> FastAPI:
+    """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake); its
+    spans go to ``tracer_provider`` (a test's) or, when the environment names an OTLP
+    endpoint, there (``service.tracing``)."""
+    state = ServiceState(settings, tracer=tracer(tracer_provider))
     state.registry.default = settings.default_model
 
     @contextlib.asynccontextmanager
@@ -84,6 +92,7 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     docs = settings.api_key is None or settings.docs_public
     app = _App(
         title="SMSO inference service",
+        telemetry=telemetry_config(tracer_provider),  # type: ignore[arg-type]
         description="Class predictions and compact second-order (SMSO) embeddings of images.",
         version="1",
         lifespan=lifespan,

@@ -36,6 +36,7 @@ from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
 from service.settings import Settings
+from service.tracing import check_tracing
 
 __all__ = ["main"]
 
@@ -68,8 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = parse_args(argv)
     try:
         settings = Settings(**overrides)
+        check_tracing()
     except ValidationError as error:
         print(f"smso-serve: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except ValueError as error:
+        print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format, process=settings.workers > 1)
     if settings.workers > 1:

@@ -55,7 +55,8 @@ async def load_model(
             backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
             settings.queue_size, on_batch=state.metrics.batch_observer(name, version),
             wait_for_announced=True, patience=settings.batch_patience,
-            on_depth=_depth_reporter(state, name, version),
+            on_depth=_depth_reporter(state, name, version), tracer=state.tracer,
+            span_attributes={"smso.model": name, "smso.model_version": version},
         )  # fmt: skip
         batcher.start()
         await _warm_up(backend, batcher, settings.max_batch_size)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+from opentelemetry.trace import Tracer
 
 from service import access
 from service.admission import Admission
@@ -30,6 +31,7 @@ from service.inputs import Upload
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
 from service.settings import Settings
+from service.tracing import tracer as default_tracer
 
 if TYPE_CHECKING:
     from service.repository import Repository
@@ -56,6 +58,8 @@ class ServiceState:
     draining: bool = False
     #: the model repository being followed, when the server serves one
     repository: Repository | None = None
+    #: the service's OpenTelemetry spans (a no-op unless tracing is configured)
+    tracer: Tracer = field(default_factory=default_tracer)
     admission: Admission = field(init=False)
     buffered: BufferedBytes = field(init=False)
     #: the threads that decode images (and parse large protocol requests)
@@ -165,7 +169,11 @@ async def decode_all(
     batcher = model.batcher
     if deadline is None:
         deadline = time.perf_counter() + state.settings.request_timeout_s
-    with _timed("decode_s", len(uploads)), state.admission.admit(len(uploads)):
+    with (
+        state.tracer.start_as_current_span("decode", attributes={"smso.images": len(uploads)}),
+        _timed("decode_s", len(uploads)),
+        state.admission.admit(len(uploads)),
+    ):
         gone = threading.Event()  # the decode threads skip this request's images once set
         batcher.announce(len(uploads))
         tasks = [asyncio.ensure_future(_decode(state, model, u, deadline, gone)) for u in uploads]
