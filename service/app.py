@@ -4,7 +4,8 @@ The state (``service.pipeline.ServiceState``), the lifespan that loads the model
 a repository followed by ``service.repository``) and stops them, the middleware (request id
 and access line, metrics, client gone, body budget, drain), and the routes: ``service.routes`` (health, metrics, and each
 model's ``/classify``, ``/embed`` and ``/metadata``), ``service.oip`` (the Open Inference
-Protocol under ``/v2``) and ``service.docs`` (the OpenAPI docs, offline).
+Protocol under ``/v2``) and ``service.docs`` (the OpenAPI docs, offline). The lifespan also
+runs the protocol's gRPC side (``service.grpc_server``) on ``settings.grpc_port``, unless 0.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from service.disconnect import CancelWhenGone
 from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import install_error_handlers
+from service.grpc_server import start_grpc_server
 from service.loader import load_model
 from service.logs import configure_logging
 from service.metrics import MetricsMiddleware
@@ -77,10 +79,15 @@ def create_app(
             loading = asyncio.get_running_loop().create_task(
                 load_model(state, source, backend=backend), name="load-model"
             )
+        grpc_server = None
         try:
+            if settings.grpc_port:  # the same state, registry and batchers as HTTP
+                grpc_server = await start_grpc_server(state)
             yield
         finally:
             state.draining = True
+            if grpc_server is not None:  # new RPCs refused, those in flight answered
+                await grpc_server.stop(settings.request_timeout_s)
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading

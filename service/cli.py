@@ -82,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # bind, load and run the model once here, before the server starts: a taken port, a bad
         # model file or a model that loads but cannot run is one line and exit status 2
+        _check_grpc_port(settings)
         listener = _listen(settings.host, settings.port)
     except OSError as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
@@ -196,6 +197,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _check_grpc_port(settings: Settings) -> None:
+    """``OSError`` saying so when another process listens on the gRPC port: the app's lifespan
+    binds it with ``SO_REUSEPORT`` (for the workers to share it), which would not refuse a port
+    that another process of the same user holds with that option too; a plain bind here does."""
+    if settings.grpc_port:
+        try:
+            _listen(settings.host, settings.grpc_port).close()
+        except OSError as error:
+            raise OSError(f"{error} (the gRPC port; --grpc-port 0 turns gRPC off)") from None
+
+
 def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     """``settings.workers`` processes on one port (uvicorn's supervisor), each loading the model
     itself from the ``SMSO_*`` environment; metrics combined through a shared folder."""
@@ -206,6 +218,7 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             read_card(settings.model_path)
         if TENSORRT in check_providers(settings.providers):
             prepare_engine_cache(settings.backend_options.engine_cache_dir)
+        _check_grpc_port(settings)
         listener = _listen(settings.host, settings.port)
     except (CardError, OSError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)

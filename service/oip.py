@@ -17,6 +17,11 @@ classification extension (``"parameters": {"classification": k}`` on ``logits``)
 classes as ``BYTES [N, k]`` strings ``"score:index:label"``, scores being softmax probabilities
 (the ``/classify`` scores). Requests go through the same micro-batcher as ``/classify``.
 Errors are the protocol's ``{"error": "..."}`` and say what was expected.
+
+The protocol's meaning (metadata, readiness, the inputs' checks, images from tensors, the answer
+tensors, the classification strings) lives in the functions here that take a parsed
+:class:`~service.oip_codec.InferRequest`; the REST routes and the gRPC service
+(``service.grpc_server``) both call them, so that both answer and refuse alike.
 """
 
 from __future__ import annotations
@@ -57,7 +62,11 @@ from service.settings import Settings
 if TYPE_CHECKING:
     from service.repository import Repository
 
-__all__ = ["EXTENSIONS", "SERVER_NAME", "build_router"]
+__all__ = [
+    "EXTENSIONS", "SERVER_NAME", "build_router", "describe_model", "describe_server",
+    "index_entries", "is_model_ready", "is_server_ready", "request_deadline", "run_inference",
+    "served_repository",
+]  # fmt: skip
 
 SERVER_NAME = "smso"
 EXTENSIONS = ["classification", "binary_tensor_data"]
@@ -109,7 +118,30 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return ServiceError(status, "protocol_error", message, headers)
 
 
-def _model_metadata(model: LoadedModel) -> dict[str, Any]:
+def describe_server(repository: bool) -> dict[str, Any]:
+    """Name, version and extensions (``model_repository`` too when a repository is served)."""
+    extensions = EXTENSIONS + (["model_repository"] if repository else [])
+    return {"name": SERVER_NAME, "version": _server_version(), "extensions": extensions}
+
+
+def is_server_ready(state: ServiceState) -> bool:
+    """Every model loaded and warmed up, and not draining."""
+    return not state.draining and state.registry.readiness() == "ready"
+
+
+def is_model_ready(state: ServiceState, name: str, version: str | None) -> bool:
+    """This model serves and the server is not draining; 404 for a model not served here."""
+    try:
+        state.registry.lookup(name, version)
+    except ServiceError as error:
+        if error.status == 404:
+            raise
+        return False
+    return not state.draining
+
+
+def describe_model(model: LoadedModel) -> dict[str, Any]:
+    """The model's inputs and outputs: names, datatypes and shapes (-1: any batch size)."""
     card = model.card
     spec = card.input
     return {
@@ -229,12 +261,18 @@ def _answer(
     return tensors
 
 
-def _repository(state: ServiceState) -> Repository:
-    assert state.repository is not None  # the routes exist only with a repository
+def served_repository(state: ServiceState) -> Repository:
+    """The repository served (the routes and RPCs that call this exist only with one)."""
+    assert state.repository is not None
     return state.repository
 
 
-def _deadline(state: ServiceState, request: InferRequest, start: float) -> float:
+def index_entries(state: ServiceState) -> list[dict[str, str]]:
+    """Every model the server knows: name, version, state and, when unavailable, why."""
+    return [state.registry.entries[name].index() for name in state.registry.names()]
+
+
+def request_deadline(state: ServiceState, request: InferRequest, start: float) -> float:
     """The server's deadline, or the client's ``timeout`` parameter (microseconds) if sooner,
     counted from ``start`` (the request's arrival, as for ``/classify``)."""
     seconds = state.settings.request_timeout_s
@@ -254,6 +292,24 @@ def _parse(body: bytes, encoding: str | None, length: int | None, settings: Sett
         raise
     except (ValueError, TypeError, RecursionError, OverflowError) as error:  # a last resort
         raise ProtocolError(f"malformed request: {error}") from None
+
+
+async def run_inference(
+    state: ServiceState, model: LoadedModel, request: InferRequest, deadline: float, route: str
+) -> list[OutputTensor]:
+    """The answer tensors to a parsed ``request``: its outputs and input checked, its images
+    decoded (or taken from the tensor) and run through ``model``'s batcher by ``deadline``."""
+    wanted = _requested(state, request)
+    if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
+        names = [t.name for t in request.inputs]
+        raise _error(400, f"inputs {names} not understood: {_expected(model)}")
+    tensor = request.inputs[0]
+    if tensor.name == TENSOR_INPUT:
+        images = _tensor_images(state, model, tensor)
+    else:
+        images = await decode_all(state, model, _encoded_images(state, tensor), deadline)
+    outputs = await run_batched(state, model, images, deadline, route)
+    return _answer(model, wanted, outputs)
 
 
 async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: str) -> Response:
@@ -277,20 +333,9 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
             )
     except ProtocolError as error:
         raise _error(error.status, str(error)) from None
-    deadline = _deadline(state, request, start)
-    wanted = _requested(state, request)
-    if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
-        names = [t.name for t in request.inputs]
-        raise _error(400, f"inputs {names} not understood: {_expected(model)}")
-    tensor = request.inputs[0]
-    if tensor.name == TENSOR_INPUT:
-        images = _tensor_images(state, model, tensor)
-    else:
-        images = await decode_all(state, model, _encoded_images(state, tensor), deadline)
-    outputs = await run_batched(state, model, images, deadline, route)
-    body, header_length = encode_response(
-        model.name, model.version, request.id, _answer(model, wanted, outputs)
-    )
+    deadline = request_deadline(state, request, start)
+    answer = await run_inference(state, model, request, deadline, route)
+    body, header_length = encode_response(model.name, model.version, request.id, answer)
     if header_length is None:
         return Response(body, media_type="application/json")
     return Response(body, media_type="application/octet-stream",
@@ -305,8 +350,7 @@ def build_router(repository: bool = False) -> APIRouter:
     @router.get("")
     async def server_metadata() -> dict[str, Any]:
         """Server name, version and the protocol extensions it supports."""
-        extensions = EXTENSIONS + (["model_repository"] if repository else [])
-        return {"name": SERVER_NAME, "version": _server_version(), "extensions": extensions}
+        return describe_server(repository)
 
     @router.get("/health/live")
     @router.head("/health/live", include_in_schema=False)
@@ -320,7 +364,7 @@ def build_router(repository: bool = False) -> APIRouter:
     async def server_ready(state: State) -> JSONResponse:
         """200 once the models are loaded and warmed up; 400 (the protocol's "false") before
         and while draining."""
-        ready = not state.draining and state.registry.readiness() == "ready"
+        ready = is_server_ready(state)
         return JSONResponse({"ready": ready}, 200 if ready else 400)
 
     # behind the key like the model's metadata: its 404 names the models served here
@@ -337,13 +381,7 @@ def build_router(repository: bool = False) -> APIRouter:
     ) -> JSONResponse:
         """200 when this model is served and ready; 400 while loading, unavailable or
         draining."""
-        try:
-            state.registry.lookup(model_name, model_version)
-        except ServiceError as error:
-            if error.status == 404:
-                raise
-            return JSONResponse({"name": model_name, "ready": False}, 400)
-        ready = not state.draining
+        ready = is_model_ready(state, model_name, model_version)
         return JSONResponse({"name": model_name, "ready": ready}, 200 if ready else 400)
 
     @router.get("/models/{model_name}", dependencies=[Depends(authorize)],
@@ -354,7 +392,7 @@ def build_router(repository: bool = False) -> APIRouter:
         state: State, model_name: str, model_version: str | None = None
     ) -> dict[str, Any]:
         """The model's inputs and outputs: names, datatypes and shapes (-1: any batch size)."""
-        return _model_metadata(note_model(state.registry.lookup(model_name, model_version)))
+        return describe_model(note_model(state.registry.lookup(model_name, model_version)))
 
     infer_responses = oip_errors(400, 401, 404, 413, 415, 422, 503, 504)
 
@@ -381,7 +419,7 @@ def build_router(repository: bool = False) -> APIRouter:
     async def repository_index(state: State) -> list[dict[str, str]]:
         """Every model the server knows: name, version, state (READY, LOADING, UNAVAILABLE,
         UNLOADING) and, when unavailable, why."""
-        return [state.registry.entries[name].index() for name in state.registry.names()]
+        return index_entries(state)
 
     control_responses = oip_errors(400, 401, 404, 422)
 
@@ -390,14 +428,14 @@ def build_router(repository: bool = False) -> APIRouter:
     async def repository_load(state: State, model_name: str) -> dict[str, Any]:
         """Load (or reload) a model from the repository folder; answers once it is serving,
         400 with the reason when it cannot be loaded."""
-        await _repository(state).load(model_name)
+        await served_repository(state).load(model_name)
         return {}
 
     @router.post("/repository/models/{model_name}/unload", dependencies=[Depends(authorize)],
                  responses=control_responses)  # fmt: skip
     async def repository_unload(state: State, model_name: str) -> dict[str, Any]:
         """Stop serving a model: new requests get 404, those in flight are answered."""
-        await _repository(state).unload(model_name)
+        await served_repository(state).unload(model_name)
         return {}
 
     return router

@@ -11,7 +11,9 @@ The JSON header's structure is checked by strict pydantic models (:class:`Reques
 the OpenAPI document's schema of the body); the binary framing (sizes, offsets, element counts,
 byte order) stays written out here, where its bounds are checked.
 Every problem raises :class:`ProtocolError` with a message that says what was expected.
-Nothing here knows about the model: ``service.oip`` checks names, shapes and datatypes.
+The per-tensor steps (:func:`check_input`, :func:`binary_tensor`, :func:`requested_output`,
+:func:`tensor_bytes`) serve the gRPC side too (``service.grpc_server``): its raw tensor contents
+are in the same binary form. Nothing here knows about the model: ``service.oip`` checks names, shapes and datatypes.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ __all__ = [
     "ProtocolError",
     "RequestHeader",
     "RequestedOutput",
+    "binary_tensor",
+    "check_input",
     "decompress",
     "encode_response",
     "header_schema",
     "pack_bytes",
     "parse_request",
+    "requested_output",
+    "tensor_bytes",
     "unpack_bytes",
 ]
 
@@ -309,9 +315,11 @@ def _json_data(raw: InputHeader, name: str, datatype: str, shape: tuple[int, ...
         raise ProtocolError(f"input {name!r}: 'data' does not fit {datatype}") from None
 
 
-def _binary_data(
+def binary_tensor(
     buffer: bytes | memoryview, name: str, datatype: str, shape: tuple[int, ...]
 ) -> Any:
+    """Input ``name``'s elements from its binary form (the binary extension's data, gRPC's
+    ``raw_input_contents``): an array of ``shape`` or, for ``BYTES``, a list of bytes."""
     count = math.prod(shape)
     if datatype == "BYTES":
         return unpack_bytes(buffer, count, name)
@@ -357,25 +365,34 @@ def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bo
     return value
 
 
+def check_input(
+    name: str, datatype: Any, shape: Any, parameters: dict[str, Any], max_elements: int
+) -> tuple[int, ...]:
+    """An input's datatype, shape and parameters checked (at most ``max_elements`` ``BYTES``
+    elements); its shape."""
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise ProtocolError(
+            f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
+        )
+    checked = _shape(shape, name)
+    if "shared_memory_region" in parameters:
+        raise ProtocolError("the shared-memory extension is not supported; send the data")
+    if datatype == "BYTES" and math.prod(checked) > max_elements:
+        raise ProtocolError(
+            f"input {name!r} has {math.prod(checked)} BYTES elements; at most {max_elements} "
+            "per request",
+            413,
+        )
+    return checked
+
+
 def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> list[InputTensor]:
     inputs, offset = [], 0
     for raw in header.inputs:
         name = raw.name
         datatype = raw.datatype
-        if not isinstance(datatype, str) or datatype not in DATATYPES:
-            raise ProtocolError(
-                f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
-            )
-        shape = _shape(raw.shape, name)
         parameters = raw.parameters or {}
-        if "shared_memory_region" in parameters:
-            raise ProtocolError("the shared-memory extension is not supported; send the data")
-        if datatype == "BYTES" and math.prod(shape) > max_elements:
-            raise ProtocolError(
-                f"input {name!r} has {math.prod(shape)} BYTES elements; at most {max_elements} "
-                "per request",
-                413,
-            )
+        shape = check_input(name, datatype, raw.shape, parameters, max_elements)
         size = parameters.get("binary_data_size")
         if size is None:
             data = _json_data(raw, name, datatype, shape)
@@ -391,7 +408,7 @@ def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> lis
                     f"{len(binary) - offset} binary bytes left in the body"
                 )
             # a view of the body, not a copy: a 57 MB tensor costs its body once
-            data = _binary_data(binary[offset : offset + size], name, datatype, shape)
+            data = binary_tensor(binary[offset : offset + size], name, datatype, shape)
             offset += size
         inputs.append(InputTensor(name, datatype, shape, data, size is not None))
     if offset != len(binary):
@@ -409,19 +426,24 @@ def _outputs(header: RequestHeader, binary_default: bool) -> list[RequestedOutpu
         return None
     outputs: list[RequestedOutput] = []
     for raw in header.outputs:
-        parameters = raw.parameters or {}
-        if "shared_memory_region" in parameters:
-            raise ProtocolError("the shared-memory extension is not supported")
-        k = parameters.get("classification", 0)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-            raise ProtocolError(
-                f"output {raw.name!r}: classification must be a non-negative integer"
-            )
-        if any(o.name == raw.name for o in outputs):
-            raise ProtocolError(f"output {raw.name!r} is requested twice")
-        binary = _flag(parameters, "binary_data", binary_default, f"output {raw.name!r}")
-        outputs.append(RequestedOutput(raw.name, binary, k))
+        outputs.append(requested_output(raw.name, raw.parameters or {}, binary_default, outputs))
     return outputs
+
+
+def requested_output(
+    name: str, parameters: dict[str, Any], binary_default: bool, earlier: list[RequestedOutput]
+) -> RequestedOutput:
+    """One requested output from its ``parameters`` (``classification``, ``binary_data``),
+    checked against the outputs requested ``earlier`` in the same request."""
+    if "shared_memory_region" in parameters:
+        raise ProtocolError("the shared-memory extension is not supported")
+    k = parameters.get("classification", 0)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ProtocolError(f"output {name!r}: classification must be a non-negative integer")
+    if any(o.name == name for o in earlier):
+        raise ProtocolError(f"output {name!r} is requested twice")
+    binary = _flag(parameters, "binary_data", binary_default, f"output {name!r}")
+    return RequestedOutput(name, binary, k)
 
 
 def parse_request(
@@ -447,6 +469,14 @@ def parse_request(
     )
 
 
+def tensor_bytes(output: OutputTensor) -> bytes:
+    """An output in the binary form: little-endian, row major; ``BYTES`` length-prefixed."""
+    if output.datatype == "BYTES":
+        return pack_bytes(output.data)  # type: ignore[arg-type]
+    array = np.ascontiguousarray(output.data, DATATYPES[output.datatype])
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
 def encode_response(
     model_name: str, model_version: str, request_id: str | None, outputs: list[OutputTensor]
 ) -> tuple[bytes, int | None]:
@@ -460,11 +490,7 @@ def encode_response(
             "name": output.name, "datatype": output.datatype, "shape": list(output.shape),
         }  # fmt: skip
         if output.binary:
-            if output.datatype == "BYTES":
-                chunk = pack_bytes(output.data)  # type: ignore[arg-type]
-            else:
-                array = np.ascontiguousarray(output.data, DATATYPES[output.datatype])
-                chunk = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            chunk = tensor_bytes(output)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         elif output.datatype == "BYTES":

@@ -144,6 +144,12 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int = Field(
+        8001, ge=0, le=65535,
+        description="the Open Inference Protocol over gRPC (Triton's port), in the same process "
+        "and on the same batchers as HTTP; with several workers they share it (SO_REUSEPORT); "
+        "0: no gRPC",
+    )  # fmt: skip
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         "text",
@@ -171,6 +177,11 @@ class Settings(BaseSettings):
                 f"model file {self.model_path} does not exist; give an ONNX file written by "
                 "smso-export (SMSO_MODEL_PATH or --model-path), or run `make onnx` for the "
                 "shipped one"
+            )
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(
+                f"grpc_port and port are both {self.port}: gRPC needs a port of its own; "
+                "give another (SMSO_GRPC_PORT or --grpc-port) or 0 to turn gRPC off"
             )
         if self.max_files > self.queue_size:
             raise ValueError(
