@@ -265,6 +265,8 @@ class Server:
             str(self.port),
             "--log-level",
             "warning",
+            "--grpc-port",  # two servers at once: HTTP only (gRPC's default 8001 is one port)
+            "0",
         ]
         with log.open("ab") as out:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

@@ -257,13 +257,16 @@ def raw_session(backend: Any, tensors: np.ndarray, batches: Sequence[int],
 
 
 @contextlib.contextmanager
-def running(command: list[str], ready: str, cwd: Path, env: dict[str, str] | None = None
-            ) -> Iterator[tuple[str, subprocess.Popen]]:  # fmt: skip
+def running(command: list[str], ready: str, cwd: Path, env: dict[str, str] | None = None,
+            output: Any = None) -> Iterator[tuple[str, subprocess.Popen]]:  # fmt: skip
     """A server subprocess on a free loopback port: ``(base URL, process)`` once ``ready``
-    answers 200; SIGTERM on exit. ``{port}`` in ``command`` is replaced by the port."""
+    answers 200; SIGTERM on exit. ``{port}`` in ``command`` is replaced by the port; the
+    server's output goes to ``output`` (a file) when given."""
     port = free_port()
+    # HTTP only unless asked: several servers at once would share gRPC's default port
+    env = {"SMSO_GRPC_PORT": "0"} | (os.environ if env is None else env)
     server = subprocess.Popen([c.replace("{port}", str(port)) for c in command], cwd=cwd,
-                              env=env)  # fmt: skip
+                              env=env, stdout=output, stderr=output)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(f"{base}{ready}", server)

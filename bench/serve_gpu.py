@@ -352,7 +352,7 @@ def server(model: str, env_extra: dict[str, str], log: Path) -> Iterator[tuple[s
     """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``."""
     port = free_port()
     env = os.environ | {"SMSO_MAX_BATCH_SIZE": "64", "SMSO_LOG_LEVEL": "warning",
-                        "SMSO_QUEUE_SIZE": "1024"} | env_extra  # fmt: skip
+                        "SMSO_QUEUE_SIZE": "1024", "SMSO_GRPC_PORT": "0"} | env_extra  # fmt: skip
     command = [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port)]
     with log.open("w") as sink:
         start = time.perf_counter()

@@ -190,8 +190,8 @@ class MicroBatcher:
         batch, with the batch's size) spans, children of the request that submitted it."""
         attributes = {**self._span_attributes, "smso.batch_size": len(jobs)}
         for job in jobs:
-            if not job.span.is_valid:  # nothing traced (the default): nothing to do
-                continue
+            if not (job.span.is_valid and job.span.trace_flags.sampled):  # not traced (the
+                continue  # default) or not sampled: nothing to record
             parent = trace.set_span_in_context(trace.NonRecordingSpan(job.span))
             queue = self._tracer.start_span("queue", parent, start_time=job.enqueued_ns)
             queue.end(end_time=start_ns)

@@ -35,7 +35,7 @@ LABELS = {"boot.png": "Ankle boot", "shirt.jpg": "Shirt", "bag.webp": "Bag"}
 MODEL_NAME = "fashion_mnist-small_cnn-smso"
 # curl examples addressed elsewhere than the shipped model's server, and why this test skips them
 ELSEWHERE = {
-    "127.0.0.1:8001": "the own-images section's server on a model trained there: "
+    "127.0.0.1:8003": "the own-images section's server on a model trained there: "
     "tests/test_own_images_readme.py runs that section as printed",
     "127.0.0.1:8002": "the model repository section's server on a folder of models: "
     "tests/service/test_model_repository.py covers each of its routes",

@@ -4,7 +4,7 @@
 
 The commands run in a temporary folder where ``configs`` links to the repository's, with
 ``.venv/bin`` first on the PATH (what ``source .venv/bin/activate`` does). Only the port
-changes: ``smso-serve`` runs in the background on a free port instead of 8001 and the ``curl``
+changes: ``smso-serve`` runs in the background on a free port instead of 8003 and the ``curl``
 goes there. The whole path is timed and printed (the issue asks for under 5 minutes on 2 cores;
 a test does not assert wall-clock time).
 """
@@ -30,7 +30,7 @@ from tests.training.conftest import FOLDER_CLASSES, folder_image
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = re.compile(r"<!-- own-images:start -->\n```bash\n(.*?)```\n<!-- own-images:end -->", re.S)
-README_PORT = "8001"
+README_PORT = "8003"
 # the folder's classes, each drawn as one of the synthetic patterns (a colour and a texture)
 PATTERNS = dict(zip(("bird", "cat", "dog", "fish"), FOLDER_CLASSES, strict=True))
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",

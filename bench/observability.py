@@ -1,0 +1,206 @@
+"""What JSON logs and OpenTelemetry tracing cost the service, as ratios against both off.
+
+Four real servers on the shipped model, each in its own process:
+
+* ``off``: text logs at warning (no access line, no spans);
+* ``json``: ``SMSO_LOG_FORMAT=json`` at info, every record and one access line per request,
+  written to a file as a log collector would read them;
+* ``tracing``: an OTLP endpoint set, so FastAPI's request span and the service's decode, queue
+  and inference spans are exported in batches over http/protobuf to a collector in this process
+  that counts what it receives;
+* ``tracing-10%``: the same with one request in ten sampled.
+
+The same load, ``/classify`` with one small PNG, runs against each in turn, in rounds whose order
+rotates; each round gives each setting's requests per second as a ratio against ``off`` in that
+round, and the median ratio is the result (the issue's target: at least 0.95 each). Prints a
+markdown table and writes JSON.
+
+    python -m bench.observability [--rounds 6] [--requests 1000] [--clients 4] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.server
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from bench.serve import ROOT, drive, multipart, running
+
+MODEL = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
+SETTINGS = ("off", "json", "tracing", "tracing-10%")
+RESULTS = ROOT / "bench" / "results" / "observability.json"
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/http endpoint that accepts every export and counts it."""
+
+    exports = 0
+    bytes = 0
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", 0))
+        self.rfile.read(length)
+        type(self).exports += 1
+        type(self).bytes += length
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+
+@contextlib.contextmanager
+def collector() -> Iterator[str]:
+    """An OTLP/http collector on a free loopback port: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def png() -> bytes:
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def environment(setting: str, endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env |= {"SMSO_MAX_BATCH_SIZE": "16", "SMSO_LOG_LEVEL": "warning", "SMSO_LOG_FORMAT": "text"}
+    if setting == "json":
+        env |= {"SMSO_LOG_FORMAT": "json", "SMSO_LOG_LEVEL": "info"}
+    if setting.startswith("tracing"):
+        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "smso-bench",
+                "OTEL_BSP_SCHEDULE_DELAY": "500"}  # fmt: skip
+    if setting == "tracing-10%":  # what a busy service usually runs: one request in ten traced
+        env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    return env
+
+
+@contextlib.contextmanager
+def server(setting: str, endpoint: str, folder: Path) -> Iterator[str]:
+    """``setting``'s server, its output (the logs) going to a file: the base URL."""
+    command = [sys.executable, "-m", "service.cli", "--model-path", str(MODEL), "--port", "{port}"]
+    with (folder / f"{setting}.log").open("w") as logs:
+        env = environment(setting, endpoint)
+        with running(command, "/readyz", ROOT, env, output=logs) as (base, _):
+            yield base
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    image = png()
+    rounds: list[dict[str, Any]] = []
+    with (
+        collector() as endpoint,
+        tempfile.TemporaryDirectory() as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        bases = {s: stack.enter_context(server(s, endpoint, Path(tmp))) for s in SETTINGS}
+        for base in bases.values():  # warm each once: connection set-up, first requests
+            drive(multipart(f"{base}/classify", [image]), args.clients, 50)
+        for r in range(args.rounds):
+            k = r % len(SETTINGS)
+            order = SETTINGS[k:] + SETTINGS[:k]
+            runs = {}
+            for setting in order:
+                run = drive(multipart(f"{bases[setting]}/classify", [image]), args.clients,
+                            args.requests)  # fmt: skip
+                run.pop("latencies_ms")
+                runs[setting] = run
+            rounds.append(runs)
+        log_lines = {s: len((Path(tmp) / f"{s}.log").read_text().splitlines()) for s in SETTINGS}
+    exports, exported = _Collector.exports, _Collector.bytes
+    summary = {}
+    for setting in SETTINGS:
+        ratios = [r[setting]["requests_per_second"] / r["off"]["requests_per_second"]
+                  for r in rounds]  # fmt: skip
+        summary[setting] = {
+            "requests_per_second": statistics.median(
+                r[setting]["requests_per_second"] for r in rounds
+            ),
+            "p50_ms": statistics.median(r[setting]["p50_ms"] for r in rounds),
+            "p99_ms": statistics.median(r[setting]["p99_ms"] for r in rounds),
+            "ratio_to_off": statistics.median(ratios),
+            "round_ratios": ratios,
+            "failures": sum(r[setting]["failures"] for r in rounds),
+            "log_lines": log_lines[setting],
+        }
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "load": {
+            "rounds": args.rounds,
+            "requests": args.requests,
+            "clients": args.clients,
+            "route": "/classify",
+            "image": "28x28 PNG",
+        },
+        "settings": summary,
+        "otlp": {"exports": exports, "bytes": exported},
+        "rounds": rounds,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = ["| setting | req/s (median) | p50 ms | p99 ms | ratio to off (median) | rounds |",
+            "|---|--:|--:|--:|--:|---|"]  # fmt: skip
+    for setting, row in result["settings"].items():
+        spread = ", ".join(f"{r:.2f}" for r in row["round_ratios"])
+        rows.append(f"| {setting} | {row['requests_per_second']:,.0f} | {row['p50_ms']:.1f} | "
+                    f"{row['p99_ms']:.1f} | {row['ratio_to_off']:.3f} | {spread} |")  # fmt: skip
+    otlp = result["otlp"]
+    rows.append(f"\nOTLP exports received: {otlp['exports']} ({otlp['bytes']:,} bytes); "
+                f"log lines: " + ", ".join(f"{s} {r['log_lines']}"
+                                           for s, r in result["settings"].items()))  # fmt: skip
+    return "\n".join(rows)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of the four settings")
+    parser.add_argument("--requests", type=int, default=1000, help="requests per setting a round")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent client threads")
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.requests, args.clients = 1, 60, 2
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = measure(args)
+    print(table(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwritten: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
