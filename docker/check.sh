@@ -83,8 +83,10 @@ assert "onnxruntime" in names and "onnxruntime-gpu" not in names, sorted(names)
 assert importlib.util.find_spec("torch") is None, "torch is importable"
 import service.app  # noqa: F401
 PY
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
 export SMSO_PORT=$port
+export SMSO_GRPC_PORT=$(free_port)  # gRPC too, on a port of its own (8001 may be taken here)
 if python3 "$root/docker/healthcheck.py" 2>/dev/null; then
   fail "docker/healthcheck.py passed with no server on port $port"
 fi
@@ -106,9 +108,8 @@ kill -TERM "$server"
 status=0
 wait "$server" || status=$?
 server=
-# uvicorn drains, then re-raises the signal: 143 (128 + SIGTERM) is a clean stop too
-[ "$status" = 0 ] || [ "$status" = 143 ] || fail "smso-serve stopped with status $status on SIGTERM"
-unset SMSO_PORT
+[ "$status" = 0 ] || fail "smso-serve stopped with status $status on SIGTERM"
+unset SMSO_PORT SMSO_GRPC_PORT
 echo "   served the shipped model; /readyz (docker/healthcheck.py) and /metrics answered; SIGTERM: status $status"
 done_step
 

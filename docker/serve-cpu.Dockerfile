@@ -30,6 +30,7 @@ USER smso
 ENV SMSO_HOST=0.0.0.0 \
     SMSO_PORT=8000 \
     SMSO_MODEL_PATH=/app/models/fashion-mnist-smso/model.onnx
-EXPOSE 8000
+# 8000: HTTP; 8001: the Open Inference Protocol over gRPC (SMSO_GRPC_PORT)
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python3", "/usr/local/bin/smso-healthcheck"]
 CMD ["smso-serve"]

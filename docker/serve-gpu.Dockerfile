@@ -39,7 +39,8 @@ ENV SMSO_HOST=0.0.0.0 \
     SMSO_PORT=8000 \
     SMSO_MODEL_PATH=/app/models/fashion-mnist-smso/model.onnx \
     SMSO_ENGINE_CACHE_DIR=/cache/tensorrt
-EXPOSE 8000
+# 8000: HTTP; 8001: the Open Inference Protocol over gRPC (SMSO_GRPC_PORT)
+EXPOSE 8000 8001
 # start period: loading, TensorRT engine builds and warming up every batch size come first
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 CMD ["python3", "/usr/local/bin/smso-healthcheck"]
 CMD ["smso-serve"]

@@ -236,8 +236,12 @@ def test_probes_ask_the_health_routes_on_the_service_port(
 ) -> None:
     container = _container(pod)
     port = int(_setting(container, "port"))
-    (declared,) = container["ports"]
+    declared = container["ports"][0]  # HTTP first (Knative: the only one); then gRPC's
     assert declared["containerPort"] == port, f"{name}: the container port is not SMSO_PORT"
+    for extra in container["ports"][1:]:
+        assert extra["containerPort"] == int(_setting(container, "grpc_port")), (
+            f"{name}: a second port is not SMSO_GRPC_PORT"
+        )
     assert _setting(container, "host") == "0.0.0.0", (
         f"{name}: the service must listen beyond localhost"
     )
@@ -319,10 +323,14 @@ def test_service_budget_and_autoscaler_reach_the_deployment(variant: str) -> Non
     assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
     service = _one("Service")
     assert service["spec"]["selector"].items() <= labels.items()
-    (container_port,) = _container(deployment["spec"]["template"]["spec"])["ports"]
-    (service_port,) = service["spec"]["ports"]
-    assert service_port["targetPort"] in {container_port["name"], container_port["containerPort"]}
-    assert service_port["port"] == container_port["containerPort"] == 8000
+    container_ports = _container(deployment["spec"]["template"]["spec"])["ports"]
+    service_ports = service["spec"]["ports"]
+    assert len(service_ports) == len(container_ports)  # HTTP 8000 and gRPC 8001
+    for container_port, service_port in zip(container_ports, service_ports, strict=True):
+        assert service_port["targetPort"] in {container_port["name"],
+                                              container_port["containerPort"]}  # fmt: skip
+        assert service_port["port"] == container_port["containerPort"]
+    assert [p["containerPort"] for p in container_ports] == [8000, 8001]
     budget = _one("PodDisruptionBudget")
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
     hpa = _one("HorizontalPodAutoscaler")
