@@ -25,7 +25,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Routes under this prefix speak the Open Inference Protocol, errors included.
+#: Routes under this prefix speak the Open Inference Protocol, errors included: the one place
+#: it is written (service.oip's router is mounted there, and errors under it are rendered as the
+#: protocol's, unknown paths included).
 OIP_PREFIX = "/v2"
 #: The status a request is counted with when its client left before it was read (no client
 #: sees it: there is nobody to send it to).

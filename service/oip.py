@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, Response
 
 from service.access import note_model
 from service.dependencies import State, authorize
-from service.errors import ServiceError
+from service.errors import OIP_PREFIX, ServiceError
 from service.inputs import Upload, read_body, too_large
 from service.oip_codec import (
     HEADER_LENGTH,
@@ -345,7 +345,7 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
 def build_router(repository: bool = False) -> APIRouter:
     """The ``/v2`` routes (with ``repository``, the model repository extension's too); the
     app's state comes from the :data:`~service.dependencies.State` dependency."""
-    router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+    router = APIRouter(prefix=OIP_PREFIX, tags=["open inference protocol"])
 
     @router.get("")
     async def server_metadata() -> dict[str, Any]:
@@ -406,7 +406,9 @@ def build_router(repository: bool = False) -> APIRouter:
         request: Request, state: State, model_name: str, model_version: str | None = None
     ) -> Response:
         """Inference on a preprocessed FP32 tensor or on encoded images (JSON or binary)."""
-        route = getattr(request.scope.get("route"), "path", "/v2/models/{model_name}/infer")
+        route = getattr(
+            request.scope.get("route"), "path", f"{OIP_PREFIX}/models/{{model_name}}/infer"
+        )
         async with state.registry.using(model_name, model_version) as model:
             return await _infer(state, model, request, route)
 
