@@ -7,8 +7,8 @@ tensors of ``--batch`` images: through ``tritonclient.http`` (binary tensor data
 machine is shared and noisy, so the gRPC / REST ratio is taken per round and its median
 reported (target: >= 1, gRPC no slower than REST for binary tensors).
 
-    python -m bench.grpc                    # 5 rounds of 400 requests each way
-    python -m bench.grpc --rounds 3 --requests 200
+    python -m bench.grpc_rest                    # 5 rounds of 400 requests each way
+    python -m bench.grpc_rest --rounds 3 --requests 200
 """
 
 from __future__ import annotations
