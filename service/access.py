@@ -23,9 +23,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import CLIENT_CLOSED
+from service.exchange import Exchange
 from service.metrics import counted, labels
 
 if TYPE_CHECKING:
@@ -106,29 +106,11 @@ class AccessLog:
         # not reset afterwards: the request's task ends with it, and a last-resort 500 (logged
         # by Starlette's and uvicorn's error handlers, outside this middleware) keeps the id
         _CURRENT.set(record)
-        header = (_RAW_HEADER, record.request_id.encode())
-        status: int | None = None  # until a response starts
-        gone = False
-
-        async def receive_wrapper() -> Message:
-            nonlocal gone
-            message = await receive()
-            gone = gone or message["type"] == "http.disconnect"
-            return message
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", ()), header]
-            await send(message)
-
+        exchange = Exchange(receive, send, [(_RAW_HEADER, record.request_id.encode())])
         try:
-            await self.app(scope, receive_wrapper, send_wrapper)
+            await self.app(scope, exchange.receive, exchange.send)
         finally:
-            if status is None:  # no response: the client left (its work was stopped), or 500
-                status = CLIENT_CLOSED if gone else 500
-            self._log(scope, status, record, time.perf_counter() - start)
+            self._log(scope, exchange.status, record, time.perf_counter() - start)
 
     @staticmethod
     def _log(scope: Scope, status: int, record: RequestRecord, seconds: float) -> None:

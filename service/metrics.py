@@ -23,10 +23,11 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.batcher import BatchStats
-from service.errors import CLIENT_CLOSED, OIP_PREFIX
+from service.errors import OIP_PREFIX
+from service.exchange import Exchange
 
 __all__ = [
     "METHODS",
@@ -191,34 +192,12 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500  # until a response starts: an exception that escapes the app
-        gone = started = False
-
-        async def receive_wrapper() -> Message:
-            nonlocal gone
-            message = await receive()
-            gone = gone or message["type"] == "http.disconnect"
-            return message
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status, started
-            if message["type"] == "http.response.start":
-                status, started = message["status"], True
-            await send(message)
-
-        # 499 only when no response was sent and the client had gone (the server also reports
-        # http.disconnect once a response is complete: a real 500 stays a 500)
+        exchange = Exchange(receive, send)
         try:
-            await self.app(scope, receive_wrapper, send_wrapper)
-            if gone and not started:  # no response: the client left and its work was stopped
-                status = CLIENT_CLOSED
-        except Exception:
-            if gone and not started:  # whatever the app raised, the client had left first
-                status = CLIENT_CLOSED
-            raise
+            await self.app(scope, exchange.receive, exchange.send)
         finally:
             metrics = self.metrics()
             if metrics is not None:
-                method, template, code = labels(scope, status)
+                method, template, code = labels(scope, exchange.status)
                 metrics.requests.labels(method, template, code).inc()
                 metrics.latency.labels(method, template).observe(time.perf_counter() - start)
