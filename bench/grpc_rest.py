@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bench.benchlib import format_ratio, markdown_table, write_json
-from bench.serve import SHIPPED, free_port
+from bench.serve import SHIPPED, free_port, running
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "bench" / "results" / "grpc.json"
@@ -78,22 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
 
-    port, grpc_port = free_port(), free_port()
+    grpc_port = free_port()
     command = [sys.executable, "-m", "service.cli", "--model-path", str(SHIPPED),
-               "--port", str(port), "--grpc-port", str(grpc_port), "--log-level", "warning"]  # fmt: skip
-    server = subprocess.Popen(command, cwd=ROOT)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.2)
+               "--port", "{port}", "--grpc-port", str(grpc_port), "--log-level", "warning"]  # fmt: skip
+    with running(command, "/readyz", ROOT) as (base, _):
+        port = base.rsplit(":", 1)[1]
         name = httpx.get(f"{base}/metadata").json()["model"]["name"]
         rng = np.random.default_rng(0)
         tensor = rng.standard_normal((args.batch, 1, 28, 28)).astype(np.float32)
@@ -106,9 +94,6 @@ def main(argv: list[str] | None = None) -> int:
                 order = ("rest", "grpc") if i % 2 == 0 else ("grpc", "rest")
                 measured = {p: drive(pool, send[p], args.requests) for p in order}
                 rounds.append(measured | {"ratio": measured["grpc"] / measured["rest"]})
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
     rows = [[str(i + 1), f"{r['rest']:,.0f}", f"{r['grpc']:,.0f}", format_ratio(r["ratio"])]
             for i, r in enumerate(rounds)]  # fmt: skip
