@@ -8,9 +8,6 @@ import concurrent.futures
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -19,7 +16,7 @@ import numpy as np
 import pytest
 
 from .conftest import free_port, png
-from .test_server import ROOT, real_server
+from .test_server import real_server, serve_on_a_taken_port
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
@@ -209,15 +206,7 @@ def test_errors_are_status_codes_with_rest_messages(client, server):
 
 
 def test_a_busy_grpc_port_is_one_line_and_exit_2(shipped_model):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        proc = subprocess.run(
-            [sys.executable, "-m", "service.cli", "--model-path", shipped_model,
-             "--port", str(free_port()), "--grpc-port", port],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+    port, proc = serve_on_a_taken_port(shipped_model, "--grpc-port")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1

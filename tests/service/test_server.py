@@ -152,18 +152,27 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_a_busy_port_is_one_line_and_exit_2(workers, shipped_model):
-    """uvicorn would log the error and exit with status 3 itself; smso-serve binds first."""
+def serve_on_a_taken_port(
+    model: str, flag: str, *args: str
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """``smso-serve`` with ``flag`` (``--port`` or ``--grpc-port``) naming a port another socket
+    listens on (the other port free): ``(that port, the finished process)``."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
+        ports = [flag, port] if flag == "--port" else ["--port", str(free_port()), flag, port]
         proc = subprocess.run(
-            [sys.executable, "-m", "service.cli", "--model-path", shipped_model,
-             "--port", port, "--workers", workers],
+            [sys.executable, "-m", "service.cli", "--model-path", model, *ports, *args],
             cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
+    return port, proc
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_busy_port_is_one_line_and_exit_2(workers, shipped_model):
+    """uvicorn would log the error and exit with status 3 itself; smso-serve binds first."""
+    port, proc = serve_on_a_taken_port(shipped_model, "--port", "--workers", workers)
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
