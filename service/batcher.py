@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -92,7 +92,7 @@ class MicroBatcher:
         self._last_inference_s = 0.0
         self._arrived = asyncio.Event()  # set on every submit and when nothing is on its way
         self._on_batch = on_batch
-        self._on_depth = on_depth  # told the images still waiting each time a batch is taken
+        self._on_depth = on_depth  # told the images waiting after a request's and a batch's turn
         self._tracer = tracer or trace.get_tracer(__name__)
         self._span_attributes = span_attributes or {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
@@ -139,6 +139,30 @@ class MicroBatcher:
         self._arrived.set()
         return future
 
+    def submit_all(
+        self, images: Sequence[np.ndarray]
+    ) -> list[asyncio.Future[tuple[np.ndarray, np.ndarray]]]:
+        """Queue every image of a request, or none: :class:`QueueFullError` (the images already
+        queued cancelled) when they do not all fit. The queue's new depth is reported once."""
+        futures = []
+        try:
+            for image in images:
+                futures.append(self.submit(image))
+        except QueueFullError:
+            for future in futures:
+                future.cancel()
+            raise
+        self._report_depth()
+        return futures
+
+    def _report_depth(self) -> None:
+        """Tell ``on_depth`` the images waiting; a failing hook is logged, never raised."""
+        if self._on_depth is not None:
+            try:
+                self._on_depth(self._queue.qsize())
+            except Exception:  # as for on_batch: the consumer must go on
+                log.exception("the on_depth hook failed")
+
     async def run_direct(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run a whole batch in the worker thread, bypassing the queue (warm-up)."""
         loop = asyncio.get_running_loop()
@@ -172,11 +196,7 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         while True:
             jobs = await self._take_batch()
-            if self._on_depth is not None:  # also when all its callers have gone: nothing runs
-                try:
-                    self._on_depth(self._queue.qsize())
-                except Exception:  # as for on_batch: the consumer must go on
-                    log.exception("the on_depth hook failed")
+            self._report_depth()  # also when all its callers have gone: nothing runs
             live = [job for job in jobs if not job.future.done()]  # callers that gave up: skip
             try:
                 if live:

@@ -221,16 +221,11 @@ async def run_batched(
     if len(images) > capacity:  # never admitted, however long the client retries
         message = f"{len(images)} images; the queue holds at most {capacity}"
         raise ServiceError(413, "too_many_images", message)
-    futures = []
     try:
-        for image in images:
-            futures.append(model.batcher.submit(image))
+        futures = model.batcher.submit_all(images)
     except QueueFullError:
-        for future in futures:
-            future.cancel()
         raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
                            headers={"Retry-After": "1"}) from None  # fmt: skip
-    state.metrics.queue_depth.set(queue_depth(state))
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
             with _timed("batch_s", len(images)):

@@ -163,3 +163,17 @@ def test_a_failing_metrics_hook_does_not_stop_the_batcher(caplog):
 
     assert run(main()) == [1, 1]
     assert "the on_batch hook failed" in caplog.text
+
+
+def test_a_requests_images_are_queued_whole_or_not_at_all_and_the_depth_told_once():
+    async def scenario() -> tuple[list[int], int]:
+        depths: list[int] = []
+        batcher = MicroBatcher(recorder([]), 4, 0.0, queue_size=3, on_depth=depths.append)
+        batcher.submit_all([image(1), image(2)])  # not started: they wait
+        with pytest.raises(QueueFullError):
+            batcher.submit_all([image(3), image(4)])  # only one more fits
+        return depths, batcher.depth
+
+    depths, depth = asyncio.run(scenario())
+    assert depths == [2]  # once per request, not per image; nothing for the refused one
+    assert depth == 3  # the refused request's first image is queued but cancelled
