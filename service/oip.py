@@ -419,8 +419,8 @@ def build_router(repository: bool = False) -> APIRouter:
     @router.post("/repository/index", dependencies=[Depends(authorize)],
                  response_model=list[OipIndexEntry], responses=oip_errors(401))  # fmt: skip
     async def repository_index(state: State) -> list[dict[str, str]]:
-        """Every model the server knows: name, version, state (READY, LOADING, UNAVAILABLE,
-        UNLOADING) and, when unavailable, why."""
+        """Every model the server knows: name, version, state (READY, LOADING or UNAVAILABLE;
+        an unloaded model leaves the index) and, when unavailable, why."""
         return index_entries(state)
 
     control_responses = oip_errors(400, 401, 404, 422)

@@ -32,7 +32,6 @@ class ModelStatus(enum.StrEnum):
     LOADING = "LOADING"
     READY = "READY"
     UNAVAILABLE = "UNAVAILABLE"
-    UNLOADING = "UNLOADING"
 
 
 @dataclass

@@ -94,7 +94,7 @@ class OipIndexEntry(BaseModel):
 
     name: str = Field(examples=["fashion_mnist"])
     version: str = Field(examples=["2"])
-    state: str = Field(examples=["READY"], description="READY, LOADING, UNAVAILABLE or UNLOADING")
+    state: str = Field(examples=["READY"], description="READY, LOADING or UNAVAILABLE")
     reason: str = Field("", description="why the model is unavailable")
 
 
