@@ -489,7 +489,10 @@ def case(name: str, spec: Preprocessing, files: Sequence[bytes], spy: PySpy | No
     model = {f"threads, s from {how}": {"serial": s, "speedup": amdahl(s),
                                         "images_per_second": one_thread * amdahl(s)}
              for how, s in estimates.items()}  # fmt: skip
-    process_serial = parent_ms / times["whole_ms"]
+    # a fraction, as the model reads it: on a busy machine the parent's time per image can
+    # exceed the image's own measured time (both are samples), which amdahl() would clamp
+    # while the record kept the unclamped value
+    process_serial = min(parent_ms / times["whole_ms"], 1.0)
     model[f"process pool, s = {parent_how} / image time"] = {
         "serial": process_serial, "speedup": amdahl(process_serial),
         "images_per_second": one_process * amdahl(process_serial)}  # fmt: skip
