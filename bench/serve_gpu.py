@@ -74,6 +74,17 @@ SHIPPED = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
 CUDA_PROVIDERS = "CUDAExecutionProvider,CPUExecutionProvider"
 
 
+@contextlib.contextmanager
+def stage(report: dict[str, Any], key: str) -> Iterator[None]:
+    """Run one stage; an exception is recorded as ``report[key] = {"error": ...}`` and the run
+    goes on (a lent machine's minutes are too few to lose the later stages to one failure)."""
+    try:
+        yield
+    except Exception as error:  # any failure of one stage: recorded, printed, not fatal
+        report[key] = {"error": f"{type(error).__name__}: {error}"}
+        print(f"stage {key} failed: {report[key]['error']}", flush=True)
+
+
 class Budget:
     """Seconds left of ``--budget-s``; a stage that needs more than is left is skipped."""
 
@@ -172,16 +183,21 @@ def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224
 
 
 def models(workdir: Path, smoke: bool) -> dict[str, Any]:
-    """``name -> path`` of the exports (the shipped model alone with ``smoke``)."""
+    """``name -> path`` of the exports (the shipped model alone with ``smoke``); an export
+    already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is."""
     if smoke:
         return {"paths": {"fp32-conv": str(SHIPPED)}, "export_s": {}}
     variants = [("fp32-conv", "conv", False, 224), ("fp32-covariance", "covariance", False, 224),
                 ("fp16-conv", "conv", True, 224), ("fp32-conv-448", "conv", False, 448),
                 ("fp32-covariance-448", "covariance", False, 448)]  # fmt: skip
+    paths = {v[0]: str(workdir / f"{v[0]}.onnx") for v in variants}
+    seconds: dict[str, float] = {}
+    missing = [v for v in variants if not (workdir / f"{v[0]}.onnx").exists()]
+    if not missing:
+        return {"paths": paths, "export_s": seconds}
     spawn = multiprocessing.get_context("spawn")
-    paths, seconds = {}, {}
-    with concurrent.futures.ProcessPoolExecutor(len(variants), mp_context=spawn) as pool:
-        jobs = [pool.submit(export_one, str(workdir), *v) for v in variants]
+    with concurrent.futures.ProcessPoolExecutor(len(missing), mp_context=spawn) as pool:
+        jobs = [pool.submit(export_one, str(workdir), *v) for v in missing]
         for job in jobs:
             name, path, took = job.result()
             paths[name], seconds[name] = path, took
@@ -540,6 +556,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--client-processes", type=int, default=8)
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="export here and reuse the exports found here (default: a temporary folder)",
+    )
+    parser.add_argument("--export-only", action="store_true", help="export the models, then stop")
     args = parser.parse_args(argv)
     if args.smoke:
         args.seconds, args.concurrency, args.batches = 1.0, [1, 4], [1, 8]
@@ -562,10 +585,14 @@ def main(argv: list[str] | None = None) -> int:
         (out / "serve_gpu.md").write_text(markdown(report))
 
     with tempfile.TemporaryDirectory(prefix="serve-gpu-") as tmp:
-        exported = models(Path(tmp), args.smoke)
+        workdir = args.models_dir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        exported = models(workdir, args.smoke)
         report["export_s"] = exported["export_s"]
         paths = exported["paths"]
         print(f"exported: {exported['export_s']}", flush=True)
+        if args.export_only:
+            return 0
         raw_plan = [(name, "plain") for name in paths] + [("fp32-conv", "io-binding"),
                                                           ("fp32-conv", "cuda-graphs")]  # fmt: skip
         report["raw"] = {}
@@ -574,13 +601,15 @@ def main(argv: list[str] | None = None) -> int:
                 report["skipped"].append(f"raw {name} {mode}")
                 continue
             batches = [b for b in args.batches if b <= 64] if "448" in name else args.batches
-            report["raw"][f"{name}/{mode}"] = raw_session(paths[name], mode, batches, providers,
-                                                          args.seconds / 5)  # fmt: skip
-            print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']['by_batch']}", flush=True)
+            with stage(report["raw"], f"{name}/{mode}"):
+                report["raw"][f"{name}/{mode}"] = raw_session(paths[name], mode, batches,
+                                                              providers, args.seconds / 5)  # fmt: skip
+            print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']}", flush=True)
             save()
-        report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
-                                            if args.smoke else CUDA_PROVIDERS,
-                                            8 if args.smoke else 64, 5, Path(tmp))  # fmt: skip
+        with stage(report, "ort_profile"):
+            report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
+                                                if args.smoke else CUDA_PROVIDERS,
+                                                8 if args.smoke else 64, 5, Path(tmp))  # fmt: skip
         save()
 
         files = jpegs(32)
@@ -608,8 +637,8 @@ def main(argv: list[str] | None = None) -> int:
                         paths["fp32-conv"], variant, env, clients, args, out,
                         profile=variant == "cuda",
                     )  # fmt: skip
-                except (RuntimeError, TimeoutError) as error:
-                    report["server"][variant] = {"error": str(error)}
+                except Exception as error:  # one variant's failure: recorded, the rest go on
+                    report["server"][variant] = {"error": f"{type(error).__name__}: {error}"}
                 print(f"server {variant}: done", flush=True)
                 save()
         finally:
@@ -617,8 +646,9 @@ def main(argv: list[str] | None = None) -> int:
         if budget.allows(30):
             cores = os.cpu_count() or 2
             workers = sorted({1, max(1, cores // 4), max(1, cores // 2), cores})
-            report["decoding"] = decoding(files, card.preprocessing.model_dump(), workers,
-                                          0.5 if args.smoke else 2.0)  # fmt: skip
+            with stage(report, "decoding"):
+                report["decoding"] = decoding(files, card.preprocessing.model_dump(), workers,
+                                              0.5 if args.smoke else 2.0)  # fmt: skip
         else:
             report["skipped"].append("decoding")
     save()

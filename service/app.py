@@ -26,7 +26,6 @@ from service.disconnect import CancelWhenGone
 from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import install_error_handlers
-from service.grpc_server import start_grpc_server
 from service.loader import load_model
 from service.logs import configure_logging
 from service.metrics import MetricsMiddleware
@@ -82,6 +81,9 @@ def create_app(
         grpc_server = None
         try:
             if settings.grpc_port:  # the same state, registry and batchers as HTTP
+                # imported here: with --grpc-port 0 neither grpcio nor tritonclient is loaded
+                from service.grpc_server import start_grpc_server
+
                 grpc_server = await start_grpc_server(state)
             yield
         finally:
