@@ -32,16 +32,18 @@ case $step in
 4)
   for _ in $(seq 150); do [ -e "$models/done" ] && break; sleep 1; done
   cp /tmp/export.log "$OUT"/export.log; tail -3 /tmp/export.log; ls -la "$models"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$parts"/py_spy-*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pyspy "$parts"/py_spy-*.whl
   python3 -m pip install -q --no-index --no-deps --target /tmp/zstd-py "$parts"/zstandard-*.whl
   cat "$parts"/ort.part.0* | PYTHONPATH=/tmp/zstd-py python3 -c "import sys, zstandard
 zstandard.ZstdDecompressor(max_window_size=2**31).copy_stream(sys.stdin.buffer, sys.stdout.buffer)" \
     | tar -x -C "$site"
-  export PYTHONPATH=$site:$PWD PATH=$site/bin:$PATH
+  export PYTHONPATH=$site:$PWD PATH=/tmp/pyspy/bin:$site/bin:$PATH
   python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
   timeout 120 python3 -m pytest -m cuda tests/service/test_runner.py -q -p no:cacheprovider \
     >"$OUT/pytest.log" 2>&1
   echo "pytest -m cuda tests/service/test_runner.py: $(tail -1 "$OUT/pytest.log")"
-  python3 bench/serve_gpu.py --models-dir "$models" --out "$OUT" --budget-s "${BUDGET_S:-400}"
+  # shellcheck disable=SC2086  # SERVE_GPU_ARGS: e.g. --raw ... --stages --servers ...
+  python3 bench/serve_gpu.py --models-dir "$models" --out "$OUT" --budget-s "${BUDGET_S:-400}" \
+    ${SERVE_GPU_ARGS:-}
   ;;
 esac

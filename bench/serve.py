@@ -315,10 +315,11 @@ def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> 
 
     decode, queue, inference = (mean("smso_decode_seconds"), mean("smso_queue_wait_seconds"),
                                 mean("smso_inference_seconds"))  # fmt: skip
+    round_trip = mean("smso_batch_round_trip_seconds")
     batches = after["smso_batch_size_count"] - before.get("smso_batch_size_count", 0)
     images = after["smso_batch_size_sum"] - before.get("smso_batch_size_sum", 0)
     return {"decode_ms": decode, "queue_ms": queue, "inference_ms": inference,
-            "response_ms": mean_ms - decode - queue - inference,
+            "round_trip_ms": round_trip, "response_ms": mean_ms - decode - queue - round_trip,
             "mean_batch": images / max(batches, 1)}  # fmt: skip
 
 
@@ -453,7 +454,7 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
 
 
 def resnet_model(workdir: Path, name: str = "resnet50", preset: str = "dtd", classes: int = 47,
-                 form: str = "conv", fp16: bool = False) -> Path:  # fmt: skip
+                 form: str = "conv", fp16: bool = False, static: bool = False) -> Path:  # fmt: skip
     """ResNet-50 SMSO (p = 2,048), random weights (seed 0), at ``preset``'s size (``dtd``:
     448 px, resize 512; ``image_folder``: 224 px, resize 256; ImageNet mean and std), exported
     to ``workdir/<name>.onnx`` in SMSO ``form`` (parity checked)."""
@@ -470,7 +471,7 @@ def resnet_model(workdir: Path, name: str = "resnet50", preset: str = "dtd", cla
     checkpoint = save_checkpoint(workdir / f"{name}.pt", model, preset=PRESETS[preset].to_dict(),
                                  classes=[f"class{k}" for k in range(classes)])  # fmt: skip
     return export_checkpoint(checkpoint, workdir / f"{name}.onnx", form=form,  # type: ignore[arg-type]
-                             fp16=fp16, batch_sizes=(1, 2)).path  # fmt: skip
+                             fp16=fp16, batch_sizes=(1, 2), dynamic_size=not static).path  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -169,8 +169,8 @@ class GpuSampler:
 # --- 2. the models -------------------------------------------------------------------------
 
 
-def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224
-               ) -> tuple[str, str, float]:  # fmt: skip
+def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224,
+               static: bool = False) -> tuple[str, str, float]:  # fmt: skip
     """One export of ResNet-50 SMSO p = 2,048, 1,000 classes, at 224 px (the ``image_folder``
     preset) or 448 px (the ``dtd`` preset: resize 512): ``bench/serve.py``'s model."""
     import torch
@@ -178,7 +178,7 @@ def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 3))
     start = time.perf_counter()
     preset = {224: "image_folder", 448: "dtd"}[side]
-    path = resnet_model(Path(workdir), name, preset, 1000, form, fp16)
+    path = resnet_model(Path(workdir), name, preset, 1000, form, fp16, static)
     return name, str(path), time.perf_counter() - start
 
 
@@ -186,10 +186,12 @@ def models(workdir: Path, smoke: bool) -> dict[str, Any]:
     """``name -> path`` of the exports (the shipped model alone with ``smoke``); an export
     already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is."""
     if smoke:
-        return {"paths": {"fp32-conv": str(SHIPPED)}, "export_s": {}}
+        return {"paths": {"fp32-conv": str(SHIPPED), "fp32-conv-static": str(SHIPPED)},
+                "export_s": {}}  # fmt: skip
     variants = [("fp32-conv", "conv", False, 224), ("fp32-covariance", "covariance", False, 224),
                 ("fp16-conv", "conv", True, 224), ("fp32-conv-448", "conv", False, 448),
-                ("fp32-covariance-448", "covariance", False, 448)]  # fmt: skip
+                ("fp32-covariance-448", "covariance", False, 448),
+                ("fp32-conv-static", "conv", False, 224, True)]  # fmt: skip
     paths = {v[0]: str(workdir / f"{v[0]}.onnx") for v in variants}
     seconds: dict[str, float] = {}
     missing = [v for v in variants if not (workdir / f"{v[0]}.onnx").exists()]
@@ -390,12 +392,16 @@ def py_spy(pid: int, seconds: float, out: Path, name: str) -> dict[str, Any]:
     record = subprocess.run(
         [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
          "--format", "speedscope", "--output", str(out / f"{name}.speedscope.json"),
-         "--threads", "--nonblocking"],
+         "--threads", "--idle", "--nonblocking"],
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
-    dump = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
-    (out / f"{name}.dump.txt").write_text(dump.stdout + dump.stderr)
+    dumps = []
+    for _ in range(3):  # snapshots of every thread, a second apart
+        dump = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        dumps.append(dump.stdout + dump.stderr)
+        time.sleep(1.0)
+    (out / f"{name}.dump.txt").write_text("\n\n".join(dumps))
     return {"record_status": record.returncode, "record_stderr": record.stderr[-500:]}
 
 
@@ -421,7 +427,12 @@ def _drive(base: str, process: Any, ready_s: float, result: dict[str, Any], clie
     from service.card import parse_card
 
     result["ready_s"] = ready_s
-    card = httpx.get(f"{base}/metadata", timeout=10).json()["card"]
+    for _ in range(100):  # with several workers, /readyz may have been answered by one of them
+        answer = httpx.get(f"{base}/metadata", timeout=10)
+        if answer.status_code == 200:
+            break
+        time.sleep(0.2)
+    card = answer.raise_for_status().json()["card"]
     name, _ = parse_card({"smso.model_card": json.dumps(card)})
     routes = {"/classify JPEG": (f"{base}/classify", "jpeg"),
               "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32")}  # fmt: skip
@@ -495,6 +506,7 @@ def decoding(files: list[bytes], preprocessing: dict[str, Any], workers: list[in
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"Machine: {json.dumps(report['machine'])}", ""]
     raw = report.get("raw", {})
+    raw = {k: r for k, r in raw.items() if "by_batch" in r}
     if raw:
         columns = sorted({int(b) for r in raw.values() for b in r["by_batch"]})
         lines += ["| export | mode | " + " | ".join(f"batch {b} img/s (ms)" for b in columns)
@@ -519,8 +531,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"Server `{variant}` ({result['env'] or 'defaults'}), ready after "
                   f"{result['ready_s']:.1f} s:", "",
                   "| route | clients | req/s | p50 ms | p95 ms | p99 ms | decode | queue | "
-                  "inference | rest | mean batch | GPU util % |",
-                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+                  "inference | round trip | rest | mean batch | GPU util % |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
         for load in result["loads"]:
             if not load.get("requests"):
                 lines.append(
@@ -533,7 +545,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {load['route']} | {load['concurrency']} | {load['requests_per_second']:,.0f} "
                 f"| {load['p50_ms']:.1f} | {load['p95_ms']:.1f} | {load['p99_ms']:.1f} | "
                 f"{s['decode_ms']:.2f} | {s['queue_ms']:.2f} | {s['inference_ms']:.2f} | "
-                f"{s['response_ms']:.2f} | {s['mean_batch']:.1f} | {util} |"
+                f"{s.get('round_trip_ms', 0.0):.2f} | {s['response_ms']:.2f} | "
+                f"{s['mean_batch']:.1f} | {util} |"
             )
         lines.append("")
     decode = report.get("decoding")
@@ -563,6 +576,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="export here and reuse the exports found here (default: a temporary folder)",
     )
     parser.add_argument("--export-only", action="store_true", help="export the models, then stop")
+    parser.add_argument("--raw", nargs="*", default=None, metavar="EXPORT/MODE",
+                        help="raw-session runs (default: every export plainly, fp32-conv with "
+                        "io-binding, fp32-conv-static with cuda-graphs)")  # fmt: skip
+    parser.add_argument("--stages", nargs="*", default=["profile", "decoding"],
+                        choices=["profile", "decoding"], help="optional stages to run")  # fmt: skip
+    parser.add_argument("--servers", nargs="*",
+                        default=["cuda", "cuda-2-in-flight", "cuda-graphs", "workers"],
+                        choices=["cuda", "cuda-2-in-flight", "cuda-static", "cuda-graphs",
+                                 "workers"],
+                        help="server variants to load (the first is profiled)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.smoke:
         args.seconds, args.concurrency, args.batches = 1.0, [1, 4], [1, 8]
@@ -594,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.export_only:
             return 0
         raw_plan = [(name, "plain") for name in paths] + [("fp32-conv", "io-binding"),
-                                                          ("fp32-conv", "cuda-graphs")]  # fmt: skip
+                                                          ("fp32-conv-static", "cuda-graphs")]  # fmt: skip
+        if args.raw is not None:
+            raw_plan = [tuple(item.split("/", 1)) for item in args.raw]
         report["raw"] = {}
         for name, mode in raw_plan:
             if not budget.allows(60 + 200):
@@ -606,8 +631,9 @@ def main(argv: list[str] | None = None) -> int:
                                                               providers, args.seconds / 5)  # fmt: skip
             print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']}", flush=True)
             save()
-        with stage(report, "ort_profile"):
-            report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
+        if "profile" in args.stages:
+            with stage(report, "ort_profile"):
+                report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
                                                 if args.smoke else CUDA_PROVIDERS,
                                                 8 if args.smoke else 64, 5, Path(tmp))  # fmt: skip
         save()
@@ -623,19 +649,27 @@ def main(argv: list[str] | None = None) -> int:
         payloads = {"jpeg": files, "fp32": oip_bodies(files, np.stack([pre(f) for f in files]))}
         clients = Clients(payloads, args.client_processes)
         report["server"] = {}
-        workers = str(2 if args.smoke else 4)
-        variants = {"cuda": {}, "cuda-graphs": {"SMSO_CUDA_GRAPHS": "true"},
-                    f"{workers}-workers": {"SMSO_WORKERS": workers}}  # fmt: skip
+        workers = "2" if args.smoke else "4"
+        # name -> (export, settings): the default server, then one change at a time
+        variants = {
+            "cuda": ("fp32-conv", {}),
+            "cuda-2-in-flight": ("fp32-conv", {"SMSO_BATCHES_IN_FLIGHT": "2"}),
+            "cuda-static": ("fp32-conv-static", {}),
+            "cuda-graphs": ("fp32-conv-static", {"SMSO_CUDA_GRAPHS": "true"}),
+            "workers": ("fp32-conv", {"SMSO_WORKERS": workers}),
+        }
         try:
-            for variant, env in variants.items():
+            for variant, (model, env) in variants.items():
+                if variant not in args.servers:
+                    continue
                 if not budget.allows(120):
                     report["skipped"].append(f"server {variant}")
                     continue
                 env = {"SMSO_PROVIDERS": providers} | env
                 try:
                     report["server"][variant] = serve_loads(
-                        paths["fp32-conv"], variant, env, clients, args, out,
-                        profile=variant == "cuda",
+                        paths[model], variant, env, clients, args, out,
+                        profile=variant == args.servers[0],
                     )  # fmt: skip
                 except Exception as error:  # one variant's failure: recorded, the rest go on
                     report["server"][variant] = {"error": f"{type(error).__name__}: {error}"}
@@ -643,7 +677,9 @@ def main(argv: list[str] | None = None) -> int:
                 save()
         finally:
             clients.close()
-        if budget.allows(30):
+        if "decoding" not in args.stages:
+            pass
+        elif budget.allows(30):
             cores = os.cpu_count() or 2
             workers = sorted({1, max(1, cores // 4), max(1, cores // 2), cores})
             with stage(report, "decoding"):

@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="simplify the graph with onnxruntime's offline optimisation (float32 "
                         "only: with --fp16 it would make the convolutions compute in "
                         "float32)")  # fmt: skip
+    parser.add_argument(
+        "--static-size",
+        action="store_true",
+        help="fix the input's height and width at the trained size (the batch stays dynamic): "
+        "no shape arithmetic is left in the graph, so every node runs on CUDA, as the server's "
+        "CUDA graphs (--cuda-graphs) require; by default any size is accepted",
+    )
     parser.add_argument("--data-root", help="dataset folder for the parity check on real images "
                         "(default: the one the checkpoint was trained on)")  # fmt: skip
     parser.add_argument("--name", help="the name the model is served under (smso-serve's "
@@ -86,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = export_checkpoint(
                 args.checkpoint, output, args.form, args.opset, args.fp16, args.optimize,
                 args.data_root, name=args.name, version=args.version,
+                dynamic_size=not args.static_size,
             )  # fmt: skip
         except (ParityError, ExportError) as error:
             print(f"smso-export: {error}; nothing was written", file=sys.stderr)

@@ -7,7 +7,10 @@
    with the smaller modelled cost at the trained input size with ``form="auto"``);
 2. trace with ``torch.onnx.export(dynamo=True)``: input ``image`` ``(N, C, H, W)`` float32 with a
    dynamic batch, and dynamic ``H, W`` where the model allows it (falling back to the trained size
-   where it does not); outputs ``logits (N, K)`` and ``embedding (N, p)``;
+   where it does not) unless ``dynamic_size=False``; outputs ``logits (N, K)`` and
+   ``embedding (N, p)``. A fixed size leaves no shape arithmetic in the graph (with a dynamic
+   size the head's ``n = h w`` is computed from the input's shape, in small operators that
+   onnxruntime places on the CPU): every node then runs on CUDA, which CUDA graphs require;
 3. simplify a float32 graph with onnxruntime's offline optimisation (the portable "basic"
    level: constant folding and redundant-node removal, no hardware-specific fused operators).
    ``fp16=True`` traces the backbone in float16 instead, the head and classifier in float32
@@ -119,8 +122,10 @@ def _head_form(
     return form, choice
 
 
-def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int) -> onnx.ModelProto:
-    """Trace with a dynamic batch, and dynamic H, W unless the model needs its trained size."""
+def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int,
+           dynamic_size: bool = True) -> onnx.ModelProto:  # fmt: skip
+    """Trace with a dynamic batch, and dynamic H, W unless the model needs its trained size or
+    ``dynamic_size`` is off."""
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     # n = h * w >= 4 positions after the backbone's stride: a covariance needs n >= 2
     side_min = 2 * stride
@@ -129,7 +134,8 @@ def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int) 
         3: torch.export.Dim("width", min=side_min, max=MAX_SIDE),
     }
     errors = []
-    for dynamic in ({0: batch, **size}, {0: batch}):
+    tries = ({0: batch, **size}, {0: batch}) if dynamic_size else ({0: batch},)
+    for dynamic in tries:
         try:
             program = torch.onnx.export(
                 module, (example,), input_names=["image"], output_names=["logits", "embedding"],
@@ -222,6 +228,7 @@ def export_checkpoint(
     batch_sizes: tuple[int, ...] = (1, 3, 8),
     name: str | None = None,
     version: str | None = None,
+    dynamic_size: bool = True,
 ) -> ExportResult:
     """Export ``checkpoint`` to ``output`` (see the module docstring); returns the result.
 
@@ -244,7 +251,7 @@ def export_checkpoint(
     module = exportable(model, traced_form)  # the float32 reference parity compares with
     traced = exportable(model, traced_form, precision) if fp16 else module
     example = torch.randn(2, channels, side, side)
-    proto = _trace(traced, example, opset, stride)
+    proto = _trace(traced, example, opset, stride, dynamic_size)
     dims = proto.graph.input[0].type.tensor_type.shape.dim
     dynamic_size = bool(dims[2].dim_param) and bool(dims[3].dim_param)
 

@@ -99,6 +99,12 @@ class OnnxBackend:
             raise
         except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...
             message = str(error).splitlines()[0][:300]
+            if "graph capture" in message:  # enable_cuda_graph with nodes on the CPU
+                raise ValueError(
+                    f"{path} cannot run in CUDA graphs: onnxruntime places some of its nodes on "
+                    "the CPU (the shape arithmetic of a model exported for any image size); "
+                    "export it with `smso-export --static-size`, or turn cuda_graphs off"
+                ) from None
             raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.card, self.card_dict = parse_card(metadata)

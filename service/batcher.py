@@ -63,7 +63,11 @@ class BatchStats:
 
     size: int
     queue_wait_s: list[float]
+    #: the inference thread's time on the batch: stacking, padding, the onnxruntime call, copies
     inference_s: float
+    #: from the batch's dispatch to its results back on the event loop: ``inference_s`` plus
+    #: the wait for the inference thread (an earlier batch in flight) and for the event loop
+    round_trip_s: float = 0.0
 
 
 class MicroBatcher:
@@ -81,7 +85,10 @@ class MicroBatcher:
         on_depth: Callable[[int], None] | None = None,
         tracer: Tracer | None = None,
         span_attributes: dict[str, str] | None = None,
+        in_flight: int = 1,
     ) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, not {in_flight}")
         self._run = run
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -95,6 +102,10 @@ class MicroBatcher:
         self._on_depth = on_depth  # told the images waiting after a request's and a batch's turn
         self._tracer = tracer or trace.get_tracer(__name__)
         self._span_attributes = span_attributes or {}
+        #: batches dispatched before the last one's results are back: with 2, the next batch
+        #: waits in the inference thread's queue and starts the moment the thread is free,
+        #: not when the event loop has taken the last one's results
+        self.in_flight = in_flight
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
 
@@ -194,16 +205,31 @@ class MicroBatcher:
 
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            jobs = await self._take_batch()
-            self._report_depth()  # also when all its callers have gone: nothing runs
+        slots = asyncio.Semaphore(self.in_flight)
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await slots.acquire()  # a batch is taken only once one may be dispatched
+                jobs = await self._take_batch()
+                self._report_depth()  # also when all its callers have gone: nothing runs
+                task = loop.create_task(self._dispatch(loop, jobs, slots))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:  # stop() has drained the queue; cancelled otherwise: let the batches finish
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+
+    async def _dispatch(
+        self, loop: asyncio.AbstractEventLoop, jobs: list[_Job], slots: asyncio.Semaphore
+    ) -> None:
+        try:
             live = [job for job in jobs if not job.future.done()]  # callers that gave up: skip
-            try:
-                if live:
-                    await self._process(loop, live)
-            finally:
-                for _ in jobs:
-                    self._queue.task_done()
+            if live:
+                await self._process(loop, live)
+        finally:
+            slots.release()
+            for _ in jobs:
+                self._queue.task_done()
 
     def _trace(self, jobs: list[_Job], start_ns: int, end_ns: int) -> None:
         """Each traced job's ``queue`` (queued to its batch's start) and ``inference`` (its
@@ -219,23 +245,28 @@ class MicroBatcher:
                                                 start_time=start_ns)  # fmt: skip
             inference.end(end_time=end_ns)
 
-    def _stack_run(self, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _stack_run(self, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, float]:
         """Stack and run, in the worker thread: a batch of 64 ImageNet-sized images is 38 MB
-        to copy, which would hold up the event loop for milliseconds."""
-        return self._run(np.stack(images))  # (N, C, H, W)
+        to copy, which would hold up the event loop for milliseconds. Also returns the
+        thread's seconds on it."""
+        start = time.perf_counter()
+        logits, embedding = self._run(np.stack(images))  # (N, C, H, W)
+        return logits, embedding, time.perf_counter() - start
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
         waits = [start - job.enqueued for job in jobs]
         try:
             images = [job.image for job in jobs]
-            logits, embedding = await loop.run_in_executor(self._executor, self._stack_run, images)
+            logits, embedding, inference = await loop.run_in_executor(
+                self._executor, self._stack_run, images
+            )
         except Exception as error:  # delivered to every caller of the batch
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(error)
             return
-        inference = time.perf_counter() - start
+        round_trip = time.perf_counter() - start
         self._last_inference_s = inference
         self._trace(jobs, start_ns, time.time_ns())
         for i, job in enumerate(jobs):
@@ -243,6 +274,6 @@ class MicroBatcher:
                 job.future.set_result((logits[i], embedding[i]))
         if self._on_batch is not None:
             try:
-                self._on_batch(BatchStats(len(jobs), waits, inference))
+                self._on_batch(BatchStats(len(jobs), waits, inference, round_trip))
             except Exception:  # a metrics hook must not stop the consumer: every later job hangs
                 log.exception("the on_batch hook failed")

@@ -99,7 +99,14 @@ class Metrics:
             MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.inference = Histogram(
-            "smso_inference_seconds", "One onnxruntime call on a batch",
+            "smso_inference_seconds",
+            "The inference thread's time on a batch: stacking, the onnxruntime call, copies",
+            MODEL, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.round_trip = Histogram(
+            "smso_batch_round_trip_seconds",
+            "A batch's dispatch to its results back on the event loop: inference, and the wait "
+            "for the inference thread and for the event loop",
             MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.batch_size = Histogram(
@@ -118,15 +125,17 @@ class Metrics:
     def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
         """What a model's batcher calls after each batch: its size, inference time and each
         image's wait, labelled with the model."""
-        size, inference = (
+        size, inference, round_trip = (
             self.batch_size.labels(model, version),
             self.inference.labels(model, version),
+            self.round_trip.labels(model, version),
         )
         wait = self.queue_wait.labels(model, version)
 
         def observe(stats: BatchStats) -> None:
             size.observe(stats.size)
             inference.observe(stats.inference_s)
+            round_trip.observe(stats.round_trip_s)
             for seconds in stats.queue_wait_s:
                 wait.observe(seconds)
 

@@ -71,6 +71,11 @@ class Settings(BaseSettings):
         description="how long, as a fraction of the last batch's inference time, a batch waits "
         "for images being decoded (at least max_wait_ms; 0: max_wait_ms only)",
     )  # fmt: skip
+    batches_in_flight: int = Field(
+        1, ge=1, le=8,
+        description="batches dispatched to the inference thread before the last one's results "
+        "are back (2: the next batch starts the moment the thread is free)",
+    )  # fmt: skip
     queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
     max_inflight: int = Field(
         0, ge=0,
@@ -117,6 +122,12 @@ class Settings(BaseSettings):
         description="let onnxruntime's threads busy-wait between operators (lower latency on "
         "a dedicated machine; off: they leave the cores to decoding and HTTP)",
     )
+    gil_switch_interval_ms: float = Field(
+        0.0, ge=0, le=100,
+        description="how long a Python thread may hold the GIL while another waits for it "
+        "(sys.setswitchinterval); 0: Python's default, 5 ms. Lower lets the inference and "
+        "decoding threads take it back sooner from a busy event loop",
+    )  # fmt: skip
     engine_cache_dir: Path | None = Field(
         None,
         description="TensorRT: folder for its engines and timing cache (a volume in a container), "

@@ -68,6 +68,27 @@ def test_the_file_has_named_inputs_and_outputs_with_dynamic_batch_and_size(expor
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
 
 
+def test_a_static_size_export_has_no_shape_arithmetic_and_says_so(trained_run, tmp_path, exported):
+    """--static-size: H and W fixed, the batch still dynamic, no Shape node left (onnxruntime
+    would place the shape arithmetic on the CPU, which CUDA graphs refuse); same answers."""
+    assert any(n.op_type == "Shape" for n in onnx.load(exported).graph.node)  # what it removes
+    assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "s.onnx"),
+                        "--static-size"]) == 0  # fmt: skip
+    model = onnx.load(tmp_path / "s.onnx")
+    dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert isinstance(dims[0], str)
+    assert dims[1:] == [1, 28, 28]
+    assert not any(n.op_type == "Shape" for n in model.graph.node)
+    assert card_of(tmp_path / "s.onnx")["input"]["dynamic_size"] is False
+    images = np.random.default_rng(0).random((3, 1, 28, 28), np.float32)
+    got, want = (
+        session(tmp_path / "s.onnx").run(None, {"image": images}),
+        session(exported).run(None, {"image": images}),
+    )
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_the_conv_form_graph_holds_no_c_by_c_tensor_and_the_covariance_form_does(
     trained_run, exported, tmp_path
 ):

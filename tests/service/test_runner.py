@@ -3,6 +3,8 @@ model; the IO-binding runner on the CPU here, and on CUDA where there is a GPU (
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -93,7 +95,15 @@ cuda = pytest.mark.skipif(
 @pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("mode", ["buckets", "io-binding", "cuda-graphs"])
-def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
+def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode, tmp_path):
+    if mode == "cuda-graphs":  # every node on CUDA: the shipped file computes its size at run time
+        with pytest.raises(ValueError, match="--static-size"):
+            OnnxBackend(shipped_model, BackendOptions(providers=f"{CUDA},CPUExecutionProvider",
+                                                      max_batch=8, cuda_graphs=True))  # fmt: skip
+        from export.onnx_export import export_checkpoint
+
+        shipped_model = export_checkpoint(Path(shipped_model).with_name("model.pt"),
+                                          tmp_path / "static.onnx", dynamic_size=False).path  # fmt: skip
     options = BackendOptions(
         providers=f"{CUDA},CPUExecutionProvider", max_batch=8,
         io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs",
@@ -107,5 +117,6 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
         batch = images(n, seed=20 + n)
         logits, embedding = backend.run(batch)
         want_logits, want_embedding = reference(session, batch)
-        np.testing.assert_allclose(logits, want_logits, rtol=1e-3, atol=1e-3)
-        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-3, atol=1e-3)
+        # CUDA's convolutions use TF32 (10-bit mantissa) by default: 1.2e-3 seen on an H100
+        np.testing.assert_allclose(logits, want_logits, rtol=5e-3, atol=5e-3)
+        np.testing.assert_allclose(embedding, want_embedding, rtol=5e-3, atol=5e-3)
