@@ -23,7 +23,8 @@ case $step in
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu-stage/wheels/*.whl
   # the exports run on while the other parts arrive (a new session outlives this call)
-  PYTHONPATH=$site:$PWD setsid bash -c "python3 bench/serve_gpu.py --export-only \
+  # shellcheck disable=SC2086  # EXPORTS: e.g. "--exports fp32-conv"
+  PYTHONPATH=$site:$PWD setsid bash -c "python3 bench/serve_gpu.py --export-only ${EXPORTS:-} \
     --models-dir $models --out /tmp/export-out >/tmp/export.log 2>&1; touch $models/done" \
     </dev/null >/dev/null 2>&1 &
   sleep 5; cat /tmp/export.log

@@ -182,7 +182,7 @@ def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224,
     return name, str(path), time.perf_counter() - start
 
 
-def models(workdir: Path, smoke: bool) -> dict[str, Any]:
+def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[str, Any]:
     """``name -> path`` of the exports (the shipped model alone with ``smoke``); an export
     already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is."""
     if smoke:
@@ -192,6 +192,8 @@ def models(workdir: Path, smoke: bool) -> dict[str, Any]:
                 ("fp16-conv", "conv", True, 224), ("fp32-conv-448", "conv", False, 448),
                 ("fp32-covariance-448", "covariance", False, 448),
                 ("fp32-conv-static", "conv", False, 224, True)]  # fmt: skip
+    if only:
+        variants = [v for v in variants if v[0] in only]
     paths = {v[0]: str(workdir / f"{v[0]}.onnx") for v in variants}
     seconds: dict[str, float] = {}
     missing = [v for v in variants if not (workdir / f"{v[0]}.onnx").exists()]
@@ -576,15 +578,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="export here and reuse the exports found here (default: a temporary folder)",
     )
     parser.add_argument("--export-only", action="store_true", help="export the models, then stop")
+    parser.add_argument("--exports", nargs="*", default=None,
+                        help="export only these (default: all six)")  # fmt: skip
     parser.add_argument("--raw", nargs="*", default=None, metavar="EXPORT/MODE",
                         help="raw-session runs (default: every export plainly, fp32-conv with "
                         "io-binding, fp32-conv-static with cuda-graphs)")  # fmt: skip
     parser.add_argument("--stages", nargs="*", default=["profile", "decoding"],
                         choices=["profile", "decoding"], help="optional stages to run")  # fmt: skip
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                        help="py-spy on the first server variant under load")  # fmt: skip
     parser.add_argument("--servers", nargs="*",
                         default=["cuda", "cuda-2-in-flight", "cuda-graphs", "workers"],
                         choices=["cuda", "cuda-2-in-flight", "cuda-static", "cuda-graphs",
-                                 "workers"],
+                                 "workers", "workers-graphs"],
                         help="server variants to load (the first is profiled)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.smoke:
@@ -610,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="serve-gpu-") as tmp:
         workdir = args.models_dir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        exported = models(workdir, args.smoke)
+        exported = models(workdir, args.smoke, args.exports)
         report["export_s"] = exported["export_s"]
         paths = exported["paths"]
         print(f"exported: {exported['export_s']}", flush=True)
@@ -657,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             "cuda-static": ("fp32-conv-static", {}),
             "cuda-graphs": ("fp32-conv-static", {"SMSO_CUDA_GRAPHS": "true"}),
             "workers": ("fp32-conv", {"SMSO_WORKERS": workers}),
+            "workers-graphs": ("fp32-conv", {"SMSO_WORKERS": workers, "SMSO_CUDA_GRAPHS": "true"}),
         }
         try:
             for variant, (model, env) in variants.items():
@@ -669,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     report["server"][variant] = serve_loads(
                         paths[model], variant, env, clients, args, out,
-                        profile=variant == args.servers[0],
+                        profile=args.profile and variant == args.servers[0],
                     )  # fmt: skip
                 except Exception as error:  # one variant's failure: recorded, the rest go on
                     report["server"][variant] = {"error": f"{type(error).__name__}: {error}"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -63,8 +62,6 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.gil_switch_interval_ms:  # the process's, for every thread
-            sys.setswitchinterval(settings.gil_switch_interval_ms / 1e3)
         # The server accepts connections at once (/healthz answers, /readyz says "loading");
         # loading and warm-up run in the background and turn /readyz ready when done.
         if settings.api_key is None:

@@ -4,11 +4,14 @@ The app talks to a :class:`Backend` only, so tests can put a fake, slow or faili
 place. :class:`OnnxBackend` loads a file written by smso-export, reads its model card, starts a
 session on the providers :func:`service.providers.choose_providers` picks, and runs batches
 through a :mod:`service.runner` (padded to batch-size buckets on a GPU, through IO binding and
-CUDA graphs where asked).
+CUDA graphs where asked). On CUDA every bucket gets a session of its own with all shapes fixed
+(see :mod:`service.runner` for why); the session that chose the providers is kept for the
+largest bucket's shape-independent uses (metadata) only until those are built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,15 @@ import numpy as np
 import onnxruntime as ort
 
 from service.card import ModelCard, parse_card
-from service.providers import ACCELERATED, CPU, CUDA, Accelerator, choose_providers, has_nvidia_gpu
+from service.providers import (
+    ACCELERATED,
+    CPU,
+    CUDA,
+    Accelerator,
+    choose_providers,
+    has_nvidia_gpu,
+    shaped_session,
+)
 from service.runner import BoundRunner, PlainRunner, Runner, buckets
 
 __all__ = ["Backend", "BackendOptions", "OnnxBackend", "choose_providers", "read_card"]
@@ -85,53 +96,82 @@ class OnnxBackend:
         path = Path(path)
         options = options or BackendOptions()
         try:
-            accelerator = None
+            self._accelerator = None
+            probe = None
             if _may_accelerate(options.providers):  # TensorRT's profile needs the input size
                 spec = read_card(path).input
-                accelerator = Accelerator(
+                self._accelerator = Accelerator(
                     (spec.channels, spec.height, spec.width), options.max_batch,
                     options.engine_cache_dir, options.trt_fp16, options.cuda_graphs,
                 )  # fmt: skip
+                # CUDA graphs are captured by the per-bucket sessions, whose shapes are fixed
+                probe = dataclasses.replace(self._accelerator, cuda_graphs=False)
             self.session, self.providers = choose_providers(
-                options.providers, path, options.threads, options.spinning, accelerator
+                options.providers, path, options.threads, options.spinning, probe
             )
         except ValueError:
             raise
         except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...
             message = str(error).splitlines()[0][:300]
-            if "graph capture" in message:  # enable_cuda_graph with nodes on the CPU
-                raise ValueError(
-                    f"{path} cannot run in CUDA graphs: onnxruntime places some of its nodes on "
-                    "the CPU (the shape arithmetic of a model exported for any image size); "
-                    "export it with `smso-export --static-size`, or turn cuda_graphs off"
-                ) from None
             raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.card, self.card_dict = parse_card(metadata)
         names = [o.name for o in self.session.get_outputs()]
         if names[:2] != ["logits", "embedding"] and set(names) != {"logits", "embedding"}:
             raise ValueError(f"{path} has outputs {names}; expected logits and embedding")
-        self.warmup_batches, self._runner = self._runner_for(options)
+        self.warmup_batches, self._runner = self._runner_for(path, options)
         log.info("loaded %s on %s (%s)", path, ", ".join(self.providers), self.mode)
 
-    def _runner_for(self, options: BackendOptions) -> tuple[list[int], Runner]:
+    def _bucket_sessions(self, path: Path, options: BackendOptions, sizes: list[int]
+                         ) -> dict[int, ort.InferenceSession]:  # fmt: skip
+        """A CUDA session per bucket, its input's symbolic dimensions fixed to the bucket's
+        size and the card's image size."""
+        spec = self.card.input
+        fixed = (None, spec.channels, spec.height, spec.width)
+        dims = self.session.get_inputs()[0].shape  # e.g. ["batch", 1, "height", "width"]
+        sessions = {}
+        for size in sizes:
+            free = {name: value or size for name, value in zip(dims, fixed, strict=True)
+                    if isinstance(name, str)}  # fmt: skip
+            try:
+                sessions[size] = shaped_session(
+                    path, self.providers, options.threads, options.spinning, self._accelerator,
+                    free,
+                )  # fmt: skip
+            except Exception as error:  # onnxruntime's own types
+                message = str(error).splitlines()[0][:300]
+                if "graph capture" in message:  # enable_cuda_graph with nodes on the CPU
+                    raise ValueError(
+                        f"{path} cannot run in CUDA graphs: onnxruntime places some of its "
+                        "nodes on the CPU even with every shape fixed (operators its CUDA "
+                        "provider lacks); turn cuda_graphs off"
+                    ) from None
+                raise ValueError(f"{path}: no CUDA session for batches of {size}: {message}"
+                                 ) from None  # fmt: skip
+        return sessions
+
+    def _runner_for(self, path: Path, options: BackendOptions) -> tuple[list[int], Runner]:
         """Warm-up batches and the runner: buckets padded on an accelerator, exact on the CPU."""
         sizes = buckets(options.max_batch)
         first = self.providers[0]
         if first not in ACCELERATED:
             self.mode = "plain"
             return sizes, PlainRunner(self.session)
+        sessions: ort.InferenceSession | dict[int, ort.InferenceSession] = self.session
+        if first == CUDA:
+            sessions = self._bucket_sessions(path, options, sizes)
+            self.session = sessions[sizes[-1]]  # the probe's memory goes
         if first == CUDA and (options.io_binding or options.cuda_graphs):
             spec = self.card.input
             runner = BoundRunner(
-                self.session, (spec.channels, spec.height, spec.width), len(self.card.classes),
+                sessions, (spec.channels, spec.height, spec.width), len(self.card.classes),
                 self.card.model.embedding_dim, sizes, graphs=options.cuda_graphs,
             )  # fmt: skip
             self.mode = "cuda-graphs" if options.cuda_graphs else "io-binding"
             # a CUDA graph is captured on a bucket's second run, after one ordinary run
             return [s for s in sizes for _ in range(2 if options.cuda_graphs else 1)], runner
         self.mode = "buckets"
-        return sizes, PlainRunner(self.session, sizes)
+        return sizes, PlainRunner(sessions, sizes)
 
     def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self._runner(images)

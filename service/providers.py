@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,7 @@ __all__ = [
     "has_nvidia_gpu",
     "prepare_engine_cache",
     "provider_options",
+    "shaped_session",
 ]
 
 log = logging.getLogger(__name__)
@@ -160,10 +161,16 @@ def _quiet() -> Iterator[None]:
 
 
 def _session(
-    path: Path, providers: list[ProviderSpec], threads: int, spinning: bool
+    path: Path,
+    providers: list[ProviderSpec],
+    threads: int,
+    spinning: bool,
+    free_dims: Mapping[str, int] | None = None,
 ) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: no warnings about providers that are absent
+    for name, value in (free_dims or {}).items():  # a symbolic dimension fixed for this session
+        options.add_free_dimension_override_by_name(name, value)
     if threads:
         options.intra_op_num_threads = threads
     # onnxruntime's pool threads busy-wait for work between operators by default; in a server
@@ -171,6 +178,33 @@ def _session(
     # shipped model, more than the inference itself), so they sleep unless asked to spin.
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def _with_options(names: list[str], accelerator: Accelerator | None) -> list[ProviderSpec]:
+    specs = []
+    for name in names:
+        options = provider_options(name, accelerator)
+        if name == CUDA and name != names[0]:
+            # onnxruntime refuses a session whose CUDA provider captures graphs unless every
+            # compute node runs on CUDA: behind TensorRT, CUDA takes what TensorRT cannot
+            options.pop("enable_cuda_graph", None)
+        specs.append((name, options))
+    return specs
+
+
+def shaped_session(
+    path: Path,
+    providers: list[str],
+    threads: int,
+    spinning: bool,
+    accelerator: Accelerator | None,
+    free_dims: Mapping[str, int],
+) -> ort.InferenceSession:
+    """A session on exactly ``providers`` with the input's symbolic dimensions fixed
+    (``free_dims``, e.g. ``{"batch": 8, "height": 224, "width": 224}``): every shape is then
+    known when the graph is optimised, its shape arithmetic folds into constants, and every
+    node can run on the accelerator (which a CUDA graph requires)."""
+    return _session(path, _with_options(providers, accelerator), threads, spinning, free_dims)
 
 
 def choose_providers(
@@ -184,15 +218,7 @@ def choose_providers(
     the providers it really runs on."""
 
     def with_options(names: list[str]) -> list[ProviderSpec]:
-        specs = []
-        for name in names:
-            options = provider_options(name, accelerator)
-            if name == CUDA and name != names[0]:
-                # onnxruntime refuses a session whose CUDA provider captures graphs unless every
-                # compute node runs on CUDA: behind TensorRT, CUDA takes what TensorRT cannot
-                options.pop("enable_cuda_graph", None)
-            specs.append((name, options))
-        return specs
+        return _with_options(names, accelerator)
 
     cache = accelerator.engine_cache_dir if accelerator is not None else None
     if spec != "auto":

@@ -7,6 +7,14 @@ of every size from 1 to ``max_batch``, and no request pays for a first call at a
 padded rows cost at most as much again on the GPU, where small batches are bound by latency, not
 arithmetic; on the CPU, where they would cost the same arithmetic, batches are not padded.
 
+On CUDA each bucket has a session of its own whose shapes are all fixed
+(:func:`service.providers.shaped_session`): onnxruntime's CUDA convolutions (1.20 and later, on
+cuDNN's frontend API) rebuild their execution plans whenever the input shape differs from the
+last call's, which cost about 100 ms per batch of ResNet-50 on an H100 when a server's batches
+alternate between buckets (microsoft/onnxruntime#23006); one shape per session never does, and
+a fixed shape lets the shape arithmetic fold away, so that every node runs on CUDA and can be
+captured in a CUDA graph.
+
 * :class:`PlainRunner`: ``session.run`` on numpy arrays (onnxruntime copies the input to the
   device and the outputs back inside the call).
 * :class:`BoundRunner`: per bucket an IO binding of an input and two outputs that live on the
@@ -20,15 +28,27 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["BoundRunner", "PlainRunner", "Runner", "bucket_for", "buckets"]
+__all__ = ["BoundRunner", "PlainRunner", "Runner", "Sessions", "bucket_for", "buckets"]
 
 #: ``(N, C, H, W) float32 -> (logits (N, K), embedding (N, p))``.
 Runner = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+#: One session for every batch, or one per bucket (``size -> session``).
+Sessions = ort.InferenceSession | Mapping[int, ort.InferenceSession]
+
+
+def _per_bucket(sessions: Sessions, sizes: Sequence[int]) -> dict[int, ort.InferenceSession]:
+    if isinstance(sessions, Mapping):
+        missing = [size for size in sizes if size not in sessions]
+        if missing:
+            raise ValueError(f"no session for the buckets {missing}")
+        return dict(sessions)
+    return dict.fromkeys(sizes, sessions)
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -61,17 +81,26 @@ def _padded(images: np.ndarray, size: int) -> np.ndarray:
 
 
 class PlainRunner:
-    """``session.run`` on numpy arrays; pads to a bucket where ``sizes`` is given."""
+    """``session.run`` on numpy arrays; pads to a bucket (and takes its session) where
+    ``sizes`` is given."""
 
-    def __init__(self, session: ort.InferenceSession, sizes: Sequence[int] | None = None) -> None:
-        self.session = session
+    def __init__(self, session: Sessions, sizes: Sequence[int] | None = None) -> None:
         self.sizes = list(sizes) if sizes else None
+        if self.sizes is None:
+            if isinstance(session, Mapping):
+                raise ValueError("sessions per bucket need the bucket sizes")
+            self.session = session
+        else:
+            self.sessions = _per_bucket(session, self.sizes)
+            self.session = self.sessions[self.sizes[-1]]
 
     def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = len(images)
+        session = self.session
         if self.sizes is not None:
-            images = _padded(images, bucket_for(n, self.sizes))
-        logits, embedding = self.session.run(["logits", "embedding"], {"image": images})
+            size = bucket_for(n, self.sizes)
+            images, session = _padded(images, size), self.sessions[size]
+        logits, embedding = session.run(["logits", "embedding"], {"image": images})
         return logits[:n], embedding[:n]
 
 
@@ -81,7 +110,7 @@ class BoundRunner:
 
     def __init__(
         self,
-        session: ort.InferenceSession,
+        session: Sessions,
         input_shape: tuple[int, int, int],
         num_classes: int,
         embedding_dim: int,
@@ -90,8 +119,9 @@ class BoundRunner:
         device_id: int = 0,
         graphs: bool = False,
     ) -> None:
-        self.session = session
         self.sizes = list(sizes)
+        self.sessions = _per_bucket(session, self.sizes)
+        self.session = self.sessions[self.sizes[-1]]
         self.graphs = graphs
         self._lock = threading.Lock()  # a binding's buffers serve one call at a time
         self._slots: dict[int, tuple[ort.IOBinding, ort.OrtValue, ort.RunOptions]] = {}
@@ -102,7 +132,7 @@ class BoundRunner:
         for number, size in enumerate(self.sizes):
             image = value((size, *input_shape))
             image.update_inplace(np.zeros((size, *input_shape), np.float32))
-            binding = session.io_binding()
+            binding = self.sessions[size].io_binding()
             binding.bind_ortvalue_input("image", image)
             binding.bind_ortvalue_output("logits", value((size, num_classes)))
             binding.bind_ortvalue_output("embedding", value((size, embedding_dim)))
@@ -118,6 +148,6 @@ class BoundRunner:
         binding, image, options = self._slots[size]
         with self._lock:
             image.update_inplace(np.ascontiguousarray(images, np.float32))
-            self.session.run_with_iobinding(binding, options)
+            self.sessions[size].run_with_iobinding(binding, options)
             logits, embedding = binding.copy_outputs_to_cpu()
         return logits[:n], embedding[:n]

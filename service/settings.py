@@ -122,12 +122,6 @@ class Settings(BaseSettings):
         description="let onnxruntime's threads busy-wait between operators (lower latency on "
         "a dedicated machine; off: they leave the cores to decoding and HTTP)",
     )
-    gil_switch_interval_ms: float = Field(
-        0.0, ge=0, le=100,
-        description="how long a Python thread may hold the GIL while another waits for it "
-        "(sys.setswitchinterval); 0: Python's default, 5 ms. Lower lets the inference and "
-        "decoding threads take it back sooner from a busy event loop",
-    )  # fmt: skip
     engine_cache_dir: Path | None = Field(
         None,
         description="TensorRT: folder for its engines and timing cache (a volume in a container), "

@@ -211,16 +211,19 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "serve_gpu.json").read_text())
     assert report["skipped"] == []
-    assert {"fp32-conv/plain", "fp32-conv/io-binding", "fp32-conv/cuda-graphs"} <= set(
+    assert {"fp32-conv/plain", "fp32-conv/io-binding", "fp32-conv-static/cuda-graphs"} <= set(
         report["raw"]
     )
+    assert all("by_batch" in run for run in report["raw"].values())
     assert report["ort_profile"]["ms_per_run_by_op"]
-    for variant in ("cuda", "cuda-graphs", "2-workers"):
+    assert set(report["server"]) == {"cuda", "cuda-2-in-flight", "cuda-graphs", "workers"}
+    for variant in report["server"]:
         loads = report["server"][variant]["loads"]
         assert len(loads) == 4  # two routes at concurrency 1 and 4
         assert all(load["failures"] == 0 and load["requests"] > 0 for load in loads)
         assert all(
-            set(load["split"]) >= {"decode_ms", "queue_ms", "inference_ms"} for load in loads
+            set(load["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "round_trip_ms"}
+            for load in loads
         )
     assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
     assert "| route | clients | req/s |" in (tmp_path / "serve_gpu.md").read_text()

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from service.backend import BackendOptions, OnnxBackend
-from service.providers import CUDA, has_nvidia_gpu
+from service.providers import CPU, CUDA, has_nvidia_gpu, shaped_session
 from service.runner import BoundRunner, PlainRunner, bucket_for, buckets
 
 
@@ -75,6 +75,31 @@ def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(s
         np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
 
 
+def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_session(
+    shipped_model, session
+):
+    """What the backend builds on CUDA, here on the CPU: each bucket's session has every
+    dimension fixed (no shape arithmetic left to run), and a batch goes to its bucket's."""
+    sizes = buckets(8)
+    per_bucket = {
+        size: shaped_session(Path(shipped_model), [CPU], 1, False, None,
+                             {"batch": size, "height": 28, "width": 28})
+        for size in sizes
+    }  # fmt: skip
+    assert [per_bucket[size].get_inputs()[0].shape for size in sizes] == [
+        [size, 1, 28, 28] for size in sizes
+    ]
+    runner = PlainRunner(per_bucket, sizes)
+    for n in (3, 1, 8, 5):
+        batch = images(n, seed=30 + n)
+        logits, embedding = runner(batch)
+        want_logits, want_embedding = reference(session, batch)
+        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="no session for the buckets"):
+        PlainRunner({1: per_bucket[1]}, sizes)
+
+
 def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
     backend = OnnxBackend(shipped_model, BackendOptions(providers="CPUExecutionProvider",
                                                         max_batch=16))  # fmt: skip
@@ -95,15 +120,7 @@ cuda = pytest.mark.skipif(
 @pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("mode", ["buckets", "io-binding", "cuda-graphs"])
-def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode, tmp_path):
-    if mode == "cuda-graphs":  # every node on CUDA: the shipped file computes its size at run time
-        with pytest.raises(ValueError, match="--static-size"):
-            OnnxBackend(shipped_model, BackendOptions(providers=f"{CUDA},CPUExecutionProvider",
-                                                      max_batch=8, cuda_graphs=True))  # fmt: skip
-        from export.onnx_export import export_checkpoint
-
-        shipped_model = export_checkpoint(Path(shipped_model).with_name("model.pt"),
-                                          tmp_path / "static.onnx", dynamic_size=False).path  # fmt: skip
+def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
     options = BackendOptions(
         providers=f"{CUDA},CPUExecutionProvider", max_batch=8,
         io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs",
@@ -111,6 +128,9 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode, tmp_path)
     backend = OnnxBackend(shipped_model, options)
     assert backend.providers[0] == CUDA
     assert backend.mode == mode
+    sessions = backend._runner.sessions  # one per bucket, each with its shape fixed
+    assert len({id(s) for s in sessions.values()}) == len(sessions) == 4
+    assert sessions[8].get_inputs()[0].shape == [8, 1, 28, 28]
     for size in backend.warmup_batches:
         backend.run(images(size))
     for n in (1, 3, 8, 3):
