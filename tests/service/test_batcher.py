@@ -177,3 +177,49 @@ def test_a_requests_images_are_queued_whole_or_not_at_all_and_the_depth_told_onc
     depths, depth = asyncio.run(scenario())
     assert depths == [2]  # once per request, not per image; nothing for the refused one
     assert depth == 3  # the refused request's first image is queued but cancelled
+
+
+def test_with_two_in_flight_the_next_batch_is_dispatched_while_one_runs():
+    """in_flight=2: a second batch is taken and handed to the inference thread while the first
+    still runs there (the thread runs them one after the other), and every caller is answered;
+    each batch's stats give the thread's time and the longer round trip."""
+    import threading
+
+    release = threading.Event()
+    started: list[int] = []
+    stats = []
+
+    def slow(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        started.append(len(images))
+        if len(started) == 1:
+            release.wait(5)  # the first batch holds the thread until the second is queued
+        flat = images.reshape(len(images), -1)
+        return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
+
+    async def main() -> None:
+        batcher = MicroBatcher(slow, 2, 0.0, 16, on_batch=stats.append, in_flight=2)
+        batcher.start()
+        first = [batcher.submit(image(v)) for v in range(2)]
+        while not started:
+            await asyncio.sleep(0.001)
+        second = [batcher.submit(image(v)) for v in (5, 6)]
+        while batcher.depth:  # taken off the queue while the first batch still runs
+            await asyncio.sleep(0.001)
+        assert started == [2]
+        release.set()
+        outputs = await asyncio.gather(*first, *second)
+        await batcher.stop()
+        assert [float(logits[0]) for logits, _ in outputs] == [0.0, 4.0, 20.0, 24.0]
+
+    run(main())
+    assert [s.size for s in stats] == [2, 2]
+    assert all(s.round_trip_s >= s.inference_s > 0 for s in stats)
+    # the second batch waited at the thread for the first: its round trip is the longer
+    assert (
+        stats[1].round_trip_s - stats[1].inference_s > stats[0].round_trip_s - stats[0].inference_s
+    )
+
+
+def test_in_flight_must_be_at_least_one():
+    with pytest.raises(ValueError, match="in_flight"):
+        MicroBatcher(recorder([]), 2, 0.0, 4, in_flight=0)
