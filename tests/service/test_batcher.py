@@ -206,6 +206,7 @@ def test_with_two_in_flight_the_next_batch_is_dispatched_while_one_runs():
         while batcher.depth:  # taken off the queue while the first batch still runs
             await asyncio.sleep(0.001)
         assert started == [2]
+        await asyncio.sleep(0.05)  # the second batch waits at the thread for at least this
         release.set()
         outputs = await asyncio.gather(*first, *second)
         await batcher.stop()
