@@ -6,29 +6,33 @@ would overrun ``--budget-s`` are skipped and say so):
 1. the machine: GPU, driver, CPU cores, versions;
 2. ResNet-50 SMSO, p = 2,048, 1,000 classes, random weights, the ``image_folder`` preset (resize
    256, crop 224), exported in parallel: float32 with the 1x1-conv form, float32 with the
-   covariance form, float16 with the 1x1-conv form, and both float32 forms at 448 px (the
-   ``dtd`` preset) (``export_checkpoint``, parity checked);
-3. the raw session by batch size (1, 8, 32, 64, 128; at 448 px up to 64) for each export, and
-   for the float32 1x1
-   form also through IO binding and with a CUDA graph per bucket (``service.runner``): images/s
-   and ms per call, the same numpy input each call, no server;
+   covariance form, float16 with the 1x1-conv form, both float32 forms at 448 px (the ``dtd``
+   preset), and the 1x1 form at a fixed size (``--static-size``) (``export_checkpoint``, parity
+   checked; ``--models-dir`` keeps and reuses them, ``--exports`` picks);
+3. the raw session by batch size (1, 8, 32, 64, 128; at 448 px up to 64) for each export, the
+   float32 1x1 form also through IO binding and the fixed-size one with a CUDA graph per bucket
+   (``service.runner``): images/s and ms per call, the same numpy input each call, no server
+   (``--raw`` picks the runs);
 4. onnxruntime's own profiler on the float32 session at batch 64: the time by operator type,
-   with the host-device copies, per run;
+   with the host-device copies, per run (``--stages profile``);
 5. the real server (``smso-serve`` in a subprocess, CUDA provider, max batch 64), time until
    ``/readyz``, then driven by client *processes* (one Python process tops out near 1-2k req/s)
    at 1, 16 and 64 concurrent requests, on ``/classify`` with 640x480 JPEGs and on ``/v2`` with
-   binary FP32 tensors: req/s, p50/p95/p99, the server's stage split from ``/metrics``, GPU
-   utilisation read through NVML once a second (never ``nvidia-smi`` during a load: on some
-   virtual machines it stalls CUDA); for the default server, with CUDA graphs, and with four
-   worker processes;
-6. a sampling profile of the server under the 64-client ``/v2`` load (``py-spy``, where
-   installed: a speedscope file and a dump of every thread);
-7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px.
+   binary FP32 tensors: req/s, p50/p95/p99, the server's stage split from ``/metrics``
+   (decoding, queue, the inference thread's time and the batch's round trip), GPU utilisation
+   read through NVML once a second (never ``nvidia-smi`` during a load: on some virtual machines
+   it stalls CUDA); for each of ``--servers``: the default server, two batches in flight, a
+   fixed-size export, CUDA graphs, four workers, four workers with CUDA graphs;
+6. a sampling profile of the first server under the 64-client ``/v2`` load (``py-spy``, where
+   installed: a speedscope file and three dumps of every thread);
+7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px
+   (``--stages decoding``).
 
-Writes ``OUT/serve_gpu.json`` (with the end of each server's log), ``OUT/serve_gpu.md`` (the
-tables, also printed) and py-spy's two files: five files with ``bench/gpu_serve.sh``'s test log,
-within what a lent machine sends back. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
-the test suite checks).
+A stage that fails is recorded with its error and the run goes on. Writes ``OUT/serve_gpu.json``
+(with the end of each server's log), ``OUT/serve_gpu.md`` (the tables, also printed) and
+py-spy's two files. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
+the test suite checks). On a lent machine that files reach in pieces, ``bench/gpu_lease.sh``
+stages onnxruntime-gpu and runs this script over four calls.
 
     python bench/serve_gpu.py --out /tmp/gpu                  # on a CUDA machine
     python bench/serve_gpu.py --smoke --out /tmp/gpu-smoke    # anywhere, about a minute
