@@ -31,7 +31,17 @@ from service.metrics import counted, labels
 if TYPE_CHECKING:
     from service.registry import LoadedModel
 
-__all__ = ["HEADER", "AccessLog", "RequestRecord", "current", "note_model", "request_id"]
+__all__ = [
+    "HEADER",
+    "AccessLog",
+    "RequestRecord",
+    "begin",
+    "current",
+    "log_access",
+    "note_model",
+    "request_id",
+    "valid_id",
+]
 
 log = logging.getLogger("service.access")
 
@@ -79,10 +89,49 @@ def note_model(model: LoadedModel) -> LoadedModel:
     return model
 
 
+def valid_id(value: bytes | str | None) -> str | None:
+    """A client's request id when it is acceptable (printable ASCII, 1 to 128 characters),
+    else ``None`` (a new one is generated)."""
+    if isinstance(value, str):
+        if not value.isascii():
+            return None
+        value = value.encode("ascii")
+    return value.decode("ascii") if value is not None and _VALID_ID.fullmatch(value) else None
+
+
+def begin(client_id: str | None) -> RequestRecord:
+    """A new request's record, with the client's id or a new one, bound to the current
+    context (its task): every log line emitted in it carries the id."""
+    record = RequestRecord(client_id or uuid.uuid4().hex)
+    _CURRENT.set(record)
+    return record
+
+
+def log_access(method: str, route: str, status: int | str, record: RequestRecord,
+               seconds: float, level: int = logging.INFO) -> None:  # fmt: skip
+    """The request's access line on ``service.access``: what it has of the route template,
+    model, version, status, images and the latency with its split."""
+    if not log.isEnabledFor(level):
+        return
+    fields: dict[str, Any] = {
+        "method": method,
+        "route": route,
+        "status": status,
+        "model": record.model,
+        "version": record.version,
+        "images": record.images,
+        "latency_ms": _ms(seconds),
+        "decode_ms": _ms(record.decode_s),
+        "batch_ms": _ms(record.batch_s),
+    }
+    access = {name: value for name, value in fields.items() if value is not None}
+    log.log(level, "%s %s %s", method, route, status, extra={"access": access})
+
+
 def _client_id(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == _RAW_HEADER:
-            return value.decode("ascii") if _VALID_ID.fullmatch(value) else None
+            return valid_id(value)
     return None
 
 
@@ -102,10 +151,9 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        record = RequestRecord(_client_id(scope) or uuid.uuid4().hex)
         # not reset afterwards: the request's task ends with it, and a last-resort 500 (logged
         # by Starlette's and uvicorn's error handlers, outside this middleware) keeps the id
-        _CURRENT.set(record)
+        record = begin(_client_id(scope))
         exchange = Exchange(receive, send, [(_RAW_HEADER, record.request_id.encode())])
         try:
             await self.app(scope, exchange.receive, exchange.send)
@@ -118,16 +166,4 @@ class AccessLog:
         if not log.isEnabledFor(level):
             return
         method, route, code = labels(scope, status)
-        fields: dict[str, Any] = {
-            "method": method,
-            "route": route,
-            "status": int(code) if code.isdigit() else code,
-            "model": record.model,
-            "version": record.version,
-            "images": record.images,
-            "latency_ms": _ms(seconds),
-            "decode_ms": _ms(record.decode_s),
-            "batch_ms": _ms(record.batch_s),
-        }
-        access = {name: value for name, value in fields.items() if value is not None}
-        log.log(level, "%s %s %s", method, route, code, extra={"access": access})
+        log_access(method, route, int(code) if code.isdigit() else code, record, seconds, level)

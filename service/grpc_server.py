@@ -36,7 +36,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from service import oip
+from service import access, oip
 from service.errors import ServiceError
 from service.oip_codec import (
     DATATYPES,
@@ -152,19 +152,35 @@ def infer_response(model: Any, request_id: str, answer: list[OutputTensor]) -> A
 def _rpc(
     handler: Callable[[InferenceService, Any, grpc.aio.ServicerContext], Awaitable[Reply]],
 ) -> Callable[[InferenceService, Any, grpc.aio.ServicerContext], Awaitable[Reply]]:
-    """An RPC whose :class:`ServiceError` becomes its gRPC status with the same message."""
+    """An RPC whose :class:`ServiceError` becomes its gRPC status with the same message; with
+    a request id (the client's ``x-request-id`` metadata, else a new one) in its log lines and
+    echoed in the response's initial metadata, and one access line when it ends (liveness and
+    readiness at DEBUG, as HTTP health checks)."""
+    route = f"/inference.GRPCInferenceService/{handler.__name__}"
+    level = logging.DEBUG if handler.__name__ in ("ServerLive", "ServerReady") else logging.INFO
 
     async def rpc(self: InferenceService, request: Any, context: grpc.aio.ServicerContext
                   ) -> Reply:  # fmt: skip
+        start = time.perf_counter()
+        metadata = dict(context.invocation_metadata() or ())
+        record = access.begin(access.valid_id(metadata.get(access.HEADER)))
+        await context.send_initial_metadata(((access.HEADER, record.request_id),))
+        code = grpc.StatusCode.OK
         try:
             return await handler(self, request, context)
         except ServiceError as error:
-            await context.abort(_status(error), error.message)
+            code = _status(error)
+            await context.abort(code, error.message)
         except ProtocolError as error:
-            await context.abort(STATUS_CODES[error.status], str(error))
+            code = STATUS_CODES[error.status]
+            await context.abort(code, str(error))
         except Exception:
+            code = grpc.StatusCode.INTERNAL
             log.exception("unexpected error in gRPC %s", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, "the server failed; see its log")
+            await context.abort(code, "the server failed; see its log")
+        finally:
+            access.log_access("gRPC", route, code.name, record, time.perf_counter() - start,
+                              level)  # fmt: skip
         raise AssertionError("context.abort returns only by raising")  # pragma: no cover
 
     rpc.__name__ = handler.__name__
@@ -230,7 +246,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         self._authorize(context)
-        model = self.state.registry.lookup(request.name, request.version or None)
+        model = access.note_model(self.state.registry.lookup(request.name, request.version or None))
         return pb.ModelMetadataResponse(**oip.describe_model(model))
 
     @_rpc
@@ -241,6 +257,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
         name, version = request.model_name, request.model_version or None
         async with state.registry.using(name, version) as model:
+            access.note_model(model)
             parsed = infer_request(request, state.settings.max_files)
             deadline = oip.request_deadline(state, parsed, start)
             if remaining is not None:

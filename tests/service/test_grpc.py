@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import re
 import signal
@@ -245,3 +246,45 @@ def _decoded(base: str) -> float:
     found = re.search(r"^smso_decode_seconds_count (\S+)$", httpx.get(f"{base}/metrics").text,
                       re.MULTILINE)  # fmt: skip
     return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.slow
+def test_a_grpc_call_has_a_request_id_echoed_and_an_access_line(shipped_model):
+    """x-request-id from the call's metadata (or a new one) is echoed in the initial metadata
+    and carried by the call's JSON access line, as REST's X-Request-ID is."""
+    grpc_port = free_port()
+    env = os.environ | {"SMSO_LOG_FORMAT": "json"}
+    args = ("--grpc-port", str(grpc_port), "--log-level", "info")
+    with real_server(shipped_model, *args, env=env) as (base, server):
+        name = httpx.get(f"{base}/metadata").json()["model"]["name"]
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(
+            name="image", datatype="FP32", shape=[2, 1, 28, 28]
+        )
+        request = service_pb2.ModelInferRequest(
+            model_name=name, inputs=[tensor],
+            raw_input_contents=[images(2).astype(np.float32).tobytes()],
+        )  # fmt: skip
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            _, call = stub.ModelInfer.with_call(request, metadata=[("x-request-id", "g-1")])
+            assert ("x-request-id", "g-1") in call.initial_metadata()
+            missing = service_pb2.ModelInferRequest(model_name="nope", inputs=[tensor])
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.ModelInfer(missing, metadata=[("x-request-id", "x" * 200)])
+            assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+            generated = dict(failed.value.initial_metadata())["x-request-id"]
+            assert re.fullmatch(r"[0-9a-f]{32}", generated)  # the over-long one replaced
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        output = server.stdout.read()
+    lines = [json.loads(line) for line in output.splitlines()]
+    (line,) = [a for a in lines if a.get("request_id") == "g-1"]
+    assert line["logger"] == "service.access"
+    assert line["method"] == "gRPC"
+    assert line["route"] == "/inference.GRPCInferenceService/ModelInfer"
+    assert line["status"] == "OK"
+    assert line["model"] == name
+    assert line["images"] == 2
+    assert line["batch_ms"] >= 0
+    (line,) = [a for a in lines if a.get("request_id") == generated]
+    assert line["status"] == "NOT_FOUND"
