@@ -179,8 +179,11 @@ def _rpc(
             log.exception("unexpected error in gRPC %s", handler.__name__)
             await context.abort(code, "the server failed; see its log")
         finally:
-            access.log_access("gRPC", route, code.name, record, time.perf_counter() - start,
-                              level)  # fmt: skip
+            seconds = time.perf_counter() - start
+            metrics = self.state.metrics
+            metrics.grpc_requests.labels(handler.__name__, code.name).inc()
+            metrics.grpc_latency.labels(handler.__name__).observe(seconds)
+            access.log_access("gRPC", route, code.name, record, seconds, level)
         raise AssertionError("context.abort returns only by raising")  # pragma: no cover
 
     rpc.__name__ = handler.__name__

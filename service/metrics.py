@@ -79,6 +79,14 @@ class Metrics:
             "smso_http_request_duration_seconds", "Request latency, first byte in to last out",
             ["method", "route"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.grpc_requests = Counter(
+            "smso_grpc_requests_total", "gRPC calls by method and status code",
+            ["method", "status"], registry=r,
+        )  # fmt: skip
+        self.grpc_latency = Histogram(
+            "smso_grpc_request_duration_seconds", "gRPC call latency, in the handler",
+            ["method"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         # model and version label values come from the models loaded (a closed set: folder
         # names of the repository, or the one model's card), never from a request
         self.images = Counter(

@@ -249,9 +249,10 @@ def _decoded(base: str) -> float:
 
 
 @pytest.mark.slow
-def test_a_grpc_call_has_a_request_id_echoed_and_an_access_line(shipped_model):
+def test_a_grpc_call_has_a_request_id_echoed_an_access_line_and_metrics(shipped_model):
     """x-request-id from the call's metadata (or a new one) is echoed in the initial metadata
-    and carried by the call's JSON access line, as REST's X-Request-ID is."""
+    and carried by the call's JSON access line, as REST's X-Request-ID is; each call is counted
+    by method and status."""
     grpc_port = free_port()
     env = os.environ | {"SMSO_LOG_FORMAT": "json"}
     args = ("--grpc-port", str(grpc_port), "--log-level", "info")
@@ -274,6 +275,10 @@ def test_a_grpc_call_has_a_request_id_echoed_and_an_access_line(shipped_model):
             assert failed.value.code() == grpc.StatusCode.NOT_FOUND
             generated = dict(failed.value.initial_metadata())["x-request-id"]
             assert re.fullmatch(r"[0-9a-f]{32}", generated)  # the over-long one replaced
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'smso_grpc_requests_total{method="ModelInfer",status="OK"} 1.0' in metrics
+        assert 'smso_grpc_requests_total{method="ModelInfer",status="NOT_FOUND"} 1.0' in metrics
+        assert 'smso_grpc_request_duration_seconds_count{method="ModelInfer"} 2.0' in metrics
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
         output = server.stdout.read()
