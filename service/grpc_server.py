@@ -83,6 +83,10 @@ _CONTENTS = {
 
 Reply = TypeVar("Reply")
 
+#: What is still answered once SIGTERM has arrived (the HTTP side closes its listening socket;
+#: gRPC's open channels would go on bringing new calls): liveness and readiness, which say so.
+_WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+
 
 def _status(error: ServiceError) -> grpc.StatusCode:
     if error.status == 503 and error.code == "overloaded":  # retry later, not "down"
@@ -167,6 +171,9 @@ def _rpc(
         await context.send_initial_metadata(((access.HEADER, record.request_id),))
         code = grpc.StatusCode.OK
         try:
+            if self.state.draining and handler.__name__ not in _WHILE_DRAINING:
+                raise ServiceError(503, "draining", "the server is shutting down; send the "
+                                   "call to another replica")  # fmt: skip
             return await handler(self, request, context)
         except ServiceError as error:
             code = _status(error)

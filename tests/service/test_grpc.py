@@ -218,7 +218,8 @@ def test_a_busy_grpc_port_is_one_line_and_exit_2(shipped_model):
 @pytest.mark.slow
 def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
     """Eight large images decoded by one thread take a while: the request is in flight when
-    SIGTERM arrives, and is answered before the server exits."""
+    SIGTERM arrives, and is answered before the server exits; a call made after SIGTERM is
+    refused (UNAVAILABLE), and the server says it is not ready."""
     grpc_port = free_port()
     env = os.environ | {"SMSO_DECODE_THREADS": "1"}
     with real_server(shipped_model, "--grpc-port", str(grpc_port), "--log-level", "warning",
@@ -235,6 +236,12 @@ def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
                 time.sleep(0.005)
             assert not answer.done()
             server.send_signal(signal.SIGTERM)
+            while triton.is_server_ready():  # draining has begun (HTTP no longer listens)
+                assert time.monotonic() < deadline, "the server never started draining"
+                time.sleep(0.005)
+            # a new call on the open channel is refused, the one in flight answered
+            with pytest.raises(InferenceServerException, match="shutting down"):
+                triton.infer(name, [bytes_input(files[:1])], outputs=outputs(1))
             result = answer.result(timeout=60)
         assert result.as_numpy("logits").shape == (8, 1)
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
