@@ -65,9 +65,10 @@ def create_app(
         # The server accepts connections at once (/healthz answers, /readyz says "loading");
         # loading and warm-up run in the background and turn /readyz ready when done.
         if settings.api_key is None:
+            grpc_calls = " and the gRPC model calls" if settings.grpc_port else ""
             log.warning("no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
-                        "/metadata, /models/..., /v2/models/...) are open to anyone who can "
-                        "reach this server")  # fmt: skip
+                        "/metadata, /models/..., /v2/models/...)%s are open to anyone who can "
+                        "reach this server", grpc_calls)  # fmt: skip
         if settings.model_repository is not None:
             state.repository = Repository(state, settings.model_repository)
             loading = asyncio.get_running_loop().create_task(
