@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "no shape arithmetic is left in the graph, so every node runs on CUDA, as the server's "
         "CUDA graphs (--cuda-graphs) require; by default any size is accepted",
     )
+    parser.add_argument(
+        "--typicality",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fit the typicality reference (each served image's score and p-value; drift) on "
+        "the checkpoint's validation split, when it is at hand, into the model card",
+    )
     parser.add_argument("--data-root", help="dataset folder for the parity check on real images "
                         "(default: the one the checkpoint was trained on)")  # fmt: skip
     parser.add_argument("--name", help="the name the model is served under (smso-serve's "
@@ -93,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = export_checkpoint(
                 args.checkpoint, output, args.form, args.opset, args.fp16, args.optimize,
                 args.data_root, name=args.name, version=args.version,
-                dynamic_size=not args.static_size,
+                dynamic_size=not args.static_size, typicality=args.typicality,
             )  # fmt: skip
         except (ParityError, ExportError) as error:
             print(f"smso-export: {error}; nothing was written", file=sys.stderr)
@@ -109,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{parity.top1_agreement:.0%}")  # fmt: skip
         if metrics["test_accuracy"] is not None:
             print(f"test accuracy in the card: {metrics['test_accuracy']:.4f}")
+        section = result.card.get("typicality")
+        print(f"typicality: reference from {section['images']} validation images" if section
+              else "typicality: none (see the warning above)")  # fmt: skip
         return 0
 
     return run_cli("smso-export", body)  # UnsupportedHeadError is a ValueError: exit 2

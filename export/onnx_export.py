@@ -19,7 +19,10 @@
    provider, which has no float16 convolutions and would rewrite the graph to compute in float32;
 4. check parity with PyTorch in onnxruntime at batch sizes 1, 3 and 8 on random images and, where
    the checkpoint's dataset is at hand, on real ones (``export.parity``);
-5. write the model card (``export.card``) into the metadata, run ``onnx.checker`` with
+5. where the checkpoint's validation split is at hand and the embedding is small enough, fit
+   the typicality reference (``export.typicality``) on the exported graph's outputs for those
+   images, into the card's ``typicality`` section (``typicality=False`` skips it);
+6. write the model card (``export.card``) into the metadata, run ``onnx.checker`` with
    ``full_check``, and move the file into place: a failure at any step leaves no file behind (and
    an existing file at the destination untouched).
 """
@@ -51,6 +54,7 @@ from export.graph import (
     form_costs,
 )
 from export.parity import ParityReport, check_parity
+from export.typicality import reference_section
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
 from training.heads.smso import SMSOPooling
@@ -229,6 +233,7 @@ def export_checkpoint(
     name: str | None = None,
     version: str | None = None,
     dynamic_size: bool = True,
+    typicality: bool = True,
 ) -> ExportResult:
     """Export ``checkpoint`` to ``output`` (see the module docstring); returns the result.
 
@@ -283,6 +288,16 @@ def export_checkpoint(
         }  # fmt: skip
         card["parity"] = parity.to_dict()
         card["versions"] = _versions()
+        if typicality:
+            section, why_not = reference_section(_session(proto), checkpoint, data_root,
+                                                 model.embedding_dim)  # fmt: skip
+        else:
+            section, why_not = None, "not asked for (--no-typicality)"
+        if section is not None:
+            card["typicality"] = section
+            log.info("typicality reference from %d validation images", section["images"])
+        else:
+            log.warning("no typicality reference: %s", why_not)
         del proto.metadata_props[:]
         proto.metadata_props.add(key=CARD_KEY, value=card_json(card))
         proto.producer_name = "smso-export"

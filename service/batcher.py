@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 #: inference time for them (at least ``max_wait``).
 PATIENCE = 0.25
 
-RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+#: A batch ``(N, C, H, W)`` -> its outputs, each with N rows: logits and embedding, and the
+#: typicality scores where the model has a reference (``service.loader.scored``).
+RunFn = Callable[[np.ndarray], tuple[np.ndarray, ...]]
 
 
 class QueueFullError(RuntimeError):
@@ -49,7 +51,7 @@ class QueueFullError(RuntimeError):
 @dataclass
 class _Job:
     image: np.ndarray  # (C, H, W) float32
-    future: asyncio.Future[tuple[np.ndarray, np.ndarray]]
+    future: asyncio.Future[tuple[np.ndarray, ...]]
     enqueued: float = field(default_factory=time.perf_counter)
     #: the submitting request's span (OpenTelemetry; invalid when nothing is traced) and when
     #: the job was queued, in the clock spans use
@@ -138,11 +140,10 @@ class MicroBatcher:
         if self._announced == 0:
             self._arrived.set()
 
-    def submit(self, image: np.ndarray) -> asyncio.Future[tuple[np.ndarray, np.ndarray]]:
-        """Queue one image; the future resolves to its ``(logits (K,), embedding (p,))``."""
-        future: asyncio.Future[tuple[np.ndarray, np.ndarray]] = (
-            asyncio.get_running_loop().create_future()
-        )
+    def submit(self, image: np.ndarray) -> asyncio.Future[tuple[np.ndarray, ...]]:
+        """Queue one image; the future resolves to its row of each output: ``(logits (K,),
+        embedding (p,))``, and its typicality ``(2,)`` where the run function adds it."""
+        future: asyncio.Future[tuple[np.ndarray, ...]] = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait(_Job(image, future))
         except asyncio.QueueFull:
@@ -152,7 +153,7 @@ class MicroBatcher:
 
     def submit_all(
         self, images: Sequence[np.ndarray]
-    ) -> list[asyncio.Future[tuple[np.ndarray, np.ndarray]]]:
+    ) -> list[asyncio.Future[tuple[np.ndarray, ...]]]:
         """Queue every image of a request, or none: :class:`QueueFullError` (the images already
         queued cancelled) when they do not all fit. The queue's new depth is reported once."""
         futures = []
@@ -174,7 +175,7 @@ class MicroBatcher:
             except Exception:  # as for on_batch: the consumer must go on
                 log.exception("the on_depth hook failed")
 
-    async def run_direct(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    async def run_direct(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
         """Run a whole batch in the worker thread, bypassing the queue (warm-up)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._run, images)
@@ -245,22 +246,20 @@ class MicroBatcher:
                                                 start_time=start_ns)  # fmt: skip
             inference.end(end_time=end_ns)
 
-    def _stack_run(self, images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, float]:
+    def _stack_run(self, images: list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], float]:
         """Stack and run, in the worker thread: a batch of 64 ImageNet-sized images is 38 MB
         to copy, which would hold up the event loop for milliseconds. Also returns the
         thread's seconds on it."""
         start = time.perf_counter()
-        logits, embedding = self._run(np.stack(images))  # (N, C, H, W)
-        return logits, embedding, time.perf_counter() - start
+        outputs = self._run(np.stack(images))  # (N, C, H, W) in
+        return outputs, time.perf_counter() - start
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
         waits = [start - job.enqueued for job in jobs]
         try:
             images = [job.image for job in jobs]
-            logits, embedding, inference = await loop.run_in_executor(
-                self._executor, self._stack_run, images
-            )
+            outputs, inference = await loop.run_in_executor(self._executor, self._stack_run, images)
         except Exception as error:  # delivered to every caller of the batch
             for job in jobs:
                 if not job.future.done():
@@ -271,7 +270,7 @@ class MicroBatcher:
         self._trace(jobs, start_ns, time.time_ns())
         for i, job in enumerate(jobs):
             if not job.future.done():
-                job.future.set_result((logits[i], embedding[i]))
+                job.future.set_result(tuple(output[i] for output in outputs))
         if self._on_batch is not None:
             try:
                 self._on_batch(BatchStats(len(jobs), waits, inference, round_trip))

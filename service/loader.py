@@ -18,11 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from service.backend import Backend, OnnxBackend
-from service.batcher import MicroBatcher
+from service.batcher import MicroBatcher, RunFn
+from service.drift import DriftMonitor
 from service.images import Preprocessor
 from service.pipeline import ServiceState, queue_depth
 from service.registry import LoadedModel, ModelStatus
 from service.runner import buckets
+from service.typicality import Typicality
 
 __all__ = ["load_model", "retire", "unload_model"]
 
@@ -51,8 +53,9 @@ async def load_model(
         card = backend.card
         name, version = name or card.name, version or card.model_version
         registry.mark(name, version, ModelStatus.LOADING, source=source)
+        typicality = _typicality(backend, settings.typicality, name)
         batcher = MicroBatcher(
-            backend.run, settings.max_batch_size, settings.max_wait_ms / 1e3,
+            scored(backend.run, typicality), settings.max_batch_size, settings.max_wait_ms / 1e3,
             settings.queue_size, on_batch=state.metrics.batch_observer(name, version),
             wait_for_announced=True, patience=settings.batch_patience,
             on_depth=_depth_reporter(state, name, version), tracer=state.tracer,
@@ -76,7 +79,12 @@ async def load_model(
                   "it is replaced: %s", failed, reason)  # fmt: skip
         log.debug("what failed", exc_info=True)
         return None
-    model = LoadedModel(name, version, card, backend, preprocess, batcher, source)
+    drift = None
+    if typicality is not None:
+        drift = DriftMonitor(f"{name} ({version})", settings.drift_window, settings.drift_alarm_p,
+                             state.metrics.drift_reporter(name, version))  # fmt: skip
+    model = LoadedModel(name, version, card, backend, preprocess, batcher, source,
+                        typicality=typicality, drift=drift)  # fmt: skip
     previous = registry.serve(model)
     log.info("ready: %s (%s) on %s; /readyz answers 200", name, version,
              ", ".join(getattr(backend, "providers", ["?"])))  # fmt: skip
@@ -106,6 +114,40 @@ async def retire(state: ServiceState, model: LoadedModel) -> None:
     serving = {(m.name, m.version) for m in state.registry.serving()}
     if (model.name, model.version) not in serving:  # a file replaced under the same number
         state.metrics.forget(model.name, model.version)  # keeps its successor's series
+
+
+def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None:
+    """The card's typicality reference, if it has one and scoring is on; a section that cannot
+    be read is logged and the model served without it."""
+    section = (getattr(backend, "card_dict", None) or {}).get("typicality")
+    if not enabled or not section:
+        return None
+    try:
+        typicality = Typicality.from_card(section)
+    except ValueError as error:
+        log.warning("model %s is served without typicality: %s", name, error)
+        return None
+    expected = backend.card.model.embedding_dim
+    if typicality.mean.shape[0] != expected:
+        log.warning("model %s is served without typicality: its reference is of %d dimensions, "
+                    "its embedding of %d", name, typicality.mean.shape[0], expected)  # fmt: skip
+        return None
+    return typicality
+
+
+def scored(run: RunFn, typicality: Typicality | None) -> RunFn:
+    """``run`` (a batch -> logits, embedding), and with a reference, each image's typicality
+    score and p-value as a third output ``(N, 2)``: computed in the inference thread, per
+    batch."""
+    if typicality is None:
+        return run
+
+    def run_and_score(images: np.ndarray) -> tuple[np.ndarray, ...]:
+        logits, embedding = run(images)
+        scores = typicality.score(logits, embedding)
+        return logits, embedding, np.stack([scores, typicality.p_value(scores)], axis=1)
+
+    return run_and_score
 
 
 def _depth_reporter(state: ServiceState, name: str, version: str) -> Callable[[int], None]:

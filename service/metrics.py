@@ -129,6 +129,26 @@ class Metrics:
             "smso_model_queue_depth", "Images waiting for inference, by model", MODEL,
             registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
+        # typicality and drift (models whose card has a typicality reference); with several
+        # workers each has its own window: the most alarming one is shown
+        self.typicality = Histogram(
+            "smso_typicality_score", "Typicality score of each served image (higher: less "
+            "typical of the model's reference images)", MODEL,
+            buckets=(-4, -2, 0, 2, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
+        )  # fmt: skip
+        self.drift_p_value = Gauge(
+            "smso_drift_p_value", "Binomial p-value of the rare images (typicality p < 0.01) "
+            "among the last images of the window", MODEL,
+            registry=r, multiprocess_mode="livemin",
+        )  # fmt: skip
+        self.drift_window = Gauge(
+            "smso_drift_window", "Images in the drift window (up to SMSO_DRIFT_WINDOW)", MODEL,
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.drift_alarm = Gauge(
+            "smso_drift_alarm", "1 while the drift p-value is below SMSO_DRIFT_ALARM_P", MODEL,
+            registry=r, multiprocess_mode="livemax",
+        )  # fmt: skip
 
     def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
         """What a model's batcher calls after each batch: its size, inference time and each
@@ -149,10 +169,25 @@ class Metrics:
 
         return observe
 
+    def drift_reporter(self, model: str, version: str) -> Callable[[float, int, bool], None]:
+        """What a model's drift monitor calls after each change: its three gauges."""
+        p_value, window, alarm = (self.drift_p_value.labels(model, version),
+                                  self.drift_window.labels(model, version),
+                                  self.drift_alarm.labels(model, version))  # fmt: skip
+
+        def report(p: float, images: int, alarmed: bool) -> None:
+            p_value.set(p)
+            window.set(images)
+            alarm.set(int(alarmed))
+
+        return report
+
     def forget(self, model: str, version: str) -> None:
-        """Drop a retired model's queue-depth series (its counters keep their totals)."""
-        with contextlib.suppress(KeyError):
-            self.model_queue_depth.remove(model, version)
+        """Drop a retired model's gauges (its counters and histograms keep their totals)."""
+        for gauge in (self.model_queue_depth, self.drift_p_value, self.drift_window,
+                      self.drift_alarm):  # fmt: skip
+            with contextlib.suppress(KeyError):
+                gauge.remove(model, version)
 
 
 def exposition(metrics: Metrics | None) -> bytes:

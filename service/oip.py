@@ -72,6 +72,9 @@ SERVER_NAME = "smso"
 EXTENSIONS = ["classification", "binary_tensor_data"]
 TENSOR_INPUT, BYTES_INPUT = "image", "image_bytes"
 OUTPUTS = ("logits", "embedding")
+#: Answered only when asked for by name, by a model with a typicality reference: each image's
+#: typicality score and its p-value, FP32 [N] (see service.typicality).
+TYPICALITY_OUTPUTS = ("typicality", "typicality_p_value")
 #: Requests whose JSON part is at least this large (or compressed bodies) are parsed in the
 #: decode pool, off the event loop.
 INLINE_PARSE_BYTES = 256 * 1024
@@ -156,6 +159,8 @@ def describe_model(model: LoadedModel) -> dict[str, Any]:
         "outputs": [
             {"name": "logits", "datatype": "FP32", "shape": [-1, len(card.classes)]},
             {"name": "embedding", "datatype": "FP32", "shape": [-1, card.model.embedding_dim]},
+            *([{"name": name, "datatype": "FP32", "shape": [-1]} for name in TYPICALITY_OUTPUTS]
+              if model.typicality is not None else []),
         ],
     }  # fmt: skip
 
@@ -223,13 +228,14 @@ def _base64(text: bytes, name: str) -> bytes:
                           "(binary_data_size)") from None  # fmt: skip
 
 
-def _requested(state: ServiceState, request: InferRequest) -> list[RequestedOutput]:
+def _requested(model: LoadedModel, request: InferRequest) -> list[RequestedOutput]:
     """The outputs to answer, checked before any inference runs."""
-    if not request.outputs:  # absent or empty: every output
+    if not request.outputs:  # absent or empty: logits and embedding
         return [RequestedOutput(name, request.binary_output) for name in OUTPUTS]
+    offered = OUTPUTS + (TYPICALITY_OUTPUTS if model.typicality is not None else ())
     for output in request.outputs:
-        if output.name not in OUTPUTS:
-            raise _error(400, f"unknown output {output.name!r}; outputs: {', '.join(OUTPUTS)}")
+        if output.name not in offered:
+            raise _error(400, f"unknown output {output.name!r}; outputs: {', '.join(offered)}")
         if output.classification and output.name != "logits":
             raise _error(400, f"classification applies to 'logits', not {output.name!r}")
     return request.outputs
@@ -256,7 +262,11 @@ def _answer(
             tensors.append(OutputTensor("logits", "BYTES", (len(logits), k), strings,
                                         output.binary))  # fmt: skip
         else:
-            array = logits if output.name == "logits" else embedding
+            if output.name in TYPICALITY_OUTPUTS:  # the third output: (score, p-value) per image
+                column = TYPICALITY_OUTPUTS.index(output.name)
+                array = np.array([o[2][column] for o in outputs], np.float32)
+            else:
+                array = logits if output.name == "logits" else embedding
             tensors.append(OutputTensor(output.name, "FP32", array.shape, array, output.binary))
     return tensors
 
@@ -299,7 +309,7 @@ async def run_inference(
 ) -> list[OutputTensor]:
     """The answer tensors to a parsed ``request``: its outputs and input checked, its images
     decoded (or taken from the tensor) and run through ``model``'s batcher by ``deadline``."""
-    wanted = _requested(state, request)
+    wanted = _requested(model, request)
     if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
         names = [t.name for t in request.inputs]
         raise _error(400, f"inputs {names} not understood: {_expected(model)}")

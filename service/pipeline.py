@@ -42,8 +42,9 @@ __all__ = [
 
 log = logging.getLogger("service")
 
-#: One image's ``(logits (K,), embedding (p,))``.
-Outputs = tuple[np.ndarray, np.ndarray]
+#: One image's ``(logits (K,), embedding (p,))``, then ``typicality (2,)`` (score, p-value)
+#: where the model has a typicality reference.
+Outputs = tuple[np.ndarray, ...]
 
 
 @dataclass
@@ -238,4 +239,10 @@ async def run_batched(
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
     state.metrics.images.labels(route, model.name, model.version).inc(len(images))
+    if model.drift is not None:  # the scores ride as a third output (service.loader.scored)
+        typicality = np.stack([o[2] for o in outputs])  # (N, 2): score, p-value
+        histogram = state.metrics.typicality.labels(model.name, model.version)
+        for score in typicality[:, 0].tolist():
+            histogram.observe(score)
+        model.drift.observe(typicality[:, 1])
     return list(outputs)

@@ -20,8 +20,10 @@ from pathlib import Path
 from service.backend import Backend
 from service.batcher import MicroBatcher
 from service.card import ModelCard
+from service.drift import DriftMonitor
 from service.errors import ServiceError
 from service.images import Preprocessor
+from service.typicality import Typicality
 
 __all__ = ["LoadedModel", "ModelEntry", "ModelStatus", "Registry"]
 
@@ -57,6 +59,9 @@ class LoadedModel:
     batcher: MicroBatcher
     source: Path | None = None
     users: _Users = field(default_factory=_Users, repr=False)
+    #: the card's typicality reference, when it has one and scoring is on
+    typicality: Typicality | None = field(default=None, repr=False)
+    drift: DriftMonitor | None = field(default=None, repr=False)
 
 
 @dataclass

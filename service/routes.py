@@ -28,6 +28,7 @@ from service.inputs import MAX_FILENAME, Upload, read_uploads
 from service.metrics import exposition
 from service.pipeline import Outputs, ServiceState, decode_all, run_batched, top_classes
 from service.registry import LoadedModel
+from service.typicality import summary
 
 __all__ = ["IMAGE_BODY", "build_routes"]
 
@@ -155,9 +156,12 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
     async def metadata(state: State, named: Named = named_by_path) -> dict[str, Any]:
         """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
         model = note_model(state.registry.lookup(*named))
+        card = dict(getattr(model.backend, "card_dict", model.card.model_dump()))
+        if "typicality" in card:  # its arrays (kilobytes to megabytes) stay in the file
+            card["typicality"] = summary(card["typicality"])
         return {
             "model": _ref(model), "providers": getattr(model.backend, "providers", []),
-            "card": getattr(model.backend, "card_dict", model.card.model_dump()),
+            "card": card, "typicality": model.typicality is not None,
         }  # fmt: skip
 
     @router.post(
@@ -177,11 +181,12 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         async with state.registry.using(*named) as model:
             uploads, outputs = await _infer(state, model, request, "/classify")
         classes = model.card.classes
-        scores, order = top_classes(np.stack([logits for logits, _ in outputs]), top_k)
+        scores, order = top_classes(np.stack([o[0] for o in outputs]), top_k)
         results = [
             {"filename": upload.filename,
              "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[n, i])}
                              for i in order[n]]}
+            | _typicality(outputs[n])
             for n, upload in enumerate(uploads)
         ]  # fmt: skip
         # a Response skips FastAPI's re-validation of the payload (response_model documents it)
@@ -204,15 +209,24 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         async with state.registry.using(*named) as model:
             uploads, outputs = await _infer(state, model, request, "/embed")
         results = []
-        for upload, (_, embedding) in zip(uploads, outputs, strict=True):
-            vector = embedding.astype(np.float64)
+        for upload, output in zip(uploads, outputs, strict=True):
+            vector = output[1].astype(np.float64)
             if normalize:
                 vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
             results.append(
                 {"filename": upload.filename, "embedding": _encoded(vector, encoding, dtype)}
+                | _typicality(output)
             )
         dim = model.card.model.embedding_dim
         return JSONResponse({"model": _ref(model), "dim": dim, "results": results})
+
+
+def _typicality(output: Outputs) -> dict[str, Any]:
+    """``{"typicality": {"score", "p_value"}}`` where the model scores typicality, else ``{}``."""
+    if len(output) < 3:
+        return {}
+    score, p_value = output[2].tolist()
+    return {"typicality": {"score": round(score, 4), "p_value": round(p_value, 6)}}
 
 
 def _encoded(vector: np.ndarray, encoding: str, dtype: str) -> list[float] | str:

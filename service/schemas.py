@@ -24,9 +24,30 @@ class Prediction(BaseModel):
     score: float = Field(examples=[0.97], description="softmax probability")
 
 
+class Typicality(BaseModel):
+    score: float = Field(
+        examples=[-1.2],
+        description="how atypical the image is of the model's reference (validation) images: "
+        "the sum of three standardised terms (class-conditional and overall Mahalanobis "
+        "distance of the embedding, energy of the logits); higher is less typical",
+    )
+    p_value: float = Field(
+        examples=[0.42],
+        description="the share of reference images at least as atypical: about 1 % of "
+        "in-distribution images fall below 0.01",
+    )
+
+
+TYPICALITY = (
+    "where the model's card has a typicality reference (smso-export fits it on the validation "
+    "split) and SMSO_TYPICALITY is on"
+)
+
+
 class ClassifyResult(BaseModel):
     filename: str = Field(examples=["boot.png"])
     predictions: list[Prediction]
+    typicality: Typicality | None = Field(None, description=TYPICALITY)
 
 
 class ClassifyResponse(BaseModel):
@@ -42,6 +63,7 @@ class EmbedResult(BaseModel):
         description="the p values: a list of numbers, or with encoding=base64 one string, the "
         "base64 of the values as little-endian float32 (or float16 with dtype=float16)",
     )
+    typicality: Typicality | None = Field(None, description=TYPICALITY)
 
 
 class EmbedResponse(BaseModel):

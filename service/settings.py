@@ -77,6 +77,21 @@ class Settings(BaseSettings):
         "are back (2: the next batch starts the moment the thread is free)",
     )  # fmt: skip
     queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
+    typicality: bool = Field(
+        True,
+        description="score every image's typicality (and watch drift) where the model's card "
+        "has a typicality reference; off: neither",
+    )
+    drift_window: int = Field(
+        200, ge=20, le=100_000,
+        description="images in the drift window: the test counts those with a typicality "
+        "p-value below 0.01 among the last this many",
+    )  # fmt: skip
+    drift_alarm_p: float = Field(
+        1e-7, gt=0, lt=1,
+        description="drift alarm (metric smso_drift_alarm, a warning in the log) while the "
+        "window's binomial p-value is below this",
+    )  # fmt: skip
     max_inflight: int = Field(
         0, ge=0,
         description="images admitted for decoding at once (being decoded or waiting for a "

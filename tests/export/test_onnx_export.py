@@ -330,3 +330,21 @@ def test_cli_refuses_deepo2p_with_the_reason(tmp_path, capsys):
     path = save_checkpoint(tmp_path / "m.pt", build_model(config))
     assert export_main([str(path)]) == 2
     assert "eigen-decomposition" in capsys.readouterr().err
+
+
+def test_the_card_carries_a_typicality_reference_from_the_validation_split(exported, trained_run,
+                                                                            tmp_path):  # fmt: skip
+    """40 validation images of a p = 4 embedding: the reference the service scores with, its
+    p-values calibrated on those images; --no-typicality leaves it out."""
+    from service.typicality import Typicality
+
+    section = card_of(exported)["typicality"]
+    assert section["images"] == 40
+    assert section["embedding_dim"] == P
+    reference = Typicality.from_card(section)
+    images = np.random.default_rng(1).random((3, 1, 28, 28), np.float32)
+    logits, embedding = session(exported).run(None, {"image": images})
+    assert reference.score(logits, embedding).shape == (3,)
+    assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "n.onnx"),
+                        "--no-typicality"]) == 0  # fmt: skip
+    assert "typicality" not in card_of(tmp_path / "n.onnx")

@@ -246,7 +246,7 @@ def test_non_finite_tensors_are_refused(make_client):
     assert response.json() == {"error": "input 'image' holds NaN or infinite values"}
 
 
-def test_an_empty_outputs_list_means_every_output(make_client):
+def test_an_empty_outputs_list_means_logits_and_embedding(make_client):
     response = make_client().post(INFER, json={"inputs": [bytes_input(grey(3))], "outputs": []})
     assert [o["name"] for o in response.json()["outputs"]] == ["logits", "embedding"]
 

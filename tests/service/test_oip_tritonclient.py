@@ -86,8 +86,15 @@ def test_health_metadata_and_readiness(client, model):
     assert {"classification", "binary_tensor_data"} <= set(meta["extensions"])
     assert [i["name"] for i in model["inputs"]] == ["image", "image_bytes"]
     assert model["inputs"][0]["shape"] == [-1, 1, 28, 28]
-    assert [o["name"] for o in model["outputs"]] == ["logits", "embedding"]
+    # the shipped model's card has a typicality reference: its two outputs are offered too
+    assert [o["name"] for o in model["outputs"]] == [
+        "logits",
+        "embedding",
+        "typicality",
+        "typicality_p_value",
+    ]
     assert model["outputs"][1]["shape"] == [-1, 64]
+    assert model["outputs"][2]["shape"] == [-1]
 
 
 def _bytes_input(files: list[bytes], binary: bool):

@@ -1,0 +1,189 @@
+"""How typical an image is of the model's training data: a score and a calibrated p-value.
+
+The reference statistics come with the model, in its card's ``typicality`` section (written by
+``smso-export`` from the validation split: :mod:`export.typicality`). For an image with logits
+``l`` (K) and embedding ``z`` (p, the SMSO head's output after its affine step) the score adds
+three terms, each standardised by its mean ``a`` and standard deviation ``b`` on the validation
+images::
+
+    m_class(z) = min_c (z - mu_c)^T P_w (z - mu_c)     class means mu_c, shared within-class
+                                                       precision P_w (Lee et al., 2018)
+    m_all(z)   = (z - mu)^T P (z - mu)                 mean mu and precision P of all images
+    E(l)       = -log sum_k exp(l_k)                   energy (Liu et al., 2020)
+
+    score = (log m_class - a_1) / b_1 + (log m_all - a_2) / b_2 + (E - a_3) / b_3
+
+Higher means less typical. A Mahalanobis distance is unchanged by an affine map of ``z``, so the
+embedding served (``z''``) gives what ``z'`` would. The p-value is the share of validation images
+at least as atypical, ``(1 + #{s_ref >= score}) / (n + 1)``: it means the same for every model
+(about 1 % of in-distribution images fall below 0.01).
+
+A precision matrix is stored as ``P = alpha I + U diag(w) U^T`` with an orthonormal basis ``U``
+(p x r): the full inverse (``alpha = 0``, r = p) for small p, a probabilistic-PCA form (the top r
+directions, the rest isotropic) for large p. Distances to M centres for N embeddings then take
+two matrix products, ``(N, p) @ (p, r)`` and ``(N, p) @ (p, M)``, in float64.
+
+Arrays in the card are little-endian float32, base64-encoded, with their shape
+(:func:`encode_array`).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FORMAT",
+    "Precision",
+    "Typicality",
+    "decode_array",
+    "encode_array",
+    "energy",
+    "summary",
+]
+
+#: The card section's format version; a card with another one is served without typicality.
+FORMAT = 1
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    """``{"shape": [...], "float32_base64": "..."}`` (little-endian float32)."""
+    data = np.ascontiguousarray(array, "<f4")
+    return {"shape": list(data.shape), "float32_base64": base64.b64encode(data.tobytes()).decode()}
+
+
+def decode_array(value: dict[str, Any]) -> np.ndarray:
+    """The float64 array :func:`encode_array` wrote; ValueError if it does not fit its shape."""
+    shape = tuple(int(d) for d in value["shape"])
+    data = np.frombuffer(base64.b64decode(value["float32_base64"]), "<f4")
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"an array of shape {list(shape)} holds {data.size} numbers")
+    return data.reshape(shape).astype(np.float64)
+
+
+def energy(logits: np.ndarray) -> np.ndarray:
+    """``-log sum_k exp(l_k)`` per row of ``(N, K)`` logits, computed stably: ``(N,)``."""
+    top = logits.max(axis=1, keepdims=True)
+    return -(top[:, 0] + np.log(np.exp(logits - top).sum(axis=1)))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """``P = alpha I + basis diag(weights) basis^T``: ``basis`` (p, r) orthonormal columns."""
+
+    alpha: float
+    basis: np.ndarray  # (p, r)
+    weights: np.ndarray  # (r,)
+
+    def distances(self, x: np.ndarray, centres: np.ndarray) -> np.ndarray:
+        """``(x_i - c_j)^T P (x_i - c_j)`` for ``x`` (N, p) and ``centres`` (M, p): (N, M)."""
+        xu, cu = x @ self.basis, centres @ self.basis  # (N, r), (M, r)
+        d = (xu**2 @ self.weights)[:, None] - 2 * (xu * self.weights) @ cu.T
+        d += (cu**2 @ self.weights)[None, :]
+        if self.alpha:
+            d += self.alpha * (
+                (x**2).sum(1)[:, None] - 2 * x @ centres.T + (centres**2).sum(1)[None, :]
+            )
+        return np.maximum(d, 0.0)  # rounding can leave -1e-12 for a point on a centre
+
+    def to_card(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "basis": encode_array(self.basis),
+                "weights": encode_array(self.weights)}  # fmt: skip
+
+    @classmethod
+    def from_card(cls, value: dict[str, Any]) -> Precision:
+        return cls(float(value["alpha"]), decode_array(value["basis"]),
+                   decode_array(value["weights"]))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Typicality:
+    """A model's reference statistics, and the score and p-value of new images."""
+
+    mean: np.ndarray  # (p,) mu
+    precision: Precision  # P, of all validation images
+    class_means: np.ndarray  # (K', p) mu_c, of the classes the validation split holds
+    within: Precision  # P_w, shared within-class precision
+    standardise: np.ndarray  # (3, 2): (a, b) of log m_class, log m_all, E
+    reference: np.ndarray  # (n,) the validation images' scores, ascending
+    images: int  # validation images the statistics come from
+
+    def terms(self, logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+        """``log m_class``, ``log m_all`` and ``E`` of each image: (N, 3)."""
+        z = np.asarray(embedding, np.float64)
+        m_class = self.within.distances(z, self.class_means).min(axis=1)
+        m_all = self.precision.distances(z, self.mean[None, :])[:, 0]
+        tiny = np.finfo(np.float64).tiny  # an image on a centre: log of the smallest, not -inf
+        return np.stack([np.log(np.maximum(m_class, tiny)), np.log(np.maximum(m_all, tiny)),
+                         energy(np.asarray(logits, np.float64))], axis=1)  # fmt: skip
+
+    def score(self, logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+        """The typicality score of each image: (N,), higher = less typical."""
+        a, b = self.standardise[:, 0], self.standardise[:, 1]
+        return ((self.terms(logits, embedding) - a) / b).sum(axis=1)
+
+    def p_value(self, scores: np.ndarray) -> np.ndarray:
+        """The share of validation images at least as atypical as each score: (N,)."""
+        n = len(self.reference)
+        at_least = n - np.searchsorted(self.reference, scores, side="left")
+        return (1.0 + at_least) / (n + 1.0)
+
+    def to_card(self) -> dict[str, Any]:
+        """The card's ``typicality`` section."""
+        return {
+            "format": FORMAT,
+            "score": "standardised log class-conditional Mahalanobis + log Mahalanobis + energy",
+            "images": self.images,
+            "embedding_dim": int(self.mean.shape[0]),
+            "mean": encode_array(self.mean),
+            "precision": self.precision.to_card(),
+            "class_means": encode_array(self.class_means),
+            "within": self.within.to_card(),
+            "standardise": self.standardise.tolist(),
+            "reference": encode_array(self.reference),
+        }
+
+    @classmethod
+    def from_card(cls, section: dict[str, Any]) -> Typicality:
+        """The statistics in a card's ``typicality`` section; ValueError (what is wrong) if the
+        section is of another format or inconsistent."""
+        if section.get("format") != FORMAT:
+            raise ValueError(f"typicality format {section.get('format')!r}, not {FORMAT}")
+        try:
+            made = cls(
+                mean=decode_array(section["mean"]),
+                precision=Precision.from_card(section["precision"]),
+                class_means=decode_array(section["class_means"]),
+                within=Precision.from_card(section["within"]),
+                standardise=np.asarray(section["standardise"], np.float64).reshape(3, 2),
+                reference=np.sort(decode_array(section["reference"])),
+                images=int(section["images"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"typicality section unreadable: {error}") from None
+        p = made.mean.shape[0]
+        shapes_fit = (
+            made.precision.basis.shape[0] == made.within.basis.shape[0] == p
+            and made.class_means.ndim == 2 and made.class_means.shape[1] == p
+            and len(made.reference) > 0 and bool(np.all(made.standardise[:, 1] > 0))
+        )  # fmt: skip
+        if not shapes_fit:
+            raise ValueError("typicality section inconsistent: shapes or scales do not fit")
+        return made
+
+
+def summary(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What ``/metadata`` says of a card's ``typicality`` section: its description, not its
+    arrays (which can be megabytes for a large embedding)."""
+    if not section:
+        return None
+    return {
+        "score": section.get("score"),
+        "p_value": "share of the reference images at least as atypical",
+        "reference_images": section.get("images"),
+        "embedding_dim": section.get("embedding_dim"),
+        "format": section.get("format"),
+    }
