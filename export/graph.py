@@ -126,7 +126,10 @@ class FoldedSMSO(nn.Module):
 
 
 class ExportModel(nn.Module):
-    """``images (N, C, H, W) float32 -> (logits (N, K), embedding (N, D)) float32``, eval mode.
+    """``images (N, C, H, W) float32 -> (logits (N, K), embedding (N, D), features (N, C_b))``,
+    float32, eval mode. ``features`` is the global average of the backbone's last feature map
+    (``C_b`` channels, before the channel reduction): what the service's typicality score adds
+    as a class-conditional Mahalanobis term (Lee et al., 2018), at the cost of one mean.
 
     ``precision="float16"`` runs the backbone and the channel reduction (weights and activations)
     in float16 and the head and classifier in float32, so the traced graph casts twice: the image
@@ -153,10 +156,12 @@ class ExportModel(nn.Module):
         self.head = FoldedSMSO(head, form) if isinstance(head, SMSOPooling) else head
         self.classifier = model.classifier
 
-    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        features = self.reduce(self.backbone(images.to(self.trunk_dtype)))  # (N, c, h, w)
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        trunk = self.backbone(images.to(self.trunk_dtype))  # (N, C_b, h, w)
+        features = self.reduce(trunk)  # (N, c, h, w)
         embedding = self.head(features.float())  # (N, D): float32 from the head on
-        return self.classifier(embedding), embedding
+        pooled = trunk.float().mean(dim=(2, 3))  # (N, C_b)
+        return self.classifier(embedding), embedding, pooled
 
 
 def exportable(

@@ -7,8 +7,9 @@
    with the smaller modelled cost at the trained input size with ``form="auto"``);
 2. trace with ``torch.onnx.export(dynamo=True)``: input ``image`` ``(N, C, H, W)`` float32 with a
    dynamic batch, and dynamic ``H, W`` where the model allows it (falling back to the trained size
-   where it does not) unless ``dynamic_size=False``; outputs ``logits (N, K)`` and
-   ``embedding (N, p)``. A fixed size leaves no shape arithmetic in the graph (with a dynamic
+   where it does not) unless ``dynamic_size=False``; outputs ``logits (N, K)``,
+   ``embedding (N, p)`` and ``features (N, C_b)`` (the backbone's last map, averaged: for the
+   typicality score). A fixed size leaves no shape arithmetic in the graph (with a dynamic
    size the head's ``n = h w`` is computed from the input's shape, in small operators that
    onnxruntime places on the CPU): every node then runs on CUDA, which CUDA graphs require;
 3. simplify a float32 graph with onnxruntime's offline optimisation (the portable "basic"
@@ -142,7 +143,7 @@ def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int,
     for dynamic in tries:
         try:
             program = torch.onnx.export(
-                module, (example,), input_names=["image"], output_names=["logits", "embedding"],
+                module, (example,), input_names=["image"], output_names=["logits", "embedding", "features"],
                 dynamic_shapes={"images": dynamic}, dynamo=True, opset_version=opset,
                 verbose=False,
             )  # fmt: skip
@@ -340,6 +341,7 @@ def _card(
         },
         "outputs": {
             "logits": ["N", config.num_classes], "embedding": ["N", model.embedding_dim],
+            "features": ["N", model.backbone.out_channels],
         },
         "model": {
             "backbone": config.backbone, "head": config.head,

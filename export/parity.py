@@ -25,7 +25,7 @@ __all__ = ["TOLERANCE", "ParityError", "ParityReport", "check_parity"]
 
 #: Max relative difference allowed per precision.
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2}
-OUTPUTS = ("logits", "embedding")
+OUTPUTS = ("logits", "embedding", "features")
 
 
 class ParityError(RuntimeError):
@@ -52,8 +52,8 @@ class ParityReport:
 
 def _run_torch(module: nn.Module, images: np.ndarray) -> dict[str, np.ndarray]:
     with torch.inference_mode():
-        logits, embedding = module(torch.from_numpy(images))
-    return {"logits": logits.float().numpy(), "embedding": embedding.float().numpy()}
+        outputs = module(torch.from_numpy(images))
+    return {name: out.float().numpy() for name, out in zip(OUTPUTS, outputs, strict=True)}
 
 
 def check_parity(

@@ -1,7 +1,8 @@
 """The reference statistics of typicality (see :mod:`service.typicality`), fitted at export.
 
 From the exported model's outputs on the validation split (logits ``(n, K)``, embedding
-``(n, p)``, labels ``(n,)``):
+``(n, p)``, the backbone's averaged features ``(n, C_b)`` where the file has them, labels
+``(n,)``):
 
 * the mean ``mu`` and covariance ``S = X^T X / (n - 1)`` of the embeddings, and the shared
   within-class covariance ``S_w = sum_c sum_{i in c} (z_i - mu_c)(z_i - mu_c)^T / (n - K')``
@@ -9,8 +10,9 @@ From the exported model's outputs on the validation split (logits ``(n, K)``, em
 * each covariance ridged, ``S + 1e-3 tr(S) / p I``, then inverted through its eigenvectors:
   exactly for ``p <= 256``; above, as probabilistic PCA (the top 256 directions kept, the rest
   given their mean variance), so that the card holds ``p x 256`` numbers, not ``p x p``;
-* the three terms' means and standard deviations, and every validation image's score (sorted),
-  for the p-value.
+* the same class means and shared within-class precision of the features (the fourth term);
+* the terms' means and standard deviations, and every validation image's score (sorted), for
+  the p-value.
 """
 
 from __future__ import annotations
@@ -47,27 +49,41 @@ def _precision(covariance: np.ndarray) -> Precision:
     return Precision(1.0 / rest, basis, 1.0 / top - 1.0 / rest)
 
 
-def fit(logits: np.ndarray, embedding: np.ndarray, labels: np.ndarray) -> Typicality:
+def _class_conditional(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, Precision]:
+    """Class means of the classes present, and the precision of the shared within-class
+    covariance."""
+    classes = np.unique(labels)
+    means = np.stack([x[labels == c].mean(axis=0) for c in classes])
+    within = x - means[np.searchsorted(classes, labels)]
+    return means, _precision(within.T @ within / max(len(x) - len(classes), 1))
+
+
+def fit(logits: np.ndarray, embedding: np.ndarray, labels: np.ndarray,
+        features: np.ndarray | None = None) -> Typicality:  # fmt: skip
     """The statistics of ``n`` validation images' outputs (see the module docstring)."""
     z = np.asarray(embedding, np.float64)
     n, p = z.shape
-    if n < 2 * p or n < 20:
-        raise ValueError(f"{n} validation images are too few for a {p}-dimensional embedding "
-                         f"(at least {max(2 * p, 20)})")  # fmt: skip
+    widest = max(p, 0 if features is None else features.shape[1])
+    if n < 2 * widest or n < 20:
+        raise ValueError(f"{n} validation images are too few for {widest}-dimensional outputs "
+                         f"(at least {max(2 * widest, 20)})")  # fmt: skip
     mean = z.mean(axis=0)
     centred = z - mean
     precision = _precision(centred.T @ centred / (n - 1))
-    classes = np.unique(labels)
-    class_means = np.stack([z[labels == c].mean(axis=0) for c in classes])
-    within = z - class_means[np.searchsorted(classes, labels)]
-    within_precision = _precision(within.T @ within / max(n - len(classes), 1))
+    class_means, within_precision = _class_conditional(z, labels)
+    feature_means = feature_within = None
+    if features is not None:
+        feature_means, feature_within = _class_conditional(np.asarray(features, np.float64),
+                                                           labels)  # fmt: skip
+    count = 3 if features is None else 4
     draft = Typicality(mean, precision, class_means, within_precision,
-                       np.tile([0.0, 1.0], (3, 1)), np.zeros(1), n)  # fmt: skip
-    terms = draft.terms(logits, z)
+                       np.tile([0.0, 1.0], (count, 1)), np.zeros(1), n, feature_means,
+                       feature_within)  # fmt: skip
+    terms = draft.terms(logits, z, features)
     standardise = np.stack([terms.mean(axis=0), terms.std(axis=0) + 1e-12], axis=1)
     scores = ((terms - standardise[:, 0]) / standardise[:, 1]).sum(axis=1)
     return Typicality(mean, precision, class_means, within_precision, standardise,
-                      np.sort(scores), n)  # fmt: skip
+                      np.sort(scores), n, feature_means, feature_within)  # fmt: skip
 
 
 def reference_section(
@@ -86,16 +102,23 @@ def reference_section(
         return None, f"no validation images at hand ({error})"
     if len(splits.val) == 0:
         return None, "the training run held out no validation images"
-    logits, embedding, labels = [], [], []
+    names = [o.name for o in session.get_outputs()]
+    wanted = ["logits", "embedding"] + (["features"] if "features" in names else [])
+    outputs: list[list[np.ndarray]] = [[] for _ in wanted]
+    labels = []
     for start in range(0, len(splits.val), batch):
         items = [splits.val[i] for i in range(start, min(start + batch, len(splits.val)))]
         images = np.stack([image.numpy() for image, _ in items]).astype(np.float32)
-        out_logits, out_embedding = session.run(["logits", "embedding"], {"image": images})
-        logits.append(out_logits)
-        embedding.append(out_embedding)
+        for collected, out in zip(outputs, session.run(wanted, {"image": images}), strict=True):
+            collected.append(out)
         labels.extend(int(label) for _, label in items)
+    logits, embedding, *features = (np.concatenate(out) for out in outputs)
+    if features and len(labels) < max(2 * features[0].shape[1], 20):
+        log.warning("typicality without the features term: %d validation images are too few for "
+                    "%d features", len(labels), features[0].shape[1])  # fmt: skip
+        features = []
     try:
-        typicality = fit(np.concatenate(logits), np.concatenate(embedding), np.asarray(labels))
+        typicality = fit(logits, embedding, np.asarray(labels), features[0] if features else None)
     except ValueError as error:
         return None, str(error)
     return typicality.to_card(), None

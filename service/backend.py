@@ -117,8 +117,11 @@ class OnnxBackend:
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.card, self.card_dict = parse_card(metadata)
         names = [o.name for o in self.session.get_outputs()]
-        if names[:2] != ["logits", "embedding"] and set(names) != {"logits", "embedding"}:
+        if not {"logits", "embedding"} <= set(names):
             raise ValueError(f"{path} has outputs {names}; expected logits and embedding")
+        #: what run() returns, in order: files exported since typicality also give the
+        #: backbone's averaged features (for its score)
+        self.outputs = ["logits", "embedding"] + (["features"] if "features" in names else [])
         self.warmup_batches, self._runner = self._runner_for(path, options)
         log.info("loaded %s on %s (%s)", path, ", ".join(self.providers), self.mode)
 
@@ -156,22 +159,29 @@ class OnnxBackend:
         first = self.providers[0]
         if first not in ACCELERATED:
             self.mode = "plain"
-            return sizes, PlainRunner(self.session)
+            return sizes, PlainRunner(self.session, outputs=self.outputs)
         sessions: ort.InferenceSession | dict[int, ort.InferenceSession] = self.session
         if first == CUDA:
             sessions = self._bucket_sessions(path, options, sizes)
             self.session = sessions[sizes[-1]]  # the probe's memory goes
         if first == CUDA and (options.io_binding or options.cuda_graphs):
             spec = self.card.input
+            extra = [(name, self._width(name)) for name in self.outputs[2:]]
             runner = BoundRunner(
                 sessions, (spec.channels, spec.height, spec.width), len(self.card.classes),
-                self.card.model.embedding_dim, sizes, graphs=options.cuda_graphs,
+                self.card.model.embedding_dim, sizes, graphs=options.cuda_graphs, extra=extra,
             )  # fmt: skip
             self.mode = "cuda-graphs" if options.cuda_graphs else "io-binding"
             # a CUDA graph is captured on a bucket's second run, after one ordinary run
             return [s for s in sizes for _ in range(2 if options.cuda_graphs else 1)], runner
         self.mode = "buckets"
-        return sizes, PlainRunner(sessions, sizes)
+        return sizes, PlainRunner(sessions, sizes, outputs=self.outputs)
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _width(self, name: str) -> int:
+        """The second dimension of output ``name`` (fixed in every exported file)."""
+        shape = next(o.shape for o in self.session.get_outputs() if o.name == name)
+        return int(shape[1])
+
+    def run(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(logits, embedding)``, then ``features`` where the file has them."""
         return self._runner(images)

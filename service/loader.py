@@ -132,19 +132,23 @@ def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None
         log.warning("model %s is served without typicality: its reference is of %d dimensions, "
                     "its embedding of %d", name, typicality.mean.shape[0], expected)  # fmt: skip
         return None
+    if typicality.uses_features and "features" not in getattr(backend, "outputs", []):
+        log.warning("model %s is served without typicality: its reference scores a features "
+                    "output the file does not have", name)  # fmt: skip
+        return None
     return typicality
 
 
 def scored(run: RunFn, typicality: Typicality | None) -> RunFn:
-    """``run`` (a batch -> logits, embedding), and with a reference, each image's typicality
-    score and p-value as a third output ``(N, 2)``: computed in the inference thread, per
-    batch."""
-    if typicality is None:
-        return run
+    """``run`` (a batch -> logits, embedding[, features]) answering logits and embedding, and
+    with a reference each image's typicality score and p-value as a third output ``(N, 2)``:
+    computed in the inference thread, per batch. The features are the score's alone."""
 
     def run_and_score(images: np.ndarray) -> tuple[np.ndarray, ...]:
-        logits, embedding = run(images)
-        scores = typicality.score(logits, embedding)
+        logits, embedding, *features = run(images)
+        if typicality is None:
+            return logits, embedding
+        scores = typicality.score(logits, embedding, features[0] if features else None)
         return logits, embedding, np.stack([scores, typicality.p_value(scores)], axis=1)
 
     return run_and_score

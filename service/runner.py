@@ -35,8 +35,8 @@ import onnxruntime as ort
 
 __all__ = ["BoundRunner", "PlainRunner", "Runner", "Sessions", "bucket_for", "buckets"]
 
-#: ``(N, C, H, W) float32 -> (logits (N, K), embedding (N, p))``.
-Runner = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+#: ``(N, C, H, W) float32 -> (logits (N, K), embedding (N, p)[, features (N, C_b)])``.
+Runner = Callable[[np.ndarray], tuple[np.ndarray, ...]]
 
 #: One session for every batch, or one per bucket (``size -> session``).
 Sessions = ort.InferenceSession | Mapping[int, ort.InferenceSession]
@@ -84,7 +84,9 @@ class PlainRunner:
     """``session.run`` on numpy arrays; pads to a bucket (and takes its session) where
     ``sizes`` is given."""
 
-    def __init__(self, session: Sessions, sizes: Sequence[int] | None = None) -> None:
+    def __init__(self, session: Sessions, sizes: Sequence[int] | None = None,
+                 outputs: Sequence[str] = ("logits", "embedding")) -> None:  # fmt: skip
+        self.outputs = list(outputs)
         self.sizes = list(sizes) if sizes else None
         if self.sizes is None:
             if isinstance(session, Mapping):
@@ -94,14 +96,13 @@ class PlainRunner:
             self.sessions = _per_bucket(session, self.sizes)
             self.session = self.sessions[self.sizes[-1]]
 
-    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
         n = len(images)
         session = self.session
         if self.sizes is not None:
             size = bucket_for(n, self.sizes)
             images, session = _padded(images, size), self.sessions[size]
-        logits, embedding = session.run(["logits", "embedding"], {"image": images})
-        return logits[:n], embedding[:n]
+        return tuple(out[:n] for out in session.run(self.outputs, {"image": images}))
 
 
 class BoundRunner:
@@ -118,7 +119,9 @@ class BoundRunner:
         device: str = "cuda",
         device_id: int = 0,
         graphs: bool = False,
+        extra: Sequence[tuple[str, int]] = (),
     ) -> None:
+        """``extra``: further outputs after logits and embedding, ``(name, width)`` each."""
         self.sizes = list(sizes)
         self.sessions = _per_bucket(session, self.sizes)
         self.session = self.sessions[self.sizes[-1]]
@@ -136,12 +139,14 @@ class BoundRunner:
             binding.bind_ortvalue_input("image", image)
             binding.bind_ortvalue_output("logits", value((size, num_classes)))
             binding.bind_ortvalue_output("embedding", value((size, embedding_dim)))
+            for name, width in extra:
+                binding.bind_ortvalue_output(name, value((size, width)))
             options = ort.RunOptions()
             if graphs:
                 options.add_run_config_entry("gpu_graph_id", str(number + 1))
             self._slots[size] = (binding, image, options)
 
-    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
         n = len(images)
         size = bucket_for(n, self.sizes)
         images = _padded(images, size)
@@ -149,5 +154,5 @@ class BoundRunner:
         with self._lock:
             image.update_inplace(np.ascontiguousarray(images, np.float32))
             self.sessions[size].run_with_iobinding(binding, options)
-            logits, embedding = binding.copy_outputs_to_cpu()
-        return logits[:n], embedding[:n]
+            outputs = binding.copy_outputs_to_cpu()  # in the order bound
+        return tuple(out[:n] for out in outputs)

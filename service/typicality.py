@@ -2,16 +2,18 @@
 
 The reference statistics come with the model, in its card's ``typicality`` section (written by
 ``smso-export`` from the validation split: :mod:`export.typicality`). For an image with logits
-``l`` (K) and embedding ``z`` (p, the SMSO head's output after its affine step) the score adds
-three terms, each standardised by its mean ``a`` and standard deviation ``b`` on the validation
-images::
+``l`` (K), embedding ``z`` (p, the SMSO head's output after its affine step) and, in files that
+have it, ``f`` (the backbone's last feature map averaged over positions: the ONNX output
+``features``) the score adds three or four terms, each standardised by its mean ``a`` and
+standard deviation ``b`` on the validation images::
 
     m_class(z) = min_c (z - mu_c)^T P_w (z - mu_c)     class means mu_c, shared within-class
                                                        precision P_w (Lee et al., 2018)
     m_all(z)   = (z - mu)^T P (z - mu)                 mean mu and precision P of all images
     E(l)       = -log sum_k exp(l_k)                   energy (Liu et al., 2020)
+    m_feat(f)  = min_c (f - nu_c)^T Q_w (f - nu_c)     as m_class, on the backbone's features
 
-    score = (log m_class - a_1) / b_1 + (log m_all - a_2) / b_2 + (E - a_3) / b_3
+    score = sum_t (term_t - a_t) / b_t     over log m_class, log m_all, E (and log m_feat)
 
 Higher means less typical. A Mahalanobis distance is unchanged by an affine map of ``z``, so the
 embedding served (``z''``) gives what ``z'`` would. The p-value is the share of validation images
@@ -47,6 +49,8 @@ __all__ = [
 
 #: The card section's format version; a card with another one is served without typicality.
 FORMAT = 1
+SCORE = "standardised log class-conditional Mahalanobis + log Mahalanobis + energy"
+FEATURE_TERM = " + log class-conditional Mahalanobis of the backbone's features"
 
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:
@@ -107,23 +111,39 @@ class Typicality:
     precision: Precision  # P, of all validation images
     class_means: np.ndarray  # (K', p) mu_c, of the classes the validation split holds
     within: Precision  # P_w, shared within-class precision
-    standardise: np.ndarray  # (3, 2): (a, b) of log m_class, log m_all, E
+    standardise: np.ndarray  # (T, 2): (a, b) of log m_class, log m_all, E (, log m_feat)
     reference: np.ndarray  # (n,) the validation images' scores, ascending
     images: int  # validation images the statistics come from
+    feature_means: np.ndarray | None = None  # (K', C_b) nu_c, where the file has ``features``
+    feature_within: Precision | None = None  # Q_w
 
-    def terms(self, logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
-        """``log m_class``, ``log m_all`` and ``E`` of each image: (N, 3)."""
+    @property
+    def uses_features(self) -> bool:
+        """Whether the score needs the model's ``features`` output."""
+        return self.feature_means is not None
+
+    def terms(self, logits: np.ndarray, embedding: np.ndarray,
+              features: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """``log m_class``, ``log m_all``, ``E`` (and ``log m_feat``) of each image: (N, T)."""
         z = np.asarray(embedding, np.float64)
         m_class = self.within.distances(z, self.class_means).min(axis=1)
         m_all = self.precision.distances(z, self.mean[None, :])[:, 0]
         tiny = np.finfo(np.float64).tiny  # an image on a centre: log of the smallest, not -inf
-        return np.stack([np.log(np.maximum(m_class, tiny)), np.log(np.maximum(m_all, tiny)),
-                         energy(np.asarray(logits, np.float64))], axis=1)  # fmt: skip
+        columns = [np.log(np.maximum(m_class, tiny)), np.log(np.maximum(m_all, tiny)),
+                   energy(np.asarray(logits, np.float64))]  # fmt: skip
+        if self.feature_means is not None and self.feature_within is not None:
+            if features is None:
+                raise ValueError("this reference scores the model's features output too")
+            f = np.asarray(features, np.float64)
+            m_feat = self.feature_within.distances(f, self.feature_means).min(axis=1)
+            columns.append(np.log(np.maximum(m_feat, tiny)))
+        return np.stack(columns, axis=1)
 
-    def score(self, logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+    def score(self, logits: np.ndarray, embedding: np.ndarray,
+              features: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """The typicality score of each image: (N,), higher = less typical."""
         a, b = self.standardise[:, 0], self.standardise[:, 1]
-        return ((self.terms(logits, embedding) - a) / b).sum(axis=1)
+        return ((self.terms(logits, embedding, features) - a) / b).sum(axis=1)
 
     def p_value(self, scores: np.ndarray) -> np.ndarray:
         """The share of validation images at least as atypical as each score: (N,)."""
@@ -133,9 +153,13 @@ class Typicality:
 
     def to_card(self) -> dict[str, Any]:
         """The card's ``typicality`` section."""
-        return {
+        features = {}
+        if self.feature_means is not None and self.feature_within is not None:
+            features = {"features": {"class_means": encode_array(self.feature_means),
+                                     "within": self.feature_within.to_card()}}  # fmt: skip
+        return features | {
             "format": FORMAT,
-            "score": "standardised log class-conditional Mahalanobis + log Mahalanobis + energy",
+            "score": SCORE + (FEATURE_TERM if features else ""),
             "images": self.images,
             "embedding_dim": int(self.mean.shape[0]),
             "mean": encode_array(self.mean),
@@ -153,14 +177,17 @@ class Typicality:
         if section.get("format") != FORMAT:
             raise ValueError(f"typicality format {section.get('format')!r}, not {FORMAT}")
         try:
+            features = section.get("features")
             made = cls(
                 mean=decode_array(section["mean"]),
                 precision=Precision.from_card(section["precision"]),
                 class_means=decode_array(section["class_means"]),
                 within=Precision.from_card(section["within"]),
-                standardise=np.asarray(section["standardise"], np.float64).reshape(3, 2),
+                standardise=np.asarray(section["standardise"], np.float64).reshape(-1, 2),
                 reference=np.sort(decode_array(section["reference"])),
                 images=int(section["images"]),
+                feature_means=None if not features else decode_array(features["class_means"]),
+                feature_within=None if not features else Precision.from_card(features["within"]),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"typicality section unreadable: {error}") from None
@@ -169,7 +196,13 @@ class Typicality:
             made.precision.basis.shape[0] == made.within.basis.shape[0] == p
             and made.class_means.ndim == 2 and made.class_means.shape[1] == p
             and len(made.reference) > 0 and bool(np.all(made.standardise[:, 1] > 0))
+            and len(made.standardise) == (4 if made.uses_features else 3)
         )  # fmt: skip
+        if made.feature_means is not None and made.feature_within is not None:
+            shapes_fit = shapes_fit and (
+                made.feature_means.ndim == 2
+                and made.feature_means.shape[1] == made.feature_within.basis.shape[0]
+            )
         if not shapes_fit:
             raise ValueError("typicality section inconsistent: shapes or scales do not fit")
         return made

@@ -108,7 +108,7 @@ def test_onnxruntime_matches_pytorch_at_other_batch_sizes_and_image_sizes(
 ):
     model, _ = load_model(trained_run / "best.pt")
     images = torch.randn(batch, 1, side, side)
-    logits, embedding = session(exported).run(None, {"image": images.numpy()})
+    logits, embedding, _ = session(exported).run(None, {"image": images.numpy()})
     with torch.inference_mode():
         expected = model(images)
     np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-4, atol=1e-4)
@@ -218,23 +218,26 @@ def test_float16_export_runs_the_backbone_in_half_and_the_head_in_float(
     # 1x1 conv in float32
     assert [types[node.output[0]] for node in convs] == [half] * (len(convs) - 1) + [full]
     assert all(types[name] == half for node in convs[:-1] for name in node.input)
-    # two casts more than the float32 file, between float types: the image to float16 on entry,
-    # the head's input back to float32; no pairs of casts around single operators
+    # three casts more than the float32 file, between float types: the image to float16 on
+    # entry, the head's input and the backbone's map (for the features' mean) back to float32;
+    # no pairs of casts around single operators
     casts = [node for node in graph.node if node.op_type == "Cast"]
     float32_casts = [node for node in onnx.load(exported).graph.node if node.op_type == "Cast"]
-    assert len(casts) == len(float32_casts) + 2
+    assert len(casts) == len(float32_casts) + 3
     changes = [node for node in casts if types[node.input[0]] in (half, full)]
     assert [(types[n.input[0]], types[n.output[0]]) for n in changes] == [
         (full, half),
         (half, full),
+        (half, full),
     ]
     assert changes[0].input[0] == "image"
-    # the head and the classifier: everything after the second cast, all in float32
-    head = downstream(graph, changes[1].output[0])
+    # the head and the classifier: everything after the cast that leads to the embedding
+    after = [downstream(graph, cast.output[0]) for cast in changes[1:]]
+    (head,) = [nodes for nodes in after if "embedding" in {o for n in nodes for o in n.output}]
     assert {"Conv", "ReduceMean", "Sqrt", "Gemm"} <= {node.op_type for node in head}
     assert {"logits", "embedding"} <= {name for node in head for name in node.output}
     assert all(types[name] != half for node in head for name in [*node.input, *node.output])
-    assert [types[v.name] for v in [*graph.input, *graph.output]] == [full] * 3
+    assert [types[v.name] for v in [*graph.input, *graph.output]] == [full] * 4
     card = card_of(result.path)
     assert card["export"] | {"precision": "float16", "optimized": False} == card["export"]
     assert result.parity.passed
@@ -249,7 +252,7 @@ def test_the_float16_file_matches_float32_pytorch_within_its_tolerance(
     path = export_checkpoint(trained_run / "best.pt", tmp_path / "h.onnx", fp16=True).path
     model, _ = load_model(trained_run / "best.pt")
     images = torch.randn(batch, 1, side, side, generator=torch.Generator().manual_seed(1))
-    logits, embedding = session(path).run(None, {"image": images.numpy()})
+    logits, embedding, _ = session(path).run(None, {"image": images.numpy()})
     with torch.inference_mode():
         expected = model(images)
     for got, want in [(logits, expected.logits), (embedding, expected.embedding)]:
@@ -273,7 +276,7 @@ def test_a_float16_export_keeps_sums_of_squares_beyond_float16s_range(trained_ru
     # onnxruntime's CPU provider runs float16 operators it has no float16 kernel for in float32,
     # which hides an overflow; onnx's reference evaluator computes in each tensor's own type
     evaluator = ReferenceEvaluator(onnx.load(result.path))
-    logits, embedding = evaluator.run(None, {"image": images.numpy()})
+    logits, embedding, _ = evaluator.run(None, {"image": images.numpy()})
     for got, want in [(logits, expected.logits), (embedding, expected.embedding)]:
         assert np.isfinite(got).all()
         assert np.abs(got - want.numpy()).max() <= 2e-2 * np.abs(want.numpy()).max()
@@ -343,7 +346,7 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(expor
     assert section["embedding_dim"] == P
     reference = Typicality.from_card(section)
     images = np.random.default_rng(1).random((3, 1, 28, 28), np.float32)
-    logits, embedding = session(exported).run(None, {"image": images})
+    logits, embedding, _ = session(exported).run(None, {"image": images})
     assert reference.score(logits, embedding).shape == (3,)
     assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "n.onnx"),
                         "--no-typicality"]) == 0  # fmt: skip

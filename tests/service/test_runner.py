@@ -66,13 +66,14 @@ def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
 
 
 def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):
-    runner = BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu")
+    runner = BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu",
+                         extra=[("features", 128)])  # fmt: skip
     for n in (2, 7, 8, 1, 7):  # a bucket reused with other data must not leak old rows
         batch = images(n, seed=10 + n)
-        logits, embedding = runner(batch)
-        want_logits, want_embedding = reference(session, batch)
-        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+        logits, embedding, features = runner(batch)
+        want = session.run(["logits", "embedding", "features"], {"image": batch})
+        for got, expected in zip((logits, embedding, features), want, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_session(
@@ -106,9 +107,10 @@ def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
     assert backend.providers == ["CPUExecutionProvider"]
     assert backend.mode == "plain"
     assert backend.warmup_batches == [1, 2, 4, 8, 16]
-    logits, embedding = backend.run(images(5))
+    logits, embedding, features = backend.run(images(5))  # the file has a features output
     assert logits.shape == (5, 10)
     assert embedding.shape == (5, 64)
+    assert features.shape == (5, 128)
 
 
 cuda = pytest.mark.skipif(
@@ -135,7 +137,7 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
         backend.run(images(size))
     for n in (1, 3, 8, 3):
         batch = images(n, seed=20 + n)
-        logits, embedding = backend.run(batch)
+        logits, embedding, _ = backend.run(batch)
         want_logits, want_embedding = reference(session, batch)
         # CUDA's convolutions use TF32 (10-bit mantissa) by default: 1.2e-3 seen on an H100
         np.testing.assert_allclose(logits, want_logits, rtol=5e-3, atol=5e-3)

@@ -262,3 +262,24 @@ def test_out_of_distribution_traffic_raises_the_drift_alarm(make_client, backend
     assert any(r.getMessage().startswith("drift: model fashion_mnist-small_cnn-smso")
                for r in caplog.records)  # fmt: skip
     assert "smso_typicality_score_count{" in metrics
+
+
+def test_a_features_term_is_a_fourth_class_conditional_distance():
+    """Where the file has the backbone's averaged features, the score adds their
+    class-conditional Mahalanobis term, standardised like the others; it needs them."""
+    logits, z, labels = outputs(400)
+    features = np.random.default_rng(7).normal(size=(400, 5)) + 2.0 * np.eye(5)[labels % 5]
+    reference = Typicality.from_card(json.loads(json.dumps(fit(logits, z, labels,
+                                                               features).to_card())))  # fmt: skip
+    assert reference.uses_features
+    assert reference.standardise.shape == (4, 2)
+    three = fit(logits, z, labels)
+    terms = reference.terms(logits[:9], z[:9], features[:9])
+    np.testing.assert_allclose(terms[:, :3], three.terms(logits[:9], z[:9]), rtol=1e-5)
+    means = np.stack([features[labels == c].mean(0) for c in range(3)])
+    within = features - means[labels]
+    inv = ridged_inverse(within.T @ within / (400 - 3))
+    want = [np.log(min((f - m) @ inv @ (f - m) for m in means)) for f in features[:9]]
+    np.testing.assert_allclose(terms[:, 3], want, rtol=1e-5)
+    with pytest.raises(ValueError, match="features output"):
+        reference.score(logits[:2], z[:2])
