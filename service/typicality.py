@@ -32,6 +32,7 @@ Arrays in the card are little-endian float32, base64-encoded, with their shape
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,14 +85,7 @@ class Precision:
 
     def distances(self, x: np.ndarray, centres: np.ndarray) -> np.ndarray:
         """``(x_i - c_j)^T P (x_i - c_j)`` for ``x`` (N, p) and ``centres`` (M, p): (N, M)."""
-        xu, cu = x @ self.basis, centres @ self.basis  # (N, r), (M, r)
-        d = (xu**2 @ self.weights)[:, None] - 2 * (xu * self.weights) @ cu.T
-        d += (cu**2 @ self.weights)[None, :]
-        if self.alpha:
-            d += self.alpha * (
-                (x**2).sum(1)[:, None] - 2 * x @ centres.T + (centres**2).sum(1)[None, :]
-            )
-        return np.maximum(d, 0.0)  # rounding can leave -1e-12 for a point on a centre
+        return _Centred(self, centres).distances(x)
 
     def to_card(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "basis": encode_array(self.basis),
@@ -101,6 +95,26 @@ class Precision:
     def from_card(cls, value: dict[str, Any]) -> Precision:
         return cls(float(value["alpha"]), decode_array(value["basis"]),
                    decode_array(value["weights"]))  # fmt: skip
+
+
+class _Centred:
+    """A precision and its centres, the centres' part of the distances computed once: each call
+    then takes the products of ``x`` alone."""
+
+    def __init__(self, precision: Precision, centres: np.ndarray) -> None:
+        self.precision, self.centres = precision, centres
+        projected = centres @ precision.basis  # (M, r)
+        self.weighted = (projected * precision.weights).T  # (r, M)
+        self.norms = (projected**2 @ precision.weights)[None, :]  # (1, M)
+        self.squares = (centres**2).sum(1)[None, :] if precision.alpha else None
+
+    def distances(self, x: np.ndarray) -> np.ndarray:
+        p = self.precision
+        xu = x @ p.basis  # (N, r)
+        d = (xu**2 @ p.weights)[:, None] - 2 * xu @ self.weighted + self.norms
+        if self.squares is not None:
+            d += p.alpha * ((x**2).sum(1)[:, None] - 2 * x @ self.centres.T + self.squares)
+        return np.maximum(d, 0.0)  # rounding can leave -1e-12 for a point on a centre
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,15 @@ class Typicality:
     feature_means: np.ndarray | None = None  # (K', C_b) nu_c, where the file has ``features``
     feature_within: Precision | None = None  # Q_w
 
+    @functools.cached_property
+    def _centred(self) -> list[_Centred]:
+        """The class-conditional, overall (and features') distances, their centres prepared."""
+        pairs = [_Centred(self.within, self.class_means),
+                 _Centred(self.precision, self.mean[None, :])]  # fmt: skip
+        if self.feature_means is not None and self.feature_within is not None:
+            pairs.append(_Centred(self.feature_within, self.feature_means))
+        return pairs
+
     @property
     def uses_features(self) -> bool:
         """Whether the score needs the model's ``features`` output."""
@@ -126,8 +149,9 @@ class Typicality:
               features: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """``log m_class``, ``log m_all``, ``E`` (and ``log m_feat``) of each image: (N, T)."""
         z = np.asarray(embedding, np.float64)
-        m_class = self.within.distances(z, self.class_means).min(axis=1)
-        m_all = self.precision.distances(z, self.mean[None, :])[:, 0]
+        within, overall, *features_term = self._centred
+        m_class = within.distances(z).min(axis=1)
+        m_all = overall.distances(z)[:, 0]
         tiny = np.finfo(np.float64).tiny  # an image on a centre: log of the smallest, not -inf
         columns = [np.log(np.maximum(m_class, tiny)), np.log(np.maximum(m_all, tiny)),
                    energy(np.asarray(logits, np.float64))]  # fmt: skip
@@ -135,7 +159,7 @@ class Typicality:
             if features is None:
                 raise ValueError("this reference scores the model's features output too")
             f = np.asarray(features, np.float64)
-            m_feat = self.feature_within.distances(f, self.feature_means).min(axis=1)
+            m_feat = features_term[0].distances(f).min(axis=1)
             columns.append(np.log(np.maximum(m_feat, tiny)))
         return np.stack(columns, axis=1)
 
