@@ -115,7 +115,11 @@ done_step
 
 step "training dependencies (docker/install-training.sh), fresh venv"
 bash "$root/docker/install-training.sh" "$tmp/train"
-install_project "$tmp/train" "$(cd "$root" && context train training export)"
+train_context=$(cd "$root" && context train training export)
+# as train.Dockerfile: the card's typicality format from service/ (numpy only), not the service
+mkdir -p "$train_context/service"
+cp "$root/service/__init__.py" "$root/service/typicality.py" "$train_context/service/"
+install_project "$tmp/train" "$train_context"
 "$tmp/train/bin/smso-train" --help >/dev/null || fail "smso-train --help in the training venv"
 "$tmp/train/bin/smso-export" --help >/dev/null || fail "smso-export --help in the training venv"
 "$tmp/train/bin/python" -c "
