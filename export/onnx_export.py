@@ -58,6 +58,7 @@ from export.parity import ParityReport, check_parity
 from export.typicality import reference_section
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
+from training.datasets.base import Splits
 from training.heads.smso import SMSOPooling
 from training.model import SecondOrderNet
 
@@ -66,6 +67,7 @@ __all__ = [
     "ExportError",
     "ExportResult",
     "FormChoice",
+    "dataset_splits",
     "export_checkpoint",
     "real_images",
 ]
@@ -177,15 +179,26 @@ def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
     )
 
 
-def real_images(checkpoint: Path, data_root: str | None, count: int = 8) -> np.ndarray | None:
-    """The first ``count`` test images of the checkpoint's dataset, preprocessed as in
-    evaluation, ``(count, C, H, W)`` float32; None when the dataset is not at hand."""
+DATA_ERRORS = (OSError, ValueError, RuntimeError, KeyError)
+
+
+def dataset_splits(checkpoint: Path, data_root: str | None) -> tuple[Splits | None, str]:
+    """The checkpoint's dataset, split and transformed as in evaluation, loaded once for the
+    parity check and the typicality reference; ``(None, why not)`` when it is not at hand."""
     from training.evaluate import load_with_splits
 
     try:
-        _, _, splits = load_with_splits(checkpoint, data_root)
+        return load_with_splits(checkpoint, data_root)[2], ""
+    except DATA_ERRORS as error:
+        return None, str(error)
+
+
+def real_images(splits: Splits, count: int = 8) -> np.ndarray | None:
+    """The first ``count`` test images, ``(count, C, H, W)`` float32; None when they cannot be
+    read."""
+    try:
         images = [splits.test[i][0] for i in range(min(count, len(splits.test)))]
-    except (OSError, ValueError, RuntimeError, KeyError) as error:
+    except DATA_ERRORS as error:
         log.warning("parity on real images skipped: %s", error)
         return None
     return torch.stack(images).numpy().astype(np.float32) if images else None
@@ -273,11 +286,15 @@ def export_checkpoint(
             )
         inputs = {"random": torch.randn(8, channels, side, side, generator=torch.Generator()
                                         .manual_seed(0)).numpy()}  # fmt: skip
-        real = real_images(checkpoint, data_root)
+        splits, unavailable = dataset_splits(checkpoint, data_root)
+        if splits is None:
+            log.warning("parity on real images skipped: %s", unavailable)
+        real = None if splits is None else real_images(splits)
         if real is not None:
             inputs["real"] = real
         tolerance = None if fp16 else HEAD_TOLERANCE.get(model.config.head)
-        parity = check_parity(_session(proto), module, inputs, batch_sizes, precision, tolerance)
+        session = _session(proto)  # the file as written, on the CPU: parity, then typicality
+        parity = check_parity(session, module, inputs, batch_sizes, precision, tolerance)
         card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice)
         card["served"] = {
             "name": name or f"{card['dataset']}-{model.config.backbone}-{model.config.head}",
@@ -289,11 +306,12 @@ def export_checkpoint(
         }  # fmt: skip
         card["parity"] = parity.to_dict()
         card["versions"] = _versions()
-        if typicality:
-            section, why_not = reference_section(_session(proto), checkpoint, data_root,
-                                                 model.embedding_dim)  # fmt: skip
-        else:
+        if not typicality:
             section, why_not = None, "not asked for (--no-typicality)"
+        elif splits is None:
+            section, why_not = None, f"no validation images at hand ({unavailable})"
+        else:
+            section, why_not = reference_section(session, splits, model.embedding_dim)
         if section is not None:
             card["typicality"] = section
             log.info("typicality reference from %d validation images", section["images"])

@@ -18,12 +18,12 @@ From the exported model's outputs on the validation split (logits ``(n, K)``, em
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from service.typicality import Precision, Typicality
+from training.datasets.base import Splits
 
 __all__ = ["FULL_RANK_MAX", "MAX_EMBEDDING", "fit", "reference_section"]
 
@@ -87,19 +87,13 @@ def fit(logits: np.ndarray, embedding: np.ndarray, labels: np.ndarray,
 
 
 def reference_section(
-    session: Any, checkpoint: Path, data_root: str | None, embedding_dim: int, batch: int = 256
+    session: Any, splits: Splits, embedding_dim: int, batch: int = 256
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The card's ``typicality`` section from ``session`` (the exported file, on the CPU) run
-    on the checkpoint's validation split, or ``(None, why not)``."""
+    on the validation split of ``splits`` (the checkpoint's dataset), or ``(None, why not)``."""
     if embedding_dim > MAX_EMBEDDING:
         return None, (f"the embedding has {embedding_dim} dimensions, more than "
                       f"{MAX_EMBEDDING}: no covariance reference")  # fmt: skip
-    from training.evaluate import load_with_splits
-
-    try:
-        _, _, splits = load_with_splits(checkpoint, data_root)
-    except (OSError, ValueError, RuntimeError, KeyError) as error:
-        return None, f"no validation images at hand ({error})"
     if len(splits.val) == 0:
         return None, "the training run held out no validation images"
     names = [o.name for o in session.get_outputs()]

@@ -155,7 +155,7 @@ class Typicality:
         tiny = np.finfo(np.float64).tiny  # an image on a centre: log of the smallest, not -inf
         columns = [np.log(np.maximum(m_class, tiny)), np.log(np.maximum(m_all, tiny)),
                    energy(np.asarray(logits, np.float64))]  # fmt: skip
-        if self.feature_means is not None and self.feature_within is not None:
+        if features_term:
             if features is None:
                 raise ValueError("this reference scores the model's features output too")
             f = np.asarray(features, np.float64)
