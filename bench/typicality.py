@@ -23,9 +23,11 @@ Everything goes through the real server (``smso-serve`` in a subprocess on the s
   ``--id-requests`` purely in-distribution requests (test images in ``--id-streams`` orders),
   each on a fresh server, that must raise no alarm (the gauge and the ``drift`` log line).
 * **Cost.** Requests per second of a server with typicality against one with
-  ``SMSO_TYPICALITY=false``, in interleaved rounds whose order alternates; the ratio is the
+  ``SMSO_TYPICALITY=false`` on the file without the score in its graph, in interleaved rounds whose order alternates; the ratio is the
   median of the rounds' ratios (target >= 0.95), for ``/classify`` with one PNG and for a
-  64-image binary ``FP32`` infer request.
+  64-image binary ``FP32`` infer request. Beside it the server's CPU time per request (user +
+  system, all its threads, from ``/proc``), whose ratio off/on is steadier than requests/s
+  when the clients share the cores with the server.
 
 While the server does not serve typicality yet (an older checkout), the score and p-value are
 computed here with :mod:`service.typicality` from the served logits and embedding and the card's
@@ -244,15 +246,30 @@ class Client:
 
 
 @contextlib.contextmanager
-def server(env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[str]:
-    """A fresh server on the shipped model (warnings logged to ``log``): its base URL."""
+def server(env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
+           ) -> Iterator[str]:  # fmt: skip
+    """A fresh server on ``model`` (the shipped one; warnings logged to ``log``): its URL."""
+    with process(env, log, model) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def process(env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
+            ) -> Iterator[tuple[str, int]]:  # fmt: skip
+    """:func:`server`'s URL and process id."""
     env = os.environ | {"SMSO_LOG_LEVEL": "warning", "SMSO_MAX_WAIT_MS": "2"} | (env or {})
-    command = [sys.executable, "-m", "service.cli", "--model-path", str(MODEL), "--port",
+    command = [sys.executable, "-m", "service.cli", "--model-path", str(model), "--port",
                "{port}", "--grpc-port", "0"]  # fmt: skip
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(log.open("w")) if log else None
-        base, _ = stack.enter_context(running(command, "/readyz", ROOT, env, output=output))
-        yield base
+        base, popen = stack.enter_context(running(command, "/readyz", ROOT, env, output=output))
+        yield base, popen.pid
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 # --- separation ---------------------------------------------------------------------------------
@@ -403,42 +420,89 @@ def png(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def without_score(folder: Path) -> Path:
+    """The shipped file without the score in its graph (``export.typicality_graph``), as
+    ``smso-export --no-typicality`` would write it: what "off" serves, so that neither the
+    service nor onnxruntime computes a score there."""
+    import onnx
+
+    from export.typicality_graph import strip_score
+
+    proto = onnx.load(MODEL)
+    strip_score(proto)
+    path = folder / "model-without-score.onnx"
+    onnx.save(proto, path)
+    return path
+
+
+LOADS = ("/classify 1 PNG", "/v2 infer 64 FP32")
+
+
 def measure_cost(card: Card, test: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
-    """Requests/s with typicality on and off, in interleaved rounds; ratio = median of rounds."""
+    """Requests/s with typicality on (the shipped file) and off (``SMSO_TYPICALITY=false`` and
+    the file without its score): ``--pairs`` pairs of fresh servers, ``--rounds`` interleaved
+    rounds each; the ratio is the median of all rounds' ratios. With ``--control`` the same
+    design runs off against off: what this machine reads as a cost where there is none."""
     files = [png(x) for x in test[:64]]
     body = infer_body(card.preprocess(test[:64]), ("logits",))
-    settings = {"on": {"SMSO_TYPICALITY": "true"}, "off": {"SMSO_TYPICALITY": "false"}}
-    loads: dict[str, dict[str, list[float]]] = {"/classify 1 PNG": {}, "/v2 infer 64 FP32": {}}
-    with contextlib.ExitStack() as stack:
-        bases = {s: stack.enter_context(server(env | {"SMSO_MAX_BATCH_SIZE": "64"}))
-                 for s, env in settings.items()}  # fmt: skip
-        sends = {
-            s: {"/classify 1 PNG": multipart(f"{b}/classify", files),
-                "/v2 infer 64 FP32": _raw(f"{b}/v2/models/{card.name}/infer", body)}
-            for s, b in bases.items()
-        }  # fmt: skip
-        for s in settings:  # warm-up
-            for send in sends[s].values():
-                drive(send, args.clients, 20)
-        for r in range(args.rounds):
-            order = list(settings) if r % 2 == 0 else list(settings)[::-1]
-            for load in loads:
-                rps = {}
-                for s in order:
-                    count = args.requests if load.startswith("/classify") else args.requests // 8
-                    run = drive(sends[s][load], args.clients, count)
-                    if run["failures"]:
-                        raise RuntimeError(f"{run['failures']} failed requests ({s}, {load})")
-                    rps[s] = run["requests_per_second"]
-                loads[load].setdefault("on", []).append(rps["on"])
-                loads[load].setdefault("off", []).append(rps["off"])
+    with tempfile.TemporaryDirectory(prefix="typicality-cost-") as folder:
+        off = ({"SMSO_TYPICALITY": "false"}, without_score(Path(folder)))
+        on = ({"SMSO_TYPICALITY": "true"}, MODEL)
+        designs = {"typicality": (on, off)} | ({"control": (off, off)} if args.control else {})
+        out = {name: _compare(a, b, card, files, body, args) for name, (a, b) in designs.items()}
+    return {"pairs": args.pairs, "rounds": args.rounds, "clients": args.clients} | out
+
+
+def _compare(a: tuple[dict[str, str], Path], b: tuple[dict[str, str], Path], card: Card,
+             files: list[bytes], body: tuple[bytes, int], args: argparse.Namespace
+             ) -> dict[str, Any]:  # fmt: skip
+    """Setting ``a`` against ``b`` (environment, file): per load, requests/s and the server's
+    CPU time per request of each, and the ratios a/b of requests/s and b/a of CPU time."""
+    runs: dict[str, dict[str, list[float]]] = {load: {} for load in LOADS}
+    pair_ratios: dict[str, list[float]] = {load: [] for load in LOADS}
+    for pair in range(args.pairs):
+        with contextlib.ExitStack() as stack:
+            names = ["a", "b"] if pair % 2 == 0 else ["b", "a"]  # which starts first
+            servers = {n: stack.enter_context(process(env | {"SMSO_MAX_BATCH_SIZE": "64"},
+                                                      model=model))
+                       for n, (env, model) in zip(names, (a, b) if names[0] == "a" else (b, a),
+                                                  strict=True)}  # fmt: skip
+            sends = {n: dict(zip(LOADS, (multipart(f"{base}/classify", files),
+                                         _raw(f"{base}/v2/models/{card.name}/infer", body)),
+                                 strict=True))
+                     for n, (base, _) in servers.items()}  # fmt: skip
+            for n in servers:  # warm-up
+                for send in sends[n].values():
+                    drive(send, args.clients, 20)
+            ratios: dict[str, list[float]] = {load: [] for load in LOADS}
+            for r in range(args.rounds):
+                for load in LOADS:
+                    rps = {}
+                    for n in names if r % 2 == 0 else names[::-1]:
+                        count = args.requests if load == LOADS[0] else args.requests // 8
+                        before = cpu_seconds(servers[n][1])
+                        run = drive(sends[n][load], args.clients, count)
+                        if run["failures"]:
+                            raise RuntimeError(f"{run['failures']} failed requests ({load})")
+                        cpu_ms = (cpu_seconds(servers[n][1]) - before) / count * 1e3
+                        runs[load].setdefault(n, []).append(run["requests_per_second"])
+                        runs[load].setdefault(f"{n}_cpu_ms", []).append(cpu_ms)
+                        rps[n] = run["requests_per_second"]
+                    ratios[load].append(rps["a"] / rps["b"])
+            for load in LOADS:
+                pair_ratios[load].append(statistics.median(ratios[load]))
     out = {}
-    for load, runs in loads.items():
-        ratios = [a / b for a, b in zip(runs["on"], runs["off"], strict=True)]
-        out[load] = {"on_requests_per_second": statistics.median(runs["on"]),
-                     "off_requests_per_second": statistics.median(runs["off"]),
-                     "ratio_on_to_off": statistics.median(ratios), "round_ratios": ratios}  # fmt: skip
-    return {"rounds": args.rounds, "clients": args.clients, "loads": out}
+    for load, got in runs.items():
+        ratios = [x / y for x, y in zip(got["a"], got["b"], strict=True)]
+        cpu = [y / x for x, y in zip(got["a_cpu_ms"], got["b_cpu_ms"], strict=True)]
+        out[load] = {"a_requests_per_second": statistics.median(got["a"]),
+                     "b_requests_per_second": statistics.median(got["b"]),
+                     "ratio": statistics.median(ratios), "round_ratios": ratios,
+                     "pair_ratios": pair_ratios[load],
+                     "a_server_cpu_ms_per_request": statistics.median(got["a_cpu_ms"]),
+                     "b_server_cpu_ms_per_request": statistics.median(got["b_cpu_ms"]),
+                     "cpu_ratio": statistics.median(cpu)}  # fmt: skip
+    return out
 
 
 def _raw(url: str, body: tuple[bytes, int]) -> Any:
@@ -508,7 +572,7 @@ def targets(separation: dict[str, Any], drift: dict[str, Any], cost: dict[str, A
         "alarm_within_500_at_10%_ood": drift["undetected"] == 0
         and max(d for d in drift["delays"] if d is not None) <= 500,
         "no_alarm_in_id_streams": drift["id_alarms"] == 0,
-        "cost_at_most_5%": cost["loads"]["/classify 1 PNG"]["ratio_on_to_off"] >= 0.95,
+        "cost_at_most_5%": cost["typicality"][LOADS[0]]["ratio"] >= 0.95,
     }  # fmt: skip
 
 
@@ -530,11 +594,16 @@ def table(result: dict[str, Any]) -> str:
                 f"{d['delay_p90']:.0f}, undetected {d['undetected']}/{len(d['delays'])}; "
                 f"in-distribution: {d['id_alarms']} alarms in {d['id_streams']} streams of "
                 f"{d['id_requests']:,} requests")  # fmt: skip
-    for load, row in result["cost"]["loads"].items():
-        spread = ", ".join(f"{r:.3f}" for r in row["round_ratios"])
-        rows.append(f"cost, {load}: on {row['on_requests_per_second']:,.0f} req/s, off "
-                    f"{row['off_requests_per_second']:,.0f} req/s, ratio "
-                    f"{row['ratio_on_to_off']:.3f} (rounds {spread})")  # fmt: skip
+    for design in ("typicality", "control"):
+        for load, row in result["cost"].get(design, {}).items():
+            pairs = ", ".join(f"{r:.3f}" for r in row["pair_ratios"])
+            rows.append(f"cost ({'on/off' if design == 'typicality' else 'control: off/off'}), "
+                        f"{load}: {row['a_requests_per_second']:,.0f} / "
+                        f"{row['b_requests_per_second']:,.0f} req/s, ratio {row['ratio']:.3f} "
+                        f"(pairs {pairs}); server CPU per request "
+                        f"{row['a_server_cpu_ms_per_request']:.3f} / "
+                        f"{row['b_server_cpu_ms_per_request']:.3f} ms, ratio "
+                        f"{row['cpu_ratio']:.3f}")  # fmt: skip
     rows.append("targets: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
                                         for k, v in result["targets"].items()))  # fmt: skip
     return "\n".join(rows)
@@ -552,7 +621,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--scrape-every", type=int, default=25, help="/metrics reads in the in-dist. streams")
     add("--window", type=int, default=200, help="SMSO_DRIFT_WINDOW of the drift servers")
     add("--alarm-p", type=float, default=1e-7, help="SMSO_DRIFT_ALARM_P of the drift servers")
-    add("--rounds", type=int, default=6, help="cost: interleaved rounds of on and off")
+    add("--pairs", type=int, default=8, help="cost: pairs of fresh servers (on and off)")
+    add("--rounds", type=int, default=4, help="cost: interleaved rounds of on and off a pair")
+    add(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cost: also off against off, the same way (the measurement's own spread)",
+    )
     add("--requests", type=int, default=800, help="cost: /classify requests a setting a round")
     add("--clients", type=int, default=4, help="cost: concurrent client threads")
     add("--quick", action="store_true", help="a seconds-long run with small sets (tests)")
@@ -561,7 +637,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.streams, args.horizon, args.id_streams, args.id_requests = 1, 600, 1, 300
-        args.rounds, args.requests, args.clients = 1, 80, 2
+        args.pairs, args.rounds, args.requests, args.clients, args.control = 1, 1, 80, 2, False
     return args
 
 

@@ -54,8 +54,10 @@ from export.graph import (
     exportable,
     form_costs,
 )
-from export.parity import ParityReport, check_parity
+from export.parity import ParityError, ParityReport, check_parity
 from export.typicality import reference_section
+from export.typicality_graph import OUTPUT, SCORE_TOLERANCE, append_score, score_parity
+from service.typicality import Typicality
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
 from training.datasets.base import Splits
@@ -313,8 +315,10 @@ def export_checkpoint(
         else:
             section, why_not = reference_section(session, splits, model.embedding_dim)
         if section is not None:
+            section = _score_in_graph(proto, section, [*inputs.values()])
             card["typicality"] = section
-            log.info("typicality reference from %d validation images", section["images"])
+            log.info("typicality reference from %d validation images; the file computes the "
+                     "score (output %r)", section["images"], section["output"])  # fmt: skip
         else:
             log.warning("no typicality reference: %s", why_not)
         del proto.metadata_props[:]
@@ -328,6 +332,23 @@ def export_checkpoint(
         output.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(output, lambda staged: onnx.save(proto, staged))
     return ExportResult(output, card, parity, output.stat().st_size)
+
+
+def _score_in_graph(proto: onnx.ModelProto, section: dict[str, Any],
+                    inputs: list[np.ndarray]) -> dict[str, Any]:  # fmt: skip
+    """Append the typicality score to ``proto`` (``export.typicality_graph``), checked against
+    numpy's on ``inputs``; the section, saying which output holds it and how close it came.
+    Raises ``ParityError`` if the graph's score differs by more than ``SCORE_TOLERANCE``."""
+    typicality = Typicality.from_card(section)  # the numbers as stored: what the service reads
+    append_score(proto, typicality)
+    session = _session(proto)
+    difference = max(score_parity(session, typicality, images) for images in inputs)
+    if difference > SCORE_TOLERANCE:
+        raise ParityError(
+            f"the graph's typicality score differs from numpy's by {difference:.2g} "
+            f"of the reference scores' spread (at most {SCORE_TOLERANCE:g})"
+        )
+    return section | {"output": OUTPUT, "output_max_difference": difference}
 
 
 def _card(

@@ -119,9 +119,11 @@ class OnnxBackend:
         names = [o.name for o in self.session.get_outputs()]
         if not {"logits", "embedding"} <= set(names):
             raise ValueError(f"{path} has outputs {names}; expected logits and embedding")
-        #: what run() returns, in order: files exported since typicality also give the
-        #: backbone's averaged features (for its score)
-        self.outputs = ["logits", "embedding"] + (["features"] if "features" in names else [])
+        #: what run() returns, in order: logits and embedding, then the typicality score where
+        #: the file computes it (``export.typicality_graph``), else the backbone's averaged
+        #: features where it has them (for the score in numpy: ``service.typicality``)
+        scoring = next((name for name in ("typicality", "features") if name in names), None)
+        self.outputs = ["logits", "embedding", *([scoring] if scoring else [])]
         self.warmup_batches, self._runner = self._runner_for(path, options)
         log.info("loaded %s on %s (%s)", path, ", ".join(self.providers), self.mode)
 
@@ -166,7 +168,7 @@ class OnnxBackend:
             self.session = sessions[sizes[-1]]  # the probe's memory goes
         if first == CUDA and (options.io_binding or options.cuda_graphs):
             spec = self.card.input
-            extra = [(name, self._width(name)) for name in self.outputs[2:]]
+            extra = [(name, self._tail(name)) for name in self.outputs[2:]]
             runner = BoundRunner(
                 sessions, (spec.channels, spec.height, spec.width), len(self.card.classes),
                 self.card.model.embedding_dim, sizes, graphs=options.cuda_graphs, extra=extra,
@@ -177,11 +179,12 @@ class OnnxBackend:
         self.mode = "buckets"
         return sizes, PlainRunner(sessions, sizes, outputs=self.outputs)
 
-    def _width(self, name: str) -> int:
-        """The second dimension of output ``name`` (fixed in every exported file)."""
+    def _tail(self, name: str) -> tuple[int, ...]:
+        """The shape of output ``name`` after its batch dimension (fixed in every exported
+        file): ``(128,)`` for features, ``()`` for the typicality score."""
         shape = next(o.shape for o in self.session.get_outputs() if o.name == name)
-        return int(shape[1])
+        return tuple(int(d) for d in shape[1:])
 
     def run(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(logits, embedding)``, then ``features`` where the file has them."""
+        """``(logits, embedding)``, then the typicality score or the features (``outputs``)."""
         return self._runner(images)

@@ -55,7 +55,7 @@ async def load_model(
         registry.mark(name, version, ModelStatus.LOADING, source=source)
         typicality = _typicality(backend, settings.typicality, name)
         batcher = MicroBatcher(
-            scored(backend.run, typicality), settings.max_batch_size, settings.max_wait_ms / 1e3,
+            scored(backend.run, typicality, _outputs(backend)), settings.max_batch_size, settings.max_wait_ms / 1e3,
             settings.queue_size, on_batch=state.metrics.batch_observer(name, version),
             wait_for_announced=True, patience=settings.batch_patience,
             on_depth=_depth_reporter(state, name, version), tracer=state.tracer,
@@ -132,23 +132,35 @@ def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None
         log.warning("model %s is served without typicality: its reference is of %d dimensions, "
                     "its embedding of %d", name, typicality.mean.shape[0], expected)  # fmt: skip
         return None
-    if typicality.uses_features and "features" not in getattr(backend, "outputs", []):
+    outputs = _outputs(backend)
+    if typicality.uses_features and not {"typicality", "features"} & set(outputs):
         log.warning("model %s is served without typicality: its reference scores a features "
                     "output the file does not have", name)  # fmt: skip
         return None
     return typicality
 
 
-def scored(run: RunFn, typicality: Typicality | None) -> RunFn:
-    """``run`` (a batch -> logits, embedding[, features]) answering logits and embedding, and
-    with a reference each image's typicality score and p-value as a third output ``(N, 2)``:
-    computed in the inference thread, per batch. The features are the score's alone."""
+def _outputs(backend: Backend) -> list[str]:
+    """What ``backend.run`` answers (a test's fake may not say: logits and embedding)."""
+    return list(getattr(backend, "outputs", None) or ["logits", "embedding"])
+
+
+def scored(run: RunFn, typicality: Typicality | None, outputs: list[str] | None = None) -> RunFn:
+    """``run`` (a batch -> the ``outputs``: logits, embedding[, typicality or features])
+    answering logits and embedding, and with a reference each image's typicality score and
+    p-value as a third output ``(N, 2)``, in the inference thread. The score is the file's own
+    output ``typicality`` where it has one (computed by onnxruntime, in float32), else computed
+    here in numpy from the logits, embedding and features."""
+    in_graph = outputs is not None and "typicality" in outputs
 
     def run_and_score(images: np.ndarray) -> tuple[np.ndarray, ...]:
-        logits, embedding, *features = run(images)
+        logits, embedding, *extra = run(images)
         if typicality is None:
             return logits, embedding
-        scores = typicality.score(logits, embedding, features[0] if features else None)
+        if in_graph:
+            scores = extra[0].astype(np.float64)
+        else:
+            scores = typicality.score(logits, embedding, extra[0] if extra else None)
         return logits, embedding, np.stack([scores, typicality.p_value(scores)], axis=1)
 
     return run_and_score

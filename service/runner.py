@@ -35,7 +35,8 @@ import onnxruntime as ort
 
 __all__ = ["BoundRunner", "PlainRunner", "Runner", "Sessions", "bucket_for", "buckets"]
 
-#: ``(N, C, H, W) float32 -> (logits (N, K), embedding (N, p)[, features (N, C_b)])``.
+#: ``(N, C, H, W) float32 -> (logits (N, K), embedding (N, p)[, typicality (N,) or features
+#: (N, C_b)])``.
 Runner = Callable[[np.ndarray], tuple[np.ndarray, ...]]
 
 #: One session for every batch, or one per bucket (``size -> session``).
@@ -119,9 +120,10 @@ class BoundRunner:
         device: str = "cuda",
         device_id: int = 0,
         graphs: bool = False,
-        extra: Sequence[tuple[str, int]] = (),
+        extra: Sequence[tuple[str, tuple[int, ...]]] = (),
     ) -> None:
-        """``extra``: further outputs after logits and embedding, ``(name, width)`` each."""
+        """``extra``: further outputs after logits and embedding, ``(name, shape after the
+        batch dimension)`` each: ``("features", (128,))``, ``("typicality", ())``."""
         self.sizes = list(sizes)
         self.sessions = _per_bucket(session, self.sizes)
         self.session = self.sessions[self.sizes[-1]]
@@ -139,8 +141,8 @@ class BoundRunner:
             binding.bind_ortvalue_input("image", image)
             binding.bind_ortvalue_output("logits", value((size, num_classes)))
             binding.bind_ortvalue_output("embedding", value((size, embedding_dim)))
-            for name, width in extra:
-                binding.bind_ortvalue_output(name, value((size, width)))
+            for name, tail in extra:
+                binding.bind_ortvalue_output(name, value((size, *tail)))
             options = ort.RunOptions()
             if graphs:
                 options.add_run_config_entry("gpu_graph_id", str(number + 1))

@@ -25,6 +25,10 @@ A precision matrix is stored as ``P = alpha I + U diag(w) U^T`` with an orthonor
 directions, the rest isotropic) for large p. Distances to M centres for N embeddings then take
 two matrix products, ``(N, p) @ (p, r)`` and ``(N, p) @ (p, M)``, in float64.
 
+Files exported since the score became part of the graph compute it themselves, in float32, as
+an output ``typicality`` (:mod:`export.typicality_graph`); the service then only looks up the
+p-value, and computes the score here for older files.
+
 Arrays in the card are little-endian float32, base64-encoded, with their shape
 (:func:`encode_array`).
 """
@@ -241,6 +245,11 @@ def summary(section: dict[str, Any] | None) -> dict[str, Any] | None:
         "score": section.get("score"),
         "p_value": "share of the reference images at least as atypical",
         "reference_images": section.get("images"),
+        "computed_by": (
+            "the model file (its output typicality)"
+            if section.get("output")
+            else "the service, from the model's outputs"
+        ),
         "embedding_dim": section.get("embedding_dim"),
         "format": section.get("format"),
     }

@@ -44,10 +44,13 @@ def test_the_quick_run_measures_separation_drift_and_cost(tmp_path, capsys):
     assert drift["id_alarms"] == 0
     assert drift["id_runs"][0]["requests"] == drift["id_requests"]
 
-    for load, row in result["cost"]["loads"].items():
-        assert math.isfinite(row["ratio_on_to_off"]), load
-        assert row["ratio_on_to_off"] > 0, load
-        assert min(row["on_requests_per_second"], row["off_requests_per_second"]) > 0, load
-    assert "/classify 1 PNG" in result["cost"]["loads"]
+    assert "control" not in result["cost"]  # --quick: one pair, no off-against-off control
+    for load, row in result["cost"]["typicality"].items():
+        assert math.isfinite(row["ratio"]), load
+        assert row["ratio"] > 0, load
+        assert row["cpu_ratio"] > 0, load
+        assert len(row["pair_ratios"]) == 1, load
+        assert min(row["a_requests_per_second"], row["b_requests_per_second"]) > 0, load
+    assert "/classify 1 PNG" in result["cost"]["typicality"]
     assert set(result["targets"]) >= {"mean_auroc_at_least_0.985", "cost_at_most_5%"}
     assert "| rot90 |" in capsys.readouterr().out

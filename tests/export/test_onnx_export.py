@@ -92,7 +92,9 @@ def test_a_static_size_export_has_no_shape_arithmetic_and_says_so(trained_run, t
 def test_the_conv_form_graph_holds_no_c_by_c_tensor_and_the_covariance_form_does(
     trained_run, exported, tmp_path
 ):
-    ops = {node.op_type for node in onnx.load(exported).graph.node}
+    model_nodes = [n for n in onnx.load(exported).graph.node  # not the typicality score's
+                   if not any(o.startswith("typicality") for o in n.output)]  # fmt: skip
+    ops = {node.op_type for node in model_nodes}
     assert "Conv" in ops
     assert "MatMul" not in ops
     assert not has_c_by_c(tensor_shapes(onnx.load(exported)), C)
@@ -108,7 +110,9 @@ def test_onnxruntime_matches_pytorch_at_other_batch_sizes_and_image_sizes(
 ):
     model, _ = load_model(trained_run / "best.pt")
     images = torch.randn(batch, 1, side, side)
-    logits, embedding, _ = session(exported).run(None, {"image": images.numpy()})
+    logits, embedding, _ = session(exported).run(
+        ["logits", "embedding", "features"], {"image": images.numpy()}
+    )
     with torch.inference_mode():
         expected = model(images)
     np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-4, atol=1e-4)
@@ -237,7 +241,8 @@ def test_float16_export_runs_the_backbone_in_half_and_the_head_in_float(
     assert {"Conv", "ReduceMean", "Sqrt", "Gemm"} <= {node.op_type for node in head}
     assert {"logits", "embedding"} <= {name for node in head for name in node.output}
     assert all(types[name] != half for node in head for name in [*node.input, *node.output])
-    assert [types[v.name] for v in [*graph.input, *graph.output]] == [full] * 4
+    # the image; logits, embedding, features and the typicality score
+    assert [types[v.name] for v in [*graph.input, *graph.output]] == [full] * 5
     card = card_of(result.path)
     assert card["export"] | {"precision": "float16", "optimized": False} == card["export"]
     assert result.parity.passed
@@ -252,7 +257,9 @@ def test_the_float16_file_matches_float32_pytorch_within_its_tolerance(
     path = export_checkpoint(trained_run / "best.pt", tmp_path / "h.onnx", fp16=True).path
     model, _ = load_model(trained_run / "best.pt")
     images = torch.randn(batch, 1, side, side, generator=torch.Generator().manual_seed(1))
-    logits, embedding, _ = session(path).run(None, {"image": images.numpy()})
+    logits, embedding, _ = session(path).run(
+        ["logits", "embedding", "features"], {"image": images.numpy()}
+    )
     with torch.inference_mode():
         expected = model(images)
     for got, want in [(logits, expected.logits), (embedding, expected.embedding)]:
@@ -276,7 +283,9 @@ def test_a_float16_export_keeps_sums_of_squares_beyond_float16s_range(trained_ru
     # onnxruntime's CPU provider runs float16 operators it has no float16 kernel for in float32,
     # which hides an overflow; onnx's reference evaluator computes in each tensor's own type
     evaluator = ReferenceEvaluator(onnx.load(result.path))
-    logits, embedding, _ = evaluator.run(None, {"image": images.numpy()})
+    logits, embedding, _ = evaluator.run(
+        ["logits", "embedding", "features"], {"image": images.numpy()}
+    )
     for got, want in [(logits, expected.logits), (embedding, expected.embedding)]:
         assert np.isfinite(got).all()
         assert np.abs(got - want.numpy()).max() <= 2e-2 * np.abs(want.numpy()).max()
@@ -346,7 +355,9 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(expor
     assert section["embedding_dim"] == P
     reference = Typicality.from_card(section)
     images = np.random.default_rng(1).random((3, 1, 28, 28), np.float32)
-    logits, embedding, _ = session(exported).run(None, {"image": images})
+    logits, embedding, _ = session(exported).run(
+        ["logits", "embedding", "features"], {"image": images}
+    )
     assert reference.score(logits, embedding).shape == (3,)
     assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "n.onnx"),
                         "--no-typicality"]) == 0  # fmt: skip

@@ -67,13 +67,14 @@ def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
 
 def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):
     runner = BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu",
-                         extra=[("features", 128)])  # fmt: skip
+                         extra=[("features", (128,)), ("typicality", ())])  # fmt: skip
     for n in (2, 7, 8, 1, 7):  # a bucket reused with other data must not leak old rows
         batch = images(n, seed=10 + n)
-        logits, embedding, features = runner(batch)
-        want = session.run(["logits", "embedding", "features"], {"image": batch})
-        for got, expected in zip((logits, embedding, features), want, strict=True):
-            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        got = runner(batch)
+        want = session.run(["logits", "embedding", "features", "typicality"], {"image": batch})
+        assert [a.shape for a in got] == [a.shape for a in want]
+        for got_one, expected in zip(got, want, strict=True):
+            np.testing.assert_allclose(got_one, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_session(
@@ -107,10 +108,11 @@ def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
     assert backend.providers == ["CPUExecutionProvider"]
     assert backend.mode == "plain"
     assert backend.warmup_batches == [1, 2, 4, 8, 16]
-    logits, embedding, features = backend.run(images(5))  # the file has a features output
+    assert backend.outputs == ["logits", "embedding", "typicality"]  # the file scores itself
+    logits, embedding, score = backend.run(images(5))
     assert logits.shape == (5, 10)
     assert embedding.shape == (5, 64)
-    assert features.shape == (5, 128)
+    assert score.shape == (5,)
 
 
 cuda = pytest.mark.skipif(

@@ -9,6 +9,7 @@ import json
 import logging
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from PIL import Image
 from scipy import stats
@@ -17,6 +18,7 @@ from export import typicality as export_typicality
 from export.typicality import fit
 from service.backend import OnnxBackend
 from service.drift import RARE, DriftMonitor, binomial_tail
+from service.loader import scored
 from service.typicality import Precision, Typicality, encode_array, energy
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
@@ -283,3 +285,22 @@ def test_a_features_term_is_a_fourth_class_conditional_distance():
     np.testing.assert_allclose(terms[:, 3], want, rtol=1e-5)
     with pytest.raises(ValueError, match="features output"):
         reference.score(logits[:2], z[:2])
+
+
+def test_the_service_serves_the_files_own_score_as_its_numpy_score(backend, shipped_model):
+    """The shipped file computes its score: the service's p-values from it are those numpy
+    gives from the file's logits, embedding and features."""
+    typicality = Typicality.from_card(backend.card_dict["typicality"])
+    assert backend.outputs == ["logits", "embedding", "typicality"]
+    file = ort.InferenceSession(shipped_model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    images = np.concatenate([rng.random((6, 1, 28, 28)), np.zeros((2, 1, 28, 28))]
+                            ).astype(np.float32)  # fmt: skip
+    names = ["logits", "embedding", "typicality"]
+    in_graph = scored(lambda x: tuple(file.run(names, {"image": x})), typicality, names)
+    in_numpy = scored(lambda x: tuple(file.run(["logits", "embedding", "features"],
+                                                {"image": x})), typicality,
+                      ["logits", "embedding", "features"])  # fmt: skip
+    got, want = in_graph(images)[2], in_numpy(images)[2]
+    np.testing.assert_allclose(got[:, 0], want[:, 0], rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(got[:, 1], want[:, 1])
