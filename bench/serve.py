@@ -13,7 +13,8 @@ For each model, in one run:
   raw onnxruntime session on the same preprocessed tensors at its best batch size;
 * for the shipped model, the Open Inference Protocol beside ``/classify``: the same JPEGs sent
   to ``/v2/models/<name>/infer`` as binary ``BYTES`` and as preprocessed binary ``FP32``
-  tensors (top-5 classification in both), in interleaved rounds.
+  tensors, and the same tensors over gRPC (``ModelInfer`` with ``tritonclient.grpc``, on the
+  same server), top-5 classification in all, in interleaved rounds.
 
 * a GPU-like stand-in backend (``bench/standin.py``: it sleeps as a GPU batch takes, with the
   card of ResNet-50 at 224 px) behind the real server, against bare endpoints reading the same
@@ -161,6 +162,40 @@ def oip(url: str, bodies: list[tuple[bytes, int]]) -> Send:
     return send
 
 
+class _Answered:
+    """What a gRPC send gives :func:`drive`: an HTTP-like status (200, or 500 on an error)."""
+
+    def __init__(self, status_code: int) -> None:
+        self.status_code = status_code
+
+
+def grpc_infer(target: str, name: str, tensors: np.ndarray) -> Send:
+    """One preprocessed ``FP32`` tensor per ``ModelInfer`` over gRPC (``tritonclient.grpc``,
+    raw tensor contents), asking for the top 5 classes as ``/classify`` does; each client
+    thread has a channel of its own. The httpx client :func:`drive` passes is not used."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    local = threading.local()
+
+    def send(client: httpx.Client, i: int) -> _Answered:
+        if not hasattr(local, "client"):
+            local.client = grpcclient.InferenceServerClient(target)
+        tensor = tensors[i % len(tensors)][None].astype(np.float32)
+        image = grpcclient.InferInput("image", list(tensor.shape), "FP32")
+        image.set_data_from_numpy(tensor)
+        wanted = [grpcclient.InferRequestedOutput("logits", class_count=5)]
+        try:
+            local.client.infer(name, [image], outputs=wanted)
+        except InferenceServerException:
+            return _Answered(500)
+        return _Answered(200)
+
+    return send
+
+
 def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
     """``requests`` requests from ``clients`` threads; requests per second, latency percentiles."""
     latencies: list[float] = []
@@ -209,16 +244,18 @@ def rss_mib(pid: int) -> dict[str, float]:
     return out
 
 
-def protocol_case(base: str, model: Path, files: list[bytes], clients: int,
+def protocol_case(base: str, grpc_target: str, model: Path, files: list[bytes], clients: int,
                   requests: int, rounds: int) -> dict[str, Any]:  # fmt: skip
     """The same JPEGs through ``/classify`` (multipart), the protocol's ``infer`` with image
-    bytes, and with preprocessed binary tensors, in interleaved rounds."""
+    bytes, and with preprocessed binary tensors over REST and over gRPC, in interleaved
+    rounds."""
     backend, tensors = session_and_tensors(model, files)
     infer = f"{base}/v2/models/{backend.card.name}/infer"
     variants = {
         "/classify multipart JPEG": multipart(f"{base}/classify", files),
         "/v2 infer, JPEG as binary BYTES": oip(infer, oip_bodies(files, None)),
         "/v2 infer, preprocessed binary FP32": oip(infer, oip_bodies(files, tensors)),
+        "gRPC ModelInfer, preprocessed FP32": grpc_infer(grpc_target, backend.card.name, tensors),
     }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for _ in range(rounds):
@@ -276,9 +313,10 @@ def running(command: list[str], ready: str, cwd: Path, env: dict[str, str] | Non
         server.wait(timeout=60)
 
 
-def service(model: Path, max_batch: int) -> contextlib.AbstractContextManager:
+def service(model: Path, max_batch: int, grpc_port: int = 0) -> contextlib.AbstractContextManager:
+    """The real server on ``model``: HTTP on a free port, gRPC on ``grpc_port`` (0: none)."""
     env = os.environ | {"SMSO_MAX_BATCH_SIZE": str(max_batch), "SMSO_MAX_WAIT_MS": "5",
-                        "SMSO_LOG_LEVEL": "warning"}  # fmt: skip
+                        "SMSO_LOG_LEVEL": "warning", "SMSO_GRPC_PORT": str(grpc_port)}  # fmt: skip
     command = [sys.executable, "-m", "service.cli", "--model-path", str(model), "--port", "{port}"]
     return running(command, "/readyz", ROOT, env)
 
@@ -327,7 +365,8 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     """The shipped model's service against the bare endpoint, in interleaved rounds (both
     servers up, one driven at a time); then the protocol routes; then the raw session."""
     per_round = args.requests // args.rounds
-    with bare() as (bare_base, _), service(SHIPPED, 16) as (base, server):
+    grpc_port = free_port()
+    with bare() as (bare_base, _), service(SHIPPED, 16, grpc_port) as (base, server):
         upload, classify = (
             multipart(f"{bare_base}/upload", files),
             multipart(f"{base}/classify", files),
@@ -341,7 +380,8 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
             service_runs.append(drive(classify, args.clients, per_round))
         after = scrape(f"{base}/metrics")
         memory = rss_mib(server.pid)
-        protocols = protocol_case(base, SHIPPED, files, args.clients, args.requests, args.rounds)
+        protocols = protocol_case(base, f"127.0.0.1:{grpc_port}", SHIPPED, files, args.clients,
+                                  args.requests, args.rounds)  # fmt: skip
     bare_load, load = merge(bare_runs), merge(service_runs)
     ratios = [s["requests_per_second"] / b["requests_per_second"]
               for s, b in zip(service_runs, bare_runs, strict=True)]  # fmt: skip
@@ -508,7 +548,8 @@ def print_tables(shipped: dict[str, Any], resnet: dict[str, Any] | None) -> None
         print(f"resnet50 p=2048: service img/s / raw session img/s = {resnet['ratio']:.2f} "
               f"(median of rounds: {by_round}; target >= 0.85)")  # fmt: skip
     print()
-    print("Open Inference Protocol, shipped model, same JPEGs (interleaved rounds):")
+    print("Open Inference Protocol over REST and gRPC, shipped model, same JPEGs (interleaved "
+          "rounds):")  # fmt: skip
     print()
     print("| route | req/s | p50 ms | p95 ms | p99 ms | req/s by round |")
     print("|---|--:|--:|--:|--:|---|")
@@ -516,10 +557,22 @@ def print_tables(shipped: dict[str, Any], resnet: dict[str, Any] | None) -> None
         rounds = ", ".join(f"{x:.0f}" for x in r["rounds_rps"])
         print(f"| {route} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | "
               f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {rounds} |")  # fmt: skip
+    grpc = grpc_over_rest(shipped["service"]["protocols"])
+    by_round = ", ".join(f"{x:.2f}" for x in grpc["by_round"])
+    print(f"\ngRPC / REST, preprocessed FP32 tensors: {grpc['ratio']:.2f} (median of rounds: "
+          f"{by_round}; target >= 1)")  # fmt: skip
     print()
     memory = shipped["service"]["memory_mib"]
     print(f"server resident memory with the shipped model: {memory['VmRSS']:.0f} MiB "
           f"(peak {memory['VmHWM']:.0f} MiB)")  # fmt: skip
+
+
+def grpc_over_rest(protocols: dict[str, Any]) -> dict[str, Any]:
+    """gRPC's requests/s over REST's for the same preprocessed tensors, per round and median."""
+    grpc = protocols["gRPC ModelInfer, preprocessed FP32"]["rounds_rps"]
+    rest = protocols["/v2 infer, preprocessed binary FP32"]["rounds_rps"]
+    ratios = [g / r for g, r in zip(grpc, rest, strict=True)]
+    return {"by_round": ratios, "ratio": statistics.median(ratios)}
 
 
 def print_standin(results: dict[str, Any]) -> None:
@@ -554,7 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cases": [{"service": c["service"], "raw": c["raw"], "ratio_by_round": c["ratio_by_round"]}
                   for c in (shipped, resnet) if c is not None],
         "standin": stand_in,
-        "ratios": {"shipped_rps_over_bare": shipped["ratio"]}
+        "ratios": {"shipped_rps_over_bare": shipped["ratio"],
+                   "grpc_over_rest_fp32": grpc_over_rest(shipped["service"]["protocols"])["ratio"]}
         | {f"standin {name}: service over bare": r["ratio"] for name, r in stand_in.items()}
         | ({"resnet_service_over_raw": resnet["ratio"]} if resnet else {}),
     }  # fmt: skip

@@ -33,7 +33,7 @@ class BufferedBytes:
             mib = self.limit / 2**20
             raise ServiceError(
                 503, "overloaded",
-                f"the server is holding as many request bodies as it may ({mib:,.0f} MiB, "
+                f"the server is holding as many request bodies as it may ({mib:,.1f} MiB, "
                 "max_buffered_bytes); retry shortly",
                 headers={"Retry-After": "1"},
             )  # fmt: skip

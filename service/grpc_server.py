@@ -266,13 +266,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         start = time.perf_counter()
         remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
         name, version = request.model_name, request.model_version or None
-        async with state.registry.using(name, version) as model:
-            access.note_model(model)
-            parsed = infer_request(request, state.settings.max_files)
-            deadline = oip.request_deadline(state, parsed, start)
-            if remaining is not None:
-                deadline = min(deadline, start + remaining)
-            answer = await oip.run_inference(state, model, parsed, deadline, INFER_ROUTE)
+        # the message counts against max_buffered_bytes with the REST bodies, from here (grpcio
+        # has received it whole) to the answer: UNAVAILABLE when the server holds enough
+        size = request.ByteSize()
+        state.buffered.take(size)
+        try:
+            async with state.registry.using(name, version) as model:
+                access.note_model(model)
+                parsed = infer_request(request, state.settings.max_files)
+                deadline = oip.request_deadline(state, parsed, start)
+                if remaining is not None:
+                    deadline = min(deadline, start + remaining)
+                answer = await oip.run_inference(state, model, parsed, deadline, INFER_ROUTE)
+        finally:
+            state.buffered.give(size)
         return infer_response(model, request.id, answer)
 
     @_rpc

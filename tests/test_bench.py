@@ -199,9 +199,12 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     assert report["ratios"]["shipped_rps_over_bare"] > 0
     assert "resident memory" in proc.stdout
     protocols = service["protocols"]
-    assert len(protocols) == 3
+    assert len(protocols) == 4
     assert "/v2 infer, preprocessed binary FP32" in protocols
+    assert "gRPC ModelInfer, preprocessed FP32" in protocols  # the same tensors over gRPC
     assert all(r["failures"] == 0 and r["requests_per_second"] > 0 for r in protocols.values())
+    assert report["ratios"]["grpc_over_rest_fp32"] > 0
+    assert "gRPC / REST, preprocessed FP32 tensors" in proc.stdout
 
 
 @pytest.mark.slow

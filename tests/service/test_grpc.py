@@ -300,3 +300,38 @@ def test_a_grpc_call_has_a_request_id_echoed_an_access_line_and_metrics(shipped_
     assert line["batch_ms"] >= 0
     (line,) = [a for a in lines if a.get("request_id") == generated]
     assert line["status"] == "NOT_FOUND"
+
+
+def test_grpc_messages_count_against_max_buffered_bytes_with_rest_bodies(shipped_model):
+    """With room for one 200 KB message at a time, concurrent ModelInfer calls beyond it are
+    RESOURCE_EXHAUSTED (REST's 503 overloaded) naming max_buffered_bytes, not held in memory,
+    and the budget is given back: a call alone afterwards is answered."""
+    grpc_port = free_port()
+    env = os.environ | {"SMSO_MAX_REQUEST_BYTES": "300000", "SMSO_MAX_BUFFERED_BYTES": "300000"}
+    args = ("--grpc-port", str(grpc_port), "--log-level", "warning")
+    with real_server(shipped_model, *args, env=env) as (base, _):
+        name = httpx.get(f"{base}/metadata").json()["model"]["name"]
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(
+            name="image", datatype="FP32", shape=[64, 1, 28, 28]
+        )
+        request = service_pb2.ModelInferRequest(
+            model_name=name, inputs=[tensor],
+            raw_input_contents=[images(64).astype(np.float32).tobytes()],  # 200,704 bytes
+        )  # fmt: skip
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+            def call(_: int) -> str:
+                try:
+                    stub.ModelInfer(request, timeout=60)
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                    assert "max_buffered_bytes" in error.details()
+                    return "refused"
+                return "answered"
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                outcomes = list(pool.map(call, range(48)))
+            assert "refused" in outcomes
+            assert "answered" in outcomes
+            assert call(0) == "answered"  # nothing is left held
