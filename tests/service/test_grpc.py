@@ -325,13 +325,15 @@ def test_grpc_messages_count_against_max_buffered_bytes_with_rest_bodies(shipped
                 try:
                     stub.ModelInfer(request, timeout=60)
                 except grpc.RpcError as error:
-                    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
-                    assert "max_buffered_bytes" in error.details()
-                    return "refused"
+                    refused = error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    return (
+                        "refused"
+                        if refused and "max_buffered_bytes" in error.details()
+                        else (f"{error.code()}: {error.details()}")
+                    )
                 return "answered"
 
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 outcomes = list(pool.map(call, range(48)))
-            assert "refused" in outcomes
-            assert "answered" in outcomes
+            assert set(outcomes) == {"refused", "answered"}, set(outcomes)
             assert call(0) == "answered"  # nothing is left held
