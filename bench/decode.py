@@ -239,13 +239,19 @@ class PySpy:
     @classmethod
     def find(cls) -> PySpy | None:
         """py-spy from the PATH or beside this Python, if it may read this process."""
-        found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable)
-                                                                          .parent))  # fmt: skip
+        found = shutil.which("py-spy") or shutil.which(
+            "py-spy", path=str(Path(sys.executable).parent)
+        )
         if found is None:
             log("py-spy not found (pip install py-spy): the GIL measured by probe and scaling")
             return None
-        check = subprocess.run([found, "dump", "--nonblocking", "-p", str(os.getpid())],
-                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        check = subprocess.run(
+            [found, "dump", "--nonblocking", "-p", str(os.getpid())],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if check.returncode != 0:  # e.g. no ptrace permission in a container
             log(f"py-spy cannot read this process ({check.stderr.strip()[-200:]}): not used")
             return None
@@ -258,12 +264,29 @@ class PySpy:
             runs = []
             for gil in (False, True):
                 out = Path(tmp) / f"{'gil' if gil else 'all'}.txt"
-                command = [self.executable, "record", "-p", str(os.getpid()), "-r",
-                           str(self.rate), "-d", str(max(1, round(seconds))), "-f", "raw",
-                           "--nonblocking", "--idle", "--threads", "-o", str(out)]  # fmt: skip
-                process = subprocess.Popen(command + (["--gil"] if gil else []),
-                                           stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+                command = [
+                    self.executable,
+                    "record",
+                    "-p",
+                    str(os.getpid()),
+                    "-r",
+                    str(self.rate),
+                    "-d",
+                    str(max(1, round(seconds))),
+                    "-f",
+                    "raw",
+                    "--nonblocking",
+                    "--idle",
+                    "--threads",
+                    "-o",
+                    str(out),
+                ]
+                process = subprocess.Popen(
+                    command + (["--gil"] if gil else []),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
                 runs.append((process, out))
             stacks = []
             for process, out in runs:
@@ -280,8 +303,9 @@ def _split(line: str) -> tuple[str, int]:
     return stack.split(": ", 1)[-1], int(count)
 
 
-def spied(spy: PySpy, work: Callable[[], int], seconds: float,
-          parts: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:  # fmt: skip
+def spied(
+    spy: PySpy, work: Callable[[], int], seconds: float, parts: Sequence[tuple[str, str]] = ()
+) -> dict[str, Any]:
     """py-spy while ``work`` runs: the fraction of the sampling instants at which a thread of
     this process held the GIL, that time per image, and for each ``(name, frame)`` of ``parts``
     the fraction of the worker's samples inside that frame in which it held the GIL (two
@@ -289,9 +313,12 @@ def spied(spy: PySpy, work: Callable[[], int], seconds: float,
     (every, gil), wall, images = in_background(work, lambda: spy.sample(seconds))
     instants = sum(n for stack, n in every if stack.startswith(WORKER + ";"))
     held = sum(n for _, n in gil) / max(instants, 1)
-    result: dict[str, Any] = {"held_fraction": held, "samples": instants,
-                              "held_ms_per_image": 1e3 * held * wall / images,
-                              "ms_per_image": 1e3 * wall / images}  # fmt: skip
+    result: dict[str, Any] = {
+        "held_fraction": held,
+        "samples": instants,
+        "held_ms_per_image": 1e3 * held * wall / images,
+        "ms_per_image": 1e3 * wall / images,
+    }
     if parts:
         by_step = {}
         for name, frame in parts:
@@ -343,8 +370,11 @@ def calibration(spy: PySpy | None, seconds: float) -> dict[str, Any]:
     rows = []
     for hold_us, free_us in ((20, 180), (100, 400)):
         work, truth = synthetic(hold_us, free_us)
-        row = {"workload": f"{hold_us} us Python + {free_us} us hashlib", "true_fraction": truth,
-               "probe": probe(work, seconds)["held_fraction"]}  # fmt: skip
+        row = {
+            "workload": f"{hold_us} us Python + {free_us} us hashlib",
+            "true_fraction": truth,
+            "probe": probe(work, seconds)["held_fraction"],
+        }
         row["py_spy"] = spied(spy, work, seconds)["held_fraction"] if spy else None
         rows.append(row)
     return {"rows": rows}
@@ -383,9 +413,11 @@ class Pools:
                 executors[name] = concurrent.futures.ThreadPoolExecutor(int(workers))
             else:
                 executors[name] = concurrent.futures.ProcessPoolExecutor(
-                    int(workers), mp_context=context, initializer=_init_worker,
+                    int(workers),
+                    mp_context=context,
+                    initializer=_init_worker,
                     initargs=(pre.spec, pre.max_pixels),
-                )  # fmt: skip
+                )
         pools = cls(pre, executors)
         for name in executors:  # start every worker, import the libraries, warm the caches
             pools.run(name, list(files) * 2)
@@ -417,10 +449,13 @@ def throughput(pools: Pools, files: Sequence[bytes], rounds: int) -> dict[str, A
     rows = {}
     for name in POOLS:
         ratios = [v / one for v, one in zip(rates[name], rates["threads x1"], strict=True)]
-        rows[name] = {"images_per_second": statistics.median(rates[name]),
-                      "by_round": rates[name], "ratio_to_one_thread": statistics.median(ratios),
-                      "ratio_by_round": ratios,
-                      "process_cpu_ms_per_image": statistics.median(cpu[name])}  # fmt: skip
+        rows[name] = {
+            "images_per_second": statistics.median(rates[name]),
+            "by_round": rates[name],
+            "ratio_to_one_thread": statistics.median(ratios),
+            "ratio_by_round": ratios,
+            "process_cpu_ms_per_image": statistics.median(cpu[name]),
+        }
     return rows
 
 
@@ -434,8 +469,13 @@ def amdahl(serial: float, cores: int = CORES) -> float:
     return 1.0 / (serial + (1.0 - serial) / cores)
 
 
-def case(name: str, spec: Preprocessing, files: Sequence[bytes], spy: PySpy | None,
-         args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def case(
+    name: str,
+    spec: Preprocessing,
+    files: Sequence[bytes],
+    spy: PySpy | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     pre = Preprocessor(spec, MAX_PIXELS)
     steps = Steps(pre)
     log(f"{name}: steps")
@@ -456,8 +496,9 @@ def case(name: str, spec: Preprocessing, files: Sequence[bytes], spy: PySpy | No
     spy_threads = None
     if spy is not None:
         log(f"{name}: py-spy on the steps")
-        parts = list(zip(Steps.NAMES, [f"Steps.{f.__name__}" for f in steps.functions()],
-                         strict=True))  # fmt: skip
+        parts = list(
+            zip(Steps.NAMES, [f"Steps.{f.__name__}" for f in steps.functions()], strict=True)
+        )
         spy_threads = spied(spy, one_image(steps), args.sample_s, parts)
     log(f"{name}: pools, {args.rounds} interleaved rounds")
     pools = Pools.start(pre, files)
@@ -486,19 +527,34 @@ def case(name: str, spec: Preprocessing, files: Sequence[bytes], spy: PySpy | No
     else:
         parent_ms = pools_rows["processes x1"]["process_cpu_ms_per_image"]
         parent_how = "parent's CPU time"
-    model = {f"threads, s from {how}": {"serial": s, "speedup": amdahl(s),
-                                        "images_per_second": one_thread * amdahl(s)}
-             for how, s in estimates.items()}  # fmt: skip
+    model = {
+        f"threads, s from {how}": {
+            "serial": s,
+            "speedup": amdahl(s),
+            "images_per_second": one_thread * amdahl(s),
+        }
+        for how, s in estimates.items()
+    }
     # a fraction, as the model reads it: on a busy machine the parent's time per image can
     # exceed the image's own measured time (both are samples), which amdahl() would clamp
     # while the record kept the unclamped value
     process_serial = min(parent_ms / times["whole_ms"], 1.0)
     model[f"process pool, s = {parent_how} / image time"] = {
-        "serial": process_serial, "speedup": amdahl(process_serial),
-        "images_per_second": one_process * amdahl(process_serial)}  # fmt: skip
-    return {"name": name, "preprocessing": spec.model_dump(), "steps": times, "probe": probed,
-            "py_spy": spy_threads, "py_spy_process_parent": spy_parent, "pools": pools_rows,
-            "gil_held_fraction": estimates, "model": model}  # fmt: skip
+        "serial": process_serial,
+        "speedup": amdahl(process_serial),
+        "images_per_second": one_process * amdahl(process_serial),
+    }
+    return {
+        "name": name,
+        "preprocessing": spec.model_dump(),
+        "steps": times,
+        "probe": probed,
+        "py_spy": spy_threads,
+        "py_spy_process_parent": spy_parent,
+        "pools": pools_rows,
+        "gil_held_fraction": estimates,
+        "model": model,
+    }
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -507,8 +563,9 @@ def case(name: str, spec: Preprocessing, files: Sequence[bytes], spy: PySpy | No
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A markdown table, every column after the first right-aligned."""
     rule = "|---|" + "--:|" * (len(header) - 1)
-    return "\n".join(["| " + " | ".join(header) + " |", rule,
-                      *("| " + " | ".join(row) + " |" for row in rows)])  # fmt: skip
+    return "\n".join(
+        ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(row) + " |" for row in rows)]
+    )
 
 
 def percent(value: float | None) -> str:
@@ -522,8 +579,14 @@ def print_case(result: dict[str, Any]) -> None:
     rows = []
     for name in Steps.NAMES:
         ms, fraction = times["step_ms"][name], fractions[name]
-        rows.append([name, f"{ms:.3f}", percent(fraction),
-                     "-" if fraction is None else f"{1e3 * fraction * ms:.0f}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{ms:.3f}",
+                percent(fraction),
+                "-" if fraction is None else f"{1e3 * fraction * ms:.0f}",
+            ]
+        )
     if spy:
         held = sum(f * times["step_ms"][n] for n, f in fractions.items() if f is not None)
         total = [percent(held / times["sum_ms"]), f"{1e3 * held:.0f}"]
@@ -535,19 +598,34 @@ def print_case(result: dict[str, Any]) -> None:
     rows = []
     for name, row in result["pools"].items():
         by_round = ", ".join(f"{r:.2f}" for r in row["ratio_by_round"])
-        rows.append([name, f"{row['images_per_second']:.0f}", f"{row['ratio_to_one_thread']:.2f}",
-                     by_round, f"{row['process_cpu_ms_per_image']:.3f}"])  # fmt: skip
-    print(table(["pool", "img/s", "/ 1 thread", "/ 1 thread by round",
-                 "this process's CPU ms/img"], rows))  # fmt: skip
-    rows = [[how, f"{m['serial']:.3f}", f"{m['speedup']:.1f}", f"{m['images_per_second']:,.0f}"]
-            for how, m in result["model"].items()]  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{row['images_per_second']:.0f}",
+                f"{row['ratio_to_one_thread']:.2f}",
+                by_round,
+                f"{row['process_cpu_ms_per_image']:.3f}",
+            ]
+        )
+    print(
+        table(
+            ["pool", "img/s", "/ 1 thread", "/ 1 thread by round", "this process's CPU ms/img"],
+            rows,
+        )
+    )
+    rows = [
+        [how, f"{m['serial']:.3f}", f"{m['speedup']:.1f}", f"{m['images_per_second']:,.0f}"]
+        for how, m in result["model"].items()
+    ]
     print(f"\nA model, not a measurement: Amdahl's law on {CORES} cores\n")
     print(table(["model", "serial fraction s", f"speedup on {CORES}", "img/s"], rows))
 
 
 def print_calibration(result: dict[str, Any]) -> None:
-    rows = [[r["workload"], percent(r["true_fraction"]), percent(r["probe"]), percent(r["py_spy"])]
-            for r in result["rows"]]  # fmt: skip
+    rows = [
+        [r["workload"], percent(r["true_fraction"]), percent(r["probe"]), percent(r["py_spy"])]
+        for r in result["rows"]
+    ]
     print("\n### Calibration: workloads of known GIL fraction\n")
     print(table(["workload", "GIL held (timed)", "probe", "py-spy"], rows))
 
@@ -561,9 +639,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "processor": processor, "cpu_count": os.cpu_count(), "pillow": PIL.__version__,
-            "numpy": np.__version__}  # fmt: skip
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": processor,
+        "cpu_count": os.cpu_count(),
+        "pillow": PIL.__version__,
+        "numpy": np.__version__,
+    }
 
 
 def log(message: str) -> None:
@@ -575,8 +658,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=200, help="images per pool and round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--repeats", type=int, default=5, help="passes over the images (steps)")
-    parser.add_argument("--sample-s", type=float, default=3.0,
-                        help="seconds of each GIL measurement")  # fmt: skip
+    parser.add_argument(
+        "--sample-s", type=float, default=3.0, help="seconds of each GIL measurement"
+    )
     parser.add_argument("--no-py-spy", action="store_true", help="even when it is installed")
     parser.add_argument("--quick", action="store_true", help="fewer images, rounds and samples")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -591,14 +675,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     load = os.getloadavg()[0]
     spy = None if args.no_py_spy else PySpy.find()
     files = jpegs(20)
-    cases = [("shipped model (L, resize 28, crop 28)", shipped_preprocessing()),
-             ("ImageNet-style (RGB, resize 256, crop 224)", IMAGENET)]  # fmt: skip
+    cases = [
+        ("shipped model (L, resize 28, crop 28)", shipped_preprocessing()),
+        ("ImageNet-style (RGB, resize 256, crop 224)", IMAGENET),
+    ]
     log("calibration")
-    report = {"machine": machine(), "images": "640x480 JPEG, Fashion-MNIST test images scaled up",
-              "jpeg_bytes_mean": statistics.mean(map(len, files)),
-              "py_spy": spy.executable if spy else None,
-              "calibration": calibration(spy, args.sample_s),
-              "cases": [case(name, spec, files, spy, args) for name, spec in cases]}  # fmt: skip
+    report = {
+        "machine": machine(),
+        "images": "640x480 JPEG, Fashion-MNIST test images scaled up",
+        "jpeg_bytes_mean": statistics.mean(map(len, files)),
+        "py_spy": spy.executable if spy else None,
+        "calibration": calibration(spy, args.sample_s),
+        "cases": [case(name, spec, files, spy, args) for name, spec in cases],
+    }
     print_calibration(report["calibration"])
     for result in report["cases"]:
         print_case(result)

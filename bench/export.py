@@ -59,12 +59,17 @@ class Case:
 
 
 def cases(quick: bool) -> list[Case]:
-    shipped = [Case("fashion-mnist (shipped)", form, 64, 28, (1, 32, 128, 512), SHIPPED)
-               for form in ("conv", "covariance")]  # fmt: skip
+    shipped = [
+        Case("fashion-mnist (shipped)", form, 64, 28, (1, 32, 128, 512), SHIPPED)
+        for form in ("conv", "covariance")
+    ]
     if quick:
         return shipped[:1]
-    resnet = [Case("resnet50 448 px", form, p, 448, (1, 4, 8))
-              for p in (64, 2048) for form in ("conv", "covariance")]  # fmt: skip
+    resnet = [
+        Case("resnet50 448 px", form, p, 448, (1, 4, 8))
+        for p in (64, 2048)
+        for form in ("conv", "covariance")
+    ]
     return shipped + resnet
 
 
@@ -104,16 +109,32 @@ def measure(case: Case, workdir: Path, policy: benchlib.TimingPolicy) -> list[di
 
         torch_ms = benchlib.measure_time(run_torch, cpu, policy).median_ms
         ort_ms = benchlib.measure_time(run_ort, cpu, policy).median_ms
-        log.info("%s %s p=%d batch %d: torch %.1f ms, onnxruntime %.1f ms",
-                 case.name, case.form, case.p, batch, torch_ms, ort_ms)  # fmt: skip
-        rows.append({
-            "model": case.name, "form": case.form, "p": case.p, "side": case.side, "batch": batch,
-            "torch_ms": torch_ms, "onnxruntime_ms": ort_ms, "speedup": torch_ms / ort_ms,
-            "torch_images_per_second": 1e3 * batch / torch_ms,
-            "onnxruntime_images_per_second": 1e3 * batch / ort_ms,
-            "export_seconds": export_s, "onnx_bytes": result.size_bytes,
-            "parity_max_relative_difference": result.parity.max_relative_difference,
-        })  # fmt: skip
+        log.info(
+            "%s %s p=%d batch %d: torch %.1f ms, onnxruntime %.1f ms",
+            case.name,
+            case.form,
+            case.p,
+            batch,
+            torch_ms,
+            ort_ms,
+        )
+        rows.append(
+            {
+                "model": case.name,
+                "form": case.form,
+                "p": case.p,
+                "side": case.side,
+                "batch": batch,
+                "torch_ms": torch_ms,
+                "onnxruntime_ms": ort_ms,
+                "speedup": torch_ms / ort_ms,
+                "torch_images_per_second": 1e3 * batch / torch_ms,
+                "onnxruntime_images_per_second": 1e3 * batch / ort_ms,
+                "export_seconds": export_s,
+                "onnx_bytes": result.size_bytes,
+                "parity_max_relative_difference": result.parity.max_relative_difference,
+            }
+        )
     return rows
 
 
@@ -126,12 +147,18 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         one = next(r for r in mine if r["batch"] == 1)
         best_t = max(mine, key=lambda r: r["torch_images_per_second"])
         best_o = max(mine, key=lambda r: r["onnxruntime_images_per_second"])
-        out.append({
-            "model": model, "form": form, "p": p, "batch1_speedup": one["speedup"],
-            "best_batch_torch": best_t["batch"], "best_batch_onnxruntime": best_o["batch"],
-            "best_speedup": best_o["onnxruntime_images_per_second"]
-            / best_t["torch_images_per_second"],
-        })  # fmt: skip
+        out.append(
+            {
+                "model": model,
+                "form": form,
+                "p": p,
+                "batch1_speedup": one["speedup"],
+                "best_batch_torch": best_t["batch"],
+                "best_batch_onnxruntime": best_o["batch"],
+                "best_speedup": best_o["onnxruntime_images_per_second"]
+                / best_t["torch_images_per_second"],
+            }
+        )
     return out
 
 
@@ -141,11 +168,21 @@ def form_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["form"] != "conv":
             continue
-        twin = [c for c in rows if c["form"] == "covariance" and
-                (c["model"], c["p"], c["batch"]) == (r["model"], r["p"], r["batch"])]  # fmt: skip
+        twin = [
+            c
+            for c in rows
+            if c["form"] == "covariance"
+            and (c["model"], c["p"], c["batch"]) == (r["model"], r["p"], r["batch"])
+        ]
         if twin:
-            out.append({"model": r["model"], "p": r["p"], "batch": r["batch"],
-                        "covariance_over_conv": twin[0]["onnxruntime_ms"] / r["onnxruntime_ms"]})  # fmt: skip
+            out.append(
+                {
+                    "model": r["model"],
+                    "p": r["p"],
+                    "batch": r["batch"],
+                    "covariance_over_conv": twin[0]["onnxruntime_ms"] / r["onnxruntime_ms"],
+                }
+            )
     return out
 
 
@@ -169,37 +206,77 @@ def main(argv: Sequence[str] | None = None) -> int:
         for case in cases(args.quick):
             rows += measure(case, Path(tmp), policy)
     table = [
-        [r["model"], r["form"], str(r["p"]), str(r["batch"]), benchlib.format_ms(r["torch_ms"]),
-         benchlib.format_ms(r["onnxruntime_ms"]), f"{r['onnxruntime_images_per_second']:.1f}",
-         f"{r['speedup']:.2f}x"]
+        [
+            r["model"],
+            r["form"],
+            str(r["p"]),
+            str(r["batch"]),
+            benchlib.format_ms(r["torch_ms"]),
+            benchlib.format_ms(r["onnxruntime_ms"]),
+            f"{r['onnxruntime_images_per_second']:.1f}",
+            f"{r['speedup']:.2f}x",
+        ]
         for r in rows
-    ]  # fmt: skip
-    header = ["model", "form", "p", "batch", "torch ms", "onnxruntime ms", "ORT images/s",
-              "ORT speedup"]  # fmt: skip
+    ]
+    header = [
+        "model",
+        "form",
+        "p",
+        "batch",
+        "torch ms",
+        "onnxruntime ms",
+        "ORT images/s",
+        "ORT speedup",
+    ]
     print(benchlib.markdown_table(header, table))
     best = summary(rows)
     print()
-    print(benchlib.markdown_table(
-        ["model", "form", "p", "batch 1 speedup", "best batch (torch / ORT)", "best-batch speedup"],
-        [[s["model"], s["form"], str(s["p"]), f"{s['batch1_speedup']:.2f}x",
-          f"{s['best_batch_torch']} / {s['best_batch_onnxruntime']}", f"{s['best_speedup']:.2f}x"]
-         for s in best],
-    ))  # fmt: skip
+    print(
+        benchlib.markdown_table(
+            [
+                "model",
+                "form",
+                "p",
+                "batch 1 speedup",
+                "best batch (torch / ORT)",
+                "best-batch speedup",
+            ],
+            [
+                [
+                    s["model"],
+                    s["form"],
+                    str(s["p"]),
+                    f"{s['batch1_speedup']:.2f}x",
+                    f"{s['best_batch_torch']} / {s['best_batch_onnxruntime']}",
+                    f"{s['best_speedup']:.2f}x",
+                ]
+                for s in best
+            ],
+        )
+    )
     forms = form_ratios(rows)
     if forms:
         print()
-        print(benchlib.markdown_table(
-            ["model", "p", "batch", "ORT covariance / conv time"],
-            [[f["model"], str(f["p"]), str(f["batch"]), f"{f['covariance_over_conv']:.2f}x"]
-             for f in forms],
-        ))  # fmt: skip
-    print(f"\nExpectation: onnxruntime at least 1.5x PyTorch eager on this CPU "
-          f"({torch.get_num_threads()} threads).")  # fmt: skip
+        print(
+            benchlib.markdown_table(
+                ["model", "p", "batch", "ORT covariance / conv time"],
+                [
+                    [f["model"], str(f["p"]), str(f["batch"]), f"{f['covariance_over_conv']:.2f}x"]
+                    for f in forms
+                ],
+            )
+        )
+    print(
+        f"\nExpectation: onnxruntime at least 1.5x PyTorch eager on this CPU "
+        f"({torch.get_num_threads()} threads)."
+    )
     payload = {
         "machine": benchlib.machine_info(torch.device("cpu")),
-        "settings": vars(args) | {"json": str(args.json)}, "results": rows,
-        "summary": best, "forms": forms,
-    }  # fmt: skip
+        "settings": vars(args) | {"json": str(args.json)},
+        "results": rows,
+        "summary": best,
+        "forms": forms,
+    }
     benchlib.write_json(args.json, payload)
     print(f"Results written to {args.json}")
     return 0

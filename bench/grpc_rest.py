@@ -53,8 +53,9 @@ def senders(http_url: str, grpc_url: str, name: str, tensor: np.ndarray) -> dict
             local.rest = httpclient.InferenceServerClient(http_url)
         tensors = httpclient.InferInput("image", list(tensor.shape), "FP32")
         tensors.set_data_from_numpy(tensor, binary_data=True)
-        outputs = [httpclient.InferRequestedOutput(n, binary_data=True)
-                   for n in ("logits", "embedding")]  # fmt: skip
+        outputs = [
+            httpclient.InferRequestedOutput(n, binary_data=True) for n in ("logits", "embedding")
+        ]
         return local.rest.infer(name, [tensors], outputs=outputs).as_numpy("embedding")
 
     def grpc_send() -> object:
@@ -78,8 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     grpc_port = free_port()
-    command = [sys.executable, "-m", "service.cli", "--model-path", str(SHIPPED),
-               "--port", "{port}", "--grpc-port", str(grpc_port), "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "--model-path",
+        str(SHIPPED),
+        "--port",
+        "{port}",
+        "--grpc-port",
+        str(grpc_port),
+        "--log-level",
+        "warning",
+    ]
     with running(command, "/readyz", ROOT) as (base, _):
         port = base.rsplit(":", 1)[1]
         name = httpx.get(f"{base}/metadata").json()["model"]["name"]
@@ -95,16 +107,32 @@ def main(argv: list[str] | None = None) -> int:
                 measured = {p: drive(pool, send[p], args.requests) for p in order}
                 rounds.append(measured | {"ratio": measured["grpc"] / measured["rest"]})
 
-    rows = [[str(i + 1), f"{r['rest']:,.0f}", f"{r['grpc']:,.0f}", format_ratio(r["ratio"])]
-            for i, r in enumerate(rounds)]  # fmt: skip
+    rows = [
+        [str(i + 1), f"{r['rest']:,.0f}", f"{r['grpc']:,.0f}", format_ratio(r["ratio"])]
+        for i, r in enumerate(rounds)
+    ]
     median = statistics.median(r["ratio"] for r in rounds)
-    rows.append(["median", f"{statistics.median(r['rest'] for r in rounds):,.0f}",
-                 f"{statistics.median(r['grpc'] for r in rounds):,.0f}", format_ratio(median)])  # fmt: skip
-    print(f"FP32 [{args.batch}, 1, 28, 28] binary tensors, {args.clients} clients, "
-          f"{args.requests} requests per protocol and round (requests/s)")  # fmt: skip
+    rows.append(
+        [
+            "median",
+            f"{statistics.median(r['rest'] for r in rounds):,.0f}",
+            f"{statistics.median(r['grpc'] for r in rounds):,.0f}",
+            format_ratio(median),
+        ]
+    )
+    print(
+        f"FP32 [{args.batch}, 1, 28, 28] binary tensors, {args.clients} clients, "
+        f"{args.requests} requests per protocol and round (requests/s)"
+    )
     print(markdown_table(["round", "REST", "gRPC", "gRPC / REST"], rows))
-    write_json(args.json, {"settings": vars(args) | {"json": str(args.json)}, "rounds": rounds,
-                           "median_ratio": median})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "settings": vars(args) | {"json": str(args.json)},
+            "rounds": rounds,
+            "median_ratio": median,
+        },
+    )
     return 0
 
 

@@ -117,9 +117,11 @@ def machine() -> dict[str, Any]:
     import onnxruntime as ort
 
     info: dict[str, Any] = {
-        "cpu_cores": os.cpu_count(), "python": platform.python_version(),
-        "onnxruntime": ort.__version__, "providers": ort.get_available_providers(),
-    }  # fmt: skip
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+        "providers": ort.get_available_providers(),
+    }
     with contextlib.suppress(ImportError):
         import torch
 
@@ -165,16 +167,19 @@ class GpuSampler:
     def summary(self) -> dict[str, float] | None:
         if not self.samples:
             return None
-        return {"gpu_util_mean": statistics.fmean(u for u, _ in self.samples),
-                "gpu_util_max": max(u for u, _ in self.samples),
-                "memory_used_gib": max(m for _, m in self.samples)}  # fmt: skip
+        return {
+            "gpu_util_mean": statistics.fmean(u for u, _ in self.samples),
+            "gpu_util_max": max(u for u, _ in self.samples),
+            "memory_used_gib": max(m for _, m in self.samples),
+        }
 
 
 # --- 2. the models -------------------------------------------------------------------------
 
 
-def export_one(workdir: str, name: str, form: str, fp16: bool, side: int = 224,
-               static: bool = False) -> tuple[str, str, float]:  # fmt: skip
+def export_one(
+    workdir: str, name: str, form: str, fp16: bool, side: int = 224, static: bool = False
+) -> tuple[str, str, float]:
     """One export of ResNet-50 SMSO p = 2,048, 1,000 classes, at 224 px (the ``image_folder``
     preset) or 448 px (the ``dtd`` preset: resize 512): ``bench/serve.py``'s model."""
     import torch
@@ -190,12 +195,18 @@ def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[st
     """``name -> path`` of the exports (the shipped model alone with ``smoke``); an export
     already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is."""
     if smoke:
-        return {"paths": {"fp32-conv": str(SHIPPED), "fp32-conv-static": str(SHIPPED)},
-                "export_s": {}}  # fmt: skip
-    variants = [("fp32-conv", "conv", False, 224), ("fp32-covariance", "covariance", False, 224),
-                ("fp16-conv", "conv", True, 224), ("fp32-conv-448", "conv", False, 448),
-                ("fp32-covariance-448", "covariance", False, 448),
-                ("fp32-conv-static", "conv", False, 224, True)]  # fmt: skip
+        return {
+            "paths": {"fp32-conv": str(SHIPPED), "fp32-conv-static": str(SHIPPED)},
+            "export_s": {},
+        }
+    variants = [
+        ("fp32-conv", "conv", False, 224),
+        ("fp32-covariance", "covariance", False, 224),
+        ("fp16-conv", "conv", True, 224),
+        ("fp32-conv-448", "conv", False, 448),
+        ("fp32-covariance-448", "covariance", False, 448),
+        ("fp32-conv-static", "conv", False, 224, True),
+    ]
     if only:
         variants = [v for v in variants if v[0] in only]
     paths = {v[0]: str(workdir / f"{v[0]}.onnx") for v in variants}
@@ -215,14 +226,19 @@ def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[st
 # --- 3. and 4. the raw session -----------------------------------------------------------
 
 
-def raw_session(path: str, mode: str, batches: list[int], providers: str, seconds: float
-                ) -> dict[str, Any]:  # fmt: skip
+def raw_session(
+    path: str, mode: str, batches: list[int], providers: str, seconds: float
+) -> dict[str, Any]:
     """Images/s and ms per call by batch size, through the service's own backend."""
     from service.backend import BackendOptions, OnnxBackend
 
     start = time.perf_counter()
-    options = BackendOptions(providers=providers, max_batch=max(batches),
-                             io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs")  # fmt: skip
+    options = BackendOptions(
+        providers=providers,
+        max_batch=max(batches),
+        io_binding=mode == "io-binding",
+        cuda_graphs=mode == "cuda-graphs",
+    )
     backend = OnnxBackend(path, options)
     spec = backend.card.input
     rng = np.random.default_rng(0)
@@ -237,10 +253,16 @@ def raw_session(path: str, mode: str, batches: list[int], providers: str, second
             t = time.perf_counter()
             backend.run(images)
             times.append(time.perf_counter() - t)
-        rows[batch] = {"images_per_second": batch * len(times) / sum(times),
-                       "ms_p50": 1e3 * statistics.median(times)}  # fmt: skip
-    return {"mode": backend.mode, "providers": backend.providers, "by_batch": rows,
-            "load_and_measure_s": time.perf_counter() - start}  # fmt: skip
+        rows[batch] = {
+            "images_per_second": batch * len(times) / sum(times),
+            "ms_p50": 1e3 * statistics.median(times),
+        }
+    return {
+        "mode": backend.mode,
+        "providers": backend.providers,
+        "by_batch": rows,
+        "load_and_measure_s": time.perf_counter() - start,
+    }
 
 
 def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> dict[str, Any]:
@@ -254,8 +276,11 @@ def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> 
     options.profile_file_prefix = str(out / "ort_profile")
     options.log_severity_level = 3
     names = [p.strip() for p in providers.split(",")]
-    session = ort.InferenceSession(path, options, providers=[
-        (n, provider_options(n, Accelerator((3, 224, 224), batch))) for n in names])  # fmt: skip
+    session = ort.InferenceSession(
+        path,
+        options,
+        providers=[(n, provider_options(n, Accelerator((3, 224, 224), batch))) for n in names],
+    )
     from service.card import parse_card
 
     spec = parse_card(session.get_modelmeta().custom_metadata_map)[0].input
@@ -278,9 +303,12 @@ def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> 
             run_us.append(event["dur"])
     total_runs = max(len(run_us), 1)
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:15]
-    return {"batch": batch, "run_ms_median": statistics.median(run_us) / 1e3 if run_us else None,
-            "ms_per_run_by_op": {k: v / 1e3 / total_runs for k, v in top},
-            "providers": session.get_providers()}  # fmt: skip
+    return {
+        "batch": batch,
+        "run_ms_median": statistics.median(run_us) / 1e3 if run_us else None,
+        "ms_per_run_by_op": {k: v / 1e3 / total_runs for k, v in top},
+        "providers": session.get_providers(),
+    }
 
 
 # --- 5. and 6. the server under load -------------------------------------------------------
@@ -292,8 +320,9 @@ def _client_init(payloads: dict[str, Any]) -> None:
     _PAYLOADS.update(payloads)
 
 
-def _client_process(url: str, kind: str, threads: int, start_at: float, seconds: float
-                    ) -> tuple[list[float], int]:  # fmt: skip
+def _client_process(
+    url: str, kind: str, threads: int, start_at: float, seconds: float
+) -> tuple[list[float], int]:
     """``threads`` clients in one process, each sending one request after another from
     ``start_at`` (a ``time.time()``) for ``seconds``: latencies (s) and failures."""
     import httpx
@@ -311,13 +340,19 @@ def _client_process(url: str, kind: str, threads: int, start_at: float, seconds:
             while time.time() < end:
                 t = time.perf_counter()
                 if kind == "jpeg":
-                    response = http.post(url, files=[("file", ("i.jpg", items[i % len(items)],
-                                                               "image/jpeg"))])  # fmt: skip
+                    response = http.post(
+                        url, files=[("file", ("i.jpg", items[i % len(items)], "image/jpeg"))]
+                    )
                 else:
                     body, length = items[i % len(items)]
-                    response = http.post(url, content=body, headers={
-                        "Inference-Header-Content-Length": str(length),
-                        "Content-Type": "application/octet-stream"})  # fmt: skip
+                    response = http.post(
+                        url,
+                        content=body,
+                        headers={
+                            "Inference-Header-Content-Length": str(length),
+                            "Content-Type": "application/octet-stream",
+                        },
+                    )
                 mine.append(time.perf_counter() - t)
                 if response.status_code != 200:
                     with lock:
@@ -346,11 +381,11 @@ class Clients:
 
     def load(self, url: str, kind: str, concurrency: int, seconds: float) -> dict[str, Any]:
         processes = min(self.processes, concurrency)
-        threads = [concurrency // processes + (k < concurrency % processes)
-                   for k in range(processes)]  # fmt: skip
+        threads = [
+            concurrency // processes + (k < concurrency % processes) for k in range(processes)
+        ]
         start_at = time.time() + 1.0
-        jobs = [self.pool.submit(_client_process, url, kind, t, start_at, seconds)
-                for t in threads]  # fmt: skip
+        jobs = [self.pool.submit(_client_process, url, kind, t, start_at, seconds) for t in threads]
         latencies: list[float] = []
         failures = 0
         for job in jobs:
@@ -361,11 +396,15 @@ class Clients:
         if not ms:
             return {"requests": 0, "failures": failures}
         return {
-            "concurrency": concurrency, "requests": len(ms), "failures": failures,
-            "requests_per_second": len(ms) / seconds, "mean_ms": statistics.fmean(ms),
-            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "concurrency": concurrency,
+            "requests": len(ms),
+            "failures": failures,
+            "requests_per_second": len(ms) / seconds,
+            "mean_ms": statistics.fmean(ms),
+            "p50_ms": float(np.percentile(ms, 50)),
+            "p95_ms": float(np.percentile(ms, 95)),
             "p99_ms": float(np.percentile(ms, 99)),
-        }  # fmt: skip
+        }
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -375,8 +414,16 @@ class Clients:
 def server(model: str, env_extra: dict[str, str], log: Path) -> Iterator[tuple[str, Any, float]]:
     """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``."""
     port = free_port()
-    env = os.environ | {"SMSO_MAX_BATCH_SIZE": "64", "SMSO_LOG_LEVEL": "warning",
-                        "SMSO_QUEUE_SIZE": "1024", "SMSO_GRPC_PORT": "0"} | env_extra  # fmt: skip
+    env = (
+        os.environ
+        | {
+            "SMSO_MAX_BATCH_SIZE": "64",
+            "SMSO_LOG_LEVEL": "warning",
+            "SMSO_QUEUE_SIZE": "1024",
+            "SMSO_GRPC_PORT": "0",
+        }
+        | env_extra
+    )
     command = [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port)]
     with log.open("w") as sink:
         start = time.perf_counter()
@@ -396,23 +443,47 @@ def py_spy(pid: int, seconds: float, out: Path, name: str) -> dict[str, Any]:
     if exe is None:
         return {"skipped": "py-spy is not installed"}
     record = subprocess.run(
-        [exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
-         "--format", "speedscope", "--output", str(out / f"{name}.speedscope.json"),
-         "--threads", "--idle", "--nonblocking"],
-        capture_output=True, text=True, timeout=seconds + 60,
-    )  # fmt: skip
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "200",
+            "--format",
+            "speedscope",
+            "--output",
+            str(out / f"{name}.speedscope.json"),
+            "--threads",
+            "--idle",
+            "--nonblocking",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
     dumps = []
     for _ in range(3):  # snapshots of every thread, a second apart
-        dump = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        dump = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
         dumps.append(dump.stdout + dump.stderr)
         time.sleep(1.0)
     (out / f"{name}.dump.txt").write_text("\n\n".join(dumps))
     return {"record_status": record.returncode, "record_stderr": record.stderr[-500:]}
 
 
-def serve_loads(model: str, variant: str, env_extra: dict[str, str], clients: Clients,
-                args: argparse.Namespace, out: Path, profile: bool) -> dict[str, Any]:  # fmt: skip
+def serve_loads(
+    model: str,
+    variant: str,
+    env_extra: dict[str, str],
+    clients: Clients,
+    args: argparse.Namespace,
+    out: Path,
+    profile: bool,
+) -> dict[str, Any]:
     """Every route at every concurrency against one server; a py-spy profile of the busiest."""
 
     result: dict[str, Any] = {"env": env_extra, "loads": []}
@@ -425,8 +496,17 @@ def serve_loads(model: str, variant: str, env_extra: dict[str, str], clients: Cl
     return result
 
 
-def _drive(base: str, process: Any, ready_s: float, result: dict[str, Any], clients: Clients,
-           args: argparse.Namespace, out: Path, variant: str, profile: bool) -> None:  # fmt: skip
+def _drive(
+    base: str,
+    process: Any,
+    ready_s: float,
+    result: dict[str, Any],
+    clients: Clients,
+    args: argparse.Namespace,
+    out: Path,
+    variant: str,
+    profile: bool,
+) -> None:
     """The loads of :func:`serve_loads` against a running server; results into ``result``."""
     import httpx
 
@@ -440,8 +520,10 @@ def _drive(base: str, process: Any, ready_s: float, result: dict[str, Any], clie
         time.sleep(0.2)
     card = answer.raise_for_status().json()["card"]
     name, _ = parse_card({"smso.model_card": json.dumps(card)})
-    routes = {"/classify JPEG": (f"{base}/classify", "jpeg"),
-              "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32")}  # fmt: skip
+    routes = {
+        "/classify JPEG": (f"{base}/classify", "jpeg"),
+        "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32"),
+    }
     for route, (url, kind) in routes.items():
         clients.load(url, kind, max(args.concurrency), args.seconds / 2)  # warm connections
         for concurrency in args.concurrency:
@@ -480,8 +562,9 @@ def _decode(data: bytes) -> int:
     return _PRE(data).shape[0]  # the array stays here: what a process pool would send back
 
 
-def decoding(files: list[bytes], preprocessing: dict[str, Any], workers: list[int],
-             seconds: float) -> dict[str, Any]:  # fmt: skip
+def decoding(
+    files: list[bytes], preprocessing: dict[str, Any], workers: list[int], seconds: float
+) -> dict[str, Any]:
     """640x480 JPEG -> (3, 224, 224) float32 images/s with a thread pool and a process pool
     (the process pool's figure leaves out sending the arrays back)."""
     _decode_init(preprocessing)
@@ -515,30 +598,43 @@ def markdown(report: dict[str, Any]) -> str:
     raw = {k: r for k, r in raw.items() if "by_batch" in r}
     if raw:
         columns = sorted({int(b) for r in raw.values() for b in r["by_batch"]})
-        lines += ["| export | mode | " + " | ".join(f"batch {b} img/s (ms)" for b in columns)
-                  + " |", "|---|---|" + "--:|" * len(columns)]  # fmt: skip
+        lines += [
+            "| export | mode | " + " | ".join(f"batch {b} img/s (ms)" for b in columns) + " |",
+            "|---|---|" + "--:|" * len(columns),
+        ]
         for key, r in raw.items():
             by_batch = {int(b): v for b, v in r["by_batch"].items()}
-            cells = [f"{by_batch[b]['images_per_second']:,.0f} ({by_batch[b]['ms_p50']:.2f})"
-                     if b in by_batch else "-" for b in columns]  # fmt: skip
+            cells = [
+                f"{by_batch[b]['images_per_second']:,.0f} ({by_batch[b]['ms_p50']:.2f})"
+                if b in by_batch
+                else "-"
+                for b in columns
+            ]
             lines.append(f"| {key.split('/')[0]} | {r['mode']} | " + " | ".join(cells) + " |")
         lines.append("")
     profile = report.get("ort_profile")
     if profile and "ms_per_run_by_op" in profile:
-        lines += [f"onnxruntime profile, batch {profile['batch']}: run "
-                  f"{profile['run_ms_median']:.2f} ms (median)", "",
-                  "| operator (provider) | ms per run |", "|---|--:|"]  # fmt: skip
+        lines += [
+            f"onnxruntime profile, batch {profile['batch']}: run "
+            f"{profile['run_ms_median']:.2f} ms (median)",
+            "",
+            "| operator (provider) | ms per run |",
+            "|---|--:|",
+        ]
         lines += [f"| {op} | {ms:.3f} |" for op, ms in profile["ms_per_run_by_op"].items()]
         lines.append("")
     for variant, result in report.get("server", {}).items():
         if "loads" not in result:
             lines += [f"server {variant}: {result}", ""]
             continue
-        lines += [f"Server `{variant}` ({result['env'] or 'defaults'}), ready after "
-                  f"{result['ready_s']:.1f} s:", "",
-                  "| route | clients | req/s | p50 ms | p95 ms | p99 ms | decode | queue | "
-                  "inference | round trip | rest | mean batch | GPU util % |",
-                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+        lines += [
+            f"Server `{variant}` ({result['env'] or 'defaults'}), ready after "
+            f"{result['ready_s']:.1f} s:",
+            "",
+            "| route | clients | req/s | p50 ms | p95 ms | p99 ms | decode | queue | "
+            "inference | round trip | rest | mean batch | GPU util % |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        ]
         for load in result["loads"]:
             if not load.get("requests"):
                 lines.append(
@@ -558,8 +654,10 @@ def markdown(report: dict[str, Any]) -> str:
     decode = report.get("decoding")
     if decode:
         lines += ["| JPEG decoding | workers | img/s |", "|---|--:|--:|"]
-        lines += [f"| {r['kind']} | {r['workers']} | {r['images_per_second']:,.0f} |"
-                  for r in decode["rows"]]  # fmt: skip
+        lines += [
+            f"| {r['kind']} | {r['workers']} | {r['images_per_second']:,.0f} |"
+            for r in decode["rows"]
+        ]
         lines.append("")
     if report.get("skipped"):
         lines.append(f"Skipped for the time budget: {', '.join(report['skipped'])}")
@@ -582,20 +680,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="export here and reuse the exports found here (default: a temporary folder)",
     )
     parser.add_argument("--export-only", action="store_true", help="export the models, then stop")
-    parser.add_argument("--exports", nargs="*", default=None,
-                        help="export only these (default: all six)")  # fmt: skip
-    parser.add_argument("--raw", nargs="*", default=None, metavar="EXPORT/MODE",
-                        help="raw-session runs (default: every export plainly, fp32-conv with "
-                        "io-binding, fp32-conv-static with cuda-graphs)")  # fmt: skip
-    parser.add_argument("--stages", nargs="*", default=["profile", "decoding"],
-                        choices=["profile", "decoding"], help="optional stages to run")  # fmt: skip
-    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
-                        help="py-spy on the first server variant under load")  # fmt: skip
-    parser.add_argument("--servers", nargs="*",
-                        default=["cuda", "cuda-2-in-flight", "cuda-graphs", "workers"],
-                        choices=["cuda", "cuda-2-in-flight", "cuda-static", "cuda-graphs",
-                                 "workers", "workers-graphs"],
-                        help="server variants to load (the first is profiled)")  # fmt: skip
+    parser.add_argument(
+        "--exports", nargs="*", default=None, help="export only these (default: all six)"
+    )
+    parser.add_argument(
+        "--raw",
+        nargs="*",
+        default=None,
+        metavar="EXPORT/MODE",
+        help="raw-session runs (default: every export plainly, fp32-conv with "
+        "io-binding, fp32-conv-static with cuda-graphs)",
+    )
+    parser.add_argument(
+        "--stages",
+        nargs="*",
+        default=["profile", "decoding"],
+        choices=["profile", "decoding"],
+        help="optional stages to run",
+    )
+    parser.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="py-spy on the first server variant under load",
+    )
+    parser.add_argument(
+        "--servers",
+        nargs="*",
+        default=["cuda", "cuda-2-in-flight", "cuda-graphs", "workers"],
+        choices=[
+            "cuda",
+            "cuda-2-in-flight",
+            "cuda-static",
+            "cuda-graphs",
+            "workers",
+            "workers-graphs",
+        ],
+        help="server variants to load (the first is profiled)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.seconds, args.concurrency, args.batches = 1.0, [1, 4], [1, 8]
@@ -626,8 +748,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exported: {exported['export_s']}", flush=True)
         if args.export_only:
             return 0
-        raw_plan = [(name, "plain") for name in paths] + [("fp32-conv", "io-binding"),
-                                                          ("fp32-conv-static", "cuda-graphs")]  # fmt: skip
+        raw_plan = [(name, "plain") for name in paths] + [
+            ("fp32-conv", "io-binding"),
+            ("fp32-conv-static", "cuda-graphs"),
+        ]
         if args.raw is not None:
             raw_plan = [tuple(item.split("/", 1)) for item in args.raw]
         report["raw"] = {}
@@ -637,15 +761,20 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             batches = [b for b in args.batches if b <= 64] if "448" in name else args.batches
             with stage(report["raw"], f"{name}/{mode}"):
-                report["raw"][f"{name}/{mode}"] = raw_session(paths[name], mode, batches,
-                                                              providers, args.seconds / 5)  # fmt: skip
+                report["raw"][f"{name}/{mode}"] = raw_session(
+                    paths[name], mode, batches, providers, args.seconds / 5
+                )
             print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']}", flush=True)
             save()
         if "profile" in args.stages:
             with stage(report, "ort_profile"):
-                report["ort_profile"] = ort_profile(paths["fp32-conv"], "CPUExecutionProvider"
-                                                if args.smoke else CUDA_PROVIDERS,
-                                                8 if args.smoke else 64, 5, Path(tmp))  # fmt: skip
+                report["ort_profile"] = ort_profile(
+                    paths["fp32-conv"],
+                    "CPUExecutionProvider" if args.smoke else CUDA_PROVIDERS,
+                    8 if args.smoke else 64,
+                    5,
+                    Path(tmp),
+                )
         save()
 
         files = jpegs(32)
@@ -679,9 +808,14 @@ def main(argv: list[str] | None = None) -> int:
                 env = {"SMSO_PROVIDERS": providers} | env
                 try:
                     report["server"][variant] = serve_loads(
-                        paths[model], variant, env, clients, args, out,
+                        paths[model],
+                        variant,
+                        env,
+                        clients,
+                        args,
+                        out,
                         profile=args.profile and variant == args.servers[0],
-                    )  # fmt: skip
+                    )
                 except Exception as error:  # one variant's failure: recorded, the rest go on
                     report["server"][variant] = {"error": f"{type(error).__name__}: {error}"}
                 print(f"server {variant}: done", flush=True)
@@ -694,8 +828,9 @@ def main(argv: list[str] | None = None) -> int:
             cores = os.cpu_count() or 2
             workers = sorted({1, max(1, cores // 4), max(1, cores // 2), cores})
             with stage(report, "decoding"):
-                report["decoding"] = decoding(files, card.preprocessing.model_dump(), workers,
-                                              0.5 if args.smoke else 2.0)  # fmt: skip
+                report["decoding"] = decoding(
+                    files, card.preprocessing.model_dump(), workers, 0.5 if args.smoke else 2.0
+                )
         else:
             report["skipped"].append("decoding")
     save()

@@ -74,11 +74,17 @@ BOUNDARY = "s0akb0undary"
 
 # kind -> weight in the mix (valid ones dominate, as in real traffic)
 MIX = {
-    "valid-classify": 30, "valid-v2-fp32": 30,
-    "truncated-jpeg": 4, "png-strip": 3, "random-multipart": 3, "random-v2": 3,
-    "malformed-multipart": 4, "oversized-close": 4,
-    "slow": 9, "abandoned": 10,
-}  # fmt: skip
+    "valid-classify": 30,
+    "valid-v2-fp32": 30,
+    "truncated-jpeg": 4,
+    "png-strip": 3,
+    "random-multipart": 3,
+    "random-v2": 3,
+    "malformed-multipart": 4,
+    "oversized-close": 4,
+    "slow": 9,
+    "abandoned": 10,
+}
 VALID = ("valid-classify", "valid-v2-fp32")
 # kinds where the client closes on purpose: never lost, whatever happens
 CLIENT_CLOSES = ("oversized-close", "abandoned")
@@ -471,14 +477,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     clean = summarize(run(corpus, valid, args.clients, args.seed, None))
     signum = signal.Signals[f"SIG{args.signal}"]
     soak = summarize(run(corpus, kinds, args.clients, args.seed, args.requests // 2, signum))
-    rows = [("requests", "requests"), ("accepted", "accepted"), ("lost (target 0)", "lost"),
-            ("refused by design (after the signal)", "refused_by_design"),
-            ("closed by the client on purpose", "client_closed"),
-            ("5xx (target 0)", "status_5xx"), ("valid answered 200", "valid_answered_200"),
-            ("answered: in flight at the signal", "in_flight_at_signal"),
-            ("answered: sent after the signal, kept connection", "started_after_signal_answered"),
-            ("valid p50 ms", "valid_p50_ms"), ("valid p99 ms", "valid_p99_ms"),
-            ("peak RSS MiB (VmHWM)", "peak_rss_mib"), ("seconds", "seconds")]  # fmt: skip
+    rows = [
+        ("requests", "requests"),
+        ("accepted", "accepted"),
+        ("lost (target 0)", "lost"),
+        ("refused by design (after the signal)", "refused_by_design"),
+        ("closed by the client on purpose", "client_closed"),
+        ("5xx (target 0)", "status_5xx"),
+        ("valid answered 200", "valid_answered_200"),
+        ("answered: in flight at the signal", "in_flight_at_signal"),
+        ("answered: sent after the signal, kept connection", "started_after_signal_answered"),
+        ("valid p50 ms", "valid_p50_ms"),
+        ("valid p99 ms", "valid_p99_ms"),
+        ("peak RSS MiB (VmHWM)", "peak_rss_mib"),
+        ("seconds", "seconds"),
+    ]
 
     def cell(value: Any) -> str:
         return (

@@ -28,14 +28,21 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 CARD: dict[str, Any] = {
-    "format": "smso-model-card", "version": 1, "dataset": "standin",
+    "format": "smso-model-card",
+    "version": 1,
+    "dataset": "standin",
     "classes": [f"class{k}" for k in range(1000)],
     "input": {"name": "image", "channels": 3, "height": 224, "width": 224, "dynamic_size": False},
-    "preprocessing": {"colour": "RGB", "resize": 256, "crop": 224,
-                      "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+    "preprocessing": {
+        "colour": "RGB",
+        "resize": 256,
+        "crop": 224,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+    },
     "model": {"backbone": "resnet50", "head": "smso", "embedding_dim": 2048},
     "checkpoint": {"sha256": "5da4d1115da4d111"},
-}  # fmt: skip
+}
 
 
 class StandinBackend:

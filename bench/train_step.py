@@ -95,11 +95,15 @@ def measure(
     results = []
     for trainer in trainers:
         median = statistics.median(seconds[trainer.name])
-        results.append({
-            "head": trainer.name, "images_per_second": args.batch * args.steps / median,
-            "step_ms": 1000 * median / args.steps, "embedding_dim": trainer.model.embedding_dim,
-            "round_seconds": seconds[trainer.name],
-        })  # fmt: skip
+        results.append(
+            {
+                "head": trainer.name,
+                "images_per_second": args.batch * args.steps / median,
+                "step_ms": 1000 * median / args.steps,
+                "embedding_dim": trainer.model.embedding_dim,
+                "round_seconds": seconds[trainer.name],
+            }
+        )
     return results
 
 
@@ -134,19 +138,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     smso, first = results
     overhead = 1 - smso["images_per_second"] / first["images_per_second"]
     rows = [
-        [r["head"], f"{r['embedding_dim']:,}", f"{r['images_per_second']:.1f}",
-         benchlib.format_ms(r["step_ms"])]
+        [
+            r["head"],
+            f"{r['embedding_dim']:,}",
+            f"{r['images_per_second']:.1f}",
+            benchlib.format_ms(r["step_ms"]),
+        ]
         for r in results
-    ]  # fmt: skip
+    ]
     print(benchlib.markdown_table(["head", "embedding", "images/s", "step ms"], rows))
-    print(f"\n{args.backbone} at {args.size} px, batch {args.batch}, median of {args.rounds} "
-          f"rounds of {args.steps} steps, "
-          f"AMP {amp}: the SMSO head costs {100 * overhead:.1f} % of the step "
-          f"(expectation on a GPU: under 5 %)")  # fmt: skip
+    print(
+        f"\n{args.backbone} at {args.size} px, batch {args.batch}, median of {args.rounds} "
+        f"rounds of {args.steps} steps, "
+        f"AMP {amp}: the SMSO head costs {100 * overhead:.1f} % of the step "
+        f"(expectation on a GPU: under 5 %)"
+    )
     payload = {
-        "machine": benchlib.machine_info(device), "settings": vars(args) | {"json": str(args.json)},
-        "amp": str(amp), "results": results, "smso_overhead": overhead,
-    }  # fmt: skip
+        "machine": benchlib.machine_info(device),
+        "settings": vars(args) | {"json": str(args.json)},
+        "amp": str(amp),
+        "results": results,
+        "smso_overhead": overhead,
+    }
     benchlib.write_json(args.json, payload)
     print(f"Results written to {args.json}")
     return 0

@@ -30,12 +30,14 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """``smso-export``'s parser."""
     parser = argparse.ArgumentParser(
-        prog="smso-export", description=__doc__.splitlines()[0].split(": ", 1)[1],
+        prog="smso-export",
+        description=__doc__.splitlines()[0].split(": ", 1)[1],
         formatter_class=HelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
-    parser.add_argument("-o", "--output", type=Path, help="ONNX file (default: CHECKPOINT's "
-                        "folder / model.onnx)")  # fmt: skip
+    parser.add_argument(
+        "-o", "--output", type=Path, help="ONNX file (default: CHECKPOINT's folder / model.onnx)"
+    )
     parser.add_argument(
         "--form",
         choices=get_args(FormChoice),
@@ -47,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         "where p*(n - c) >= n*c), recorded with both costs in the model card; other heads have "
         "one form and ignore it",
     )
-    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET,
-                        help="ONNX opset version, 18 or more")  # fmt: skip
+    parser.add_argument(
+        "--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version, 18 or more"
+    )
     parser.add_argument(
         "--fp16",
         action="store_true",
@@ -56,10 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
         "head and classifier in float32 (its sums of squares can overflow float16), float32 "
         "input and outputs; for GPUs: on a CPU the float32 file is faster",
     )
-    parser.add_argument("--optimize", action=argparse.BooleanOptionalAction, default=True,
-                        help="simplify the graph with onnxruntime's offline optimisation (float32 "
-                        "only: with --fp16 it would make the convolutions compute in "
-                        "float32)")  # fmt: skip
+    parser.add_argument(
+        "--optimize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="simplify the graph with onnxruntime's offline optimisation (float32 "
+        "only: with --fp16 it would make the convolutions compute in "
+        "float32)",
+    )
     parser.add_argument(
         "--static-size",
         action="store_true",
@@ -74,13 +81,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit the typicality reference (each served image's score and p-value; drift) on "
         "the checkpoint's validation split, when it is at hand, into the model card",
     )
-    parser.add_argument("--data-root", help="dataset folder for the parity check on real images "
-                        "(default: the one the checkpoint was trained on)")  # fmt: skip
-    parser.add_argument("--name", help="the name the model is served under (smso-serve's "
-                        "/v2/models/NAME; letters, digits, _ . -), written into the model card "
-                        "(default: DATASET-BACKBONE-HEAD, e.g. image_folder-small_cnn-smso)")  # fmt: skip
-    parser.add_argument("--version", help="the version it is served under (same characters; "
-                        "default: the first 12 hex digits of the checkpoint's sha256)")  # fmt: skip
+    parser.add_argument(
+        "--data-root",
+        help="dataset folder for the parity check on real images "
+        "(default: the one the checkpoint was trained on)",
+    )
+    parser.add_argument(
+        "--name",
+        help="the name the model is served under (smso-serve's "
+        "/v2/models/NAME; letters, digits, _ . -), written into the model card "
+        "(default: DATASET-BACKBONE-HEAD, e.g. image_folder-small_cnn-smso)",
+    )
+    parser.add_argument(
+        "--version",
+        help="the version it is served under (same characters; "
+        "default: the first 12 hex digits of the checkpoint's sha256)",
+    )
     return parser
 
 
@@ -98,10 +114,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         try:
             result = export_checkpoint(
-                args.checkpoint, output, args.form, args.opset, args.fp16, args.optimize,
-                args.data_root, name=args.name, version=args.version,
-                dynamic_size=not args.static_size, typicality=args.typicality,
-            )  # fmt: skip
+                args.checkpoint,
+                output,
+                args.form,
+                args.opset,
+                args.fp16,
+                args.optimize,
+                args.data_root,
+                name=args.name,
+                version=args.version,
+                dynamic_size=not args.static_size,
+                typicality=args.typicality,
+            )
         except (ParityError, ExportError) as error:
             print(f"smso-export: {error}; nothing was written", file=sys.stderr)
             return 1
@@ -109,16 +133,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         diffs = ", ".join(f"{k} {v:.2g}" for k, v in parity.max_relative_difference.items())
         metrics = result.card["metrics"]
         served = result.card["served"]
-        print(f"wrote {result.path} ({result.size_bytes / 2**20:.2f} MiB), served as "
-              f"{served['name']!r} version {served['version']!r}")  # fmt: skip
-        print(f"parity ({parity.precision}, batch sizes {parity.batch_sizes}, inputs "
-              f"{'+'.join(parity.inputs)}): max relative difference {diffs}; top-1 agreement "
-              f"{parity.top1_agreement:.0%}")  # fmt: skip
+        print(
+            f"wrote {result.path} ({result.size_bytes / 2**20:.2f} MiB), served as "
+            f"{served['name']!r} version {served['version']!r}"
+        )
+        print(
+            f"parity ({parity.precision}, batch sizes {parity.batch_sizes}, inputs "
+            f"{'+'.join(parity.inputs)}): max relative difference {diffs}; top-1 agreement "
+            f"{parity.top1_agreement:.0%}"
+        )
         if metrics["test_accuracy"] is not None:
             print(f"test accuracy in the card: {metrics['test_accuracy']:.4f}")
         section = result.card.get("typicality")
-        print(f"typicality: reference from {section['images']} validation images" if section
-              else "typicality: none (see the warning above)")  # fmt: skip
+        print(
+            f"typicality: reference from {section['images']} validation images"
+            if section
+            else "typicality: none (see the warning above)"
+        )
         return 0
 
     return run_cli("smso-export", body)  # UnsupportedHeadError is a ValueError: exit 2

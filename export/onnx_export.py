@@ -131,8 +131,9 @@ def _head_form(
     return form, choice
 
 
-def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int,
-           dynamic_size: bool = True) -> onnx.ModelProto:  # fmt: skip
+def _trace(
+    module: ExportModel, example: torch.Tensor, opset: int, stride: int, dynamic_size: bool = True
+) -> onnx.ModelProto:
     """Trace with a dynamic batch, and dynamic H, W unless the model needs its trained size or
     ``dynamic_size`` is off."""
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
@@ -147,10 +148,15 @@ def _trace(module: ExportModel, example: torch.Tensor, opset: int, stride: int,
     for dynamic in tries:
         try:
             program = torch.onnx.export(
-                module, (example,), input_names=["image"], output_names=["logits", "embedding", "features"],
-                dynamic_shapes={"images": dynamic}, dynamo=True, opset_version=opset,
+                module,
+                (example,),
+                input_names=["image"],
+                output_names=["logits", "embedding", "features"],
+                dynamic_shapes={"images": dynamic},
+                dynamo=True,
+                opset_version=opset,
                 verbose=False,
-            )  # fmt: skip
+            )
         except Exception as error:  # torch.export raises many types; report them together below
             errors.append(f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
             log.info("tracing with dynamic axes %s failed; trying fewer", sorted(dynamic))
@@ -214,18 +220,23 @@ def _versions() -> dict[str, str]:
     except PackageNotFoundError:
         smso = "unknown"
     return {
-        "torch": torch.__version__, "torchvision": torchvision.__version__,
-        "onnx": onnx.__version__, "onnxruntime": ort.__version__,
-        "python": platform.python_version(), "smso": smso,
-    }  # fmt: skip
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+        "python": platform.python_version(),
+        "smso": smso,
+    }
 
 
 def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """Validation accuracy from the checkpoint; test accuracy from its ``test.json``, if any."""
     metrics = {
-        "epoch": payload.get("epoch"), "val_accuracy": payload.get("val_accuracy"),
-        "test_accuracy": None, "test_images": None,
-    }  # fmt: skip
+        "epoch": payload.get("epoch"),
+        "val_accuracy": payload.get("val_accuracy"),
+        "test_accuracy": None,
+        "test_images": None,
+    }
     report_path = checkpoint.parent / "test.json"
     if report_path.is_file():
         import json
@@ -286,8 +297,11 @@ def export_checkpoint(
                 "rewrite the float16 convolutions to compute in float32); onnxruntime still "
                 "optimises the graph for the serving device when a session loads it"
             )
-        inputs = {"random": torch.randn(8, channels, side, side, generator=torch.Generator()
-                                        .manual_seed(0)).numpy()}  # fmt: skip
+        inputs = {
+            "random": torch.randn(
+                8, channels, side, side, generator=torch.Generator().manual_seed(0)
+            ).numpy()
+        }
         splits, unavailable = dataset_splits(checkpoint, data_root)
         if splits is None:
             log.warning("parity on real images skipped: %s", unavailable)
@@ -303,9 +317,11 @@ def export_checkpoint(
             "version": version or card["checkpoint"]["sha256"][:12],
         }
         card["export"] = {
-            "opset": opset, "precision": precision, "optimized": optimized,
+            "opset": opset,
+            "precision": precision,
+            "optimized": optimized,
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        }  # fmt: skip
+        }
         card["parity"] = parity.to_dict()
         card["versions"] = _versions()
         if not typicality:
@@ -317,8 +333,12 @@ def export_checkpoint(
         if section is not None:
             section = _score_in_graph(proto, section, [*inputs.values()])
             card["typicality"] = section
-            log.info("typicality reference from %d validation images; the file computes the "
-                     "score (output %r)", section["images"], section["output"])  # fmt: skip
+            log.info(
+                "typicality reference from %d validation images; the file computes the "
+                "score (output %r)",
+                section["images"],
+                section["output"],
+            )
         else:
             log.warning("no typicality reference: %s", why_not)
         del proto.metadata_props[:]
@@ -334,8 +354,9 @@ def export_checkpoint(
     return ExportResult(output, card, parity, output.stat().st_size)
 
 
-def _score_in_graph(proto: onnx.ModelProto, section: dict[str, Any],
-                    inputs: list[np.ndarray]) -> dict[str, Any]:  # fmt: skip
+def _score_in_graph(
+    proto: onnx.ModelProto, section: dict[str, Any], inputs: list[np.ndarray]
+) -> dict[str, Any]:
     """Append the typicality score to ``proto`` (``export.typicality_graph``), checked against
     numpy's on ``inputs``; the section, saying which output holds it and how close it came.
     Raises ``ParityError`` if the graph's score differs by more than ``SCORE_TOLERANCE``."""
@@ -367,24 +388,34 @@ def _card(
     return {
         "classes": list(classes),
         "input": {
-            "name": "image", "layout": "NCHW", "dtype": "float32", "channels": channels,
-            "height": side, "width": side, "dynamic_size": dynamic_size,
+            "name": "image",
+            "layout": "NCHW",
+            "dtype": "float32",
+            "channels": channels,
+            "height": side,
+            "width": side,
+            "dynamic_size": dynamic_size,
         },
         "preprocessing": {
             # images of any size are resized first; a preset without a resize (small images
             # already at the input size) resizes the shorter side to the crop
-            "colour": "L" if channels == 1 else "RGB", "resize": preset.get("resize") or side,
-            "crop": side, "scale": 1 / 255,
+            "colour": "L" if channels == 1 else "RGB",
+            "resize": preset.get("resize") or side,
+            "crop": side,
+            "scale": 1 / 255,
             "mean": list(preset.get("mean", [0.0] * channels)),
             "std": list(preset.get("std", [1.0] * channels)),
         },
         "outputs": {
-            "logits": ["N", config.num_classes], "embedding": ["N", model.embedding_dim],
+            "logits": ["N", config.num_classes],
+            "embedding": ["N", model.embedding_dim],
             "features": ["N", model.backbone.out_channels],
         },
         "model": {
-            "backbone": config.backbone, "head": config.head,
-            "head_options": dict(config.head_options), "reduce_dim": config.reduce_dim,
+            "backbone": config.backbone,
+            "head": config.head,
+            "head_options": dict(config.head_options),
+            "reduce_dim": config.reduce_dim,
             "embedding_dim": model.embedding_dim,
             "form": None if form_choice is None else form_choice["form"],
             "form_choice": form_choice,
@@ -392,4 +423,4 @@ def _card(
         "dataset": train_config.get("dataset", "unknown"),
         "metrics": _metrics(checkpoint, payload),
         "checkpoint": {"file": checkpoint.name, "sha256": file_sha256(checkpoint)},
-    }  # fmt: skip
+    }

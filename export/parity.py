@@ -93,9 +93,15 @@ def check_parity(
                 near = (top2[:, 1] - top2[:, 0]) <= tolerance * np.abs(expected["logits"]).max()
                 allowed += int((~same & near).sum())
     report = ParityReport(
-        precision, tolerance, list(batch_sizes), list(input_sets), worst, agree / max(total, 1),
-        allowed, total,
-    )  # fmt: skip
+        precision,
+        tolerance,
+        list(batch_sizes),
+        list(input_sets),
+        worst,
+        agree / max(total, 1),
+        allowed,
+        total,
+    )
     problems = [
         f"{name}: max relative difference {diff:.3g} > {tolerance:g}"
         for name, diff in worst.items()

@@ -58,32 +58,54 @@ def _class_conditional(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, P
     return means, _precision(within.T @ within / max(len(x) - len(classes), 1))
 
 
-def fit(logits: np.ndarray, embedding: np.ndarray, labels: np.ndarray,
-        features: np.ndarray | None = None) -> Typicality:  # fmt: skip
+def fit(
+    logits: np.ndarray,
+    embedding: np.ndarray,
+    labels: np.ndarray,
+    features: np.ndarray | None = None,
+) -> Typicality:
     """The statistics of ``n`` validation images' outputs (see the module docstring)."""
     z = np.asarray(embedding, np.float64)
     n, p = z.shape
     widest = max(p, 0 if features is None else features.shape[1])
     if n < 2 * widest or n < 20:
-        raise ValueError(f"{n} validation images are too few for {widest}-dimensional outputs "
-                         f"(at least {max(2 * widest, 20)})")  # fmt: skip
+        raise ValueError(
+            f"{n} validation images are too few for {widest}-dimensional outputs "
+            f"(at least {max(2 * widest, 20)})"
+        )
     mean = z.mean(axis=0)
     centred = z - mean
     precision = _precision(centred.T @ centred / (n - 1))
     class_means, within_precision = _class_conditional(z, labels)
     feature_means = feature_within = None
     if features is not None:
-        feature_means, feature_within = _class_conditional(np.asarray(features, np.float64),
-                                                           labels)  # fmt: skip
+        feature_means, feature_within = _class_conditional(np.asarray(features, np.float64), labels)
     count = 3 if features is None else 4
-    draft = Typicality(mean, precision, class_means, within_precision,
-                       np.tile([0.0, 1.0], (count, 1)), np.zeros(1), n, feature_means,
-                       feature_within)  # fmt: skip
+    draft = Typicality(
+        mean,
+        precision,
+        class_means,
+        within_precision,
+        np.tile([0.0, 1.0], (count, 1)),
+        np.zeros(1),
+        n,
+        feature_means,
+        feature_within,
+    )
     terms = draft.terms(logits, z, features)
     standardise = np.stack([terms.mean(axis=0), terms.std(axis=0) + 1e-12], axis=1)
     scores = ((terms - standardise[:, 0]) / standardise[:, 1]).sum(axis=1)
-    return Typicality(mean, precision, class_means, within_precision, standardise,
-                      np.sort(scores), n, feature_means, feature_within)  # fmt: skip
+    return Typicality(
+        mean,
+        precision,
+        class_means,
+        within_precision,
+        standardise,
+        np.sort(scores),
+        n,
+        feature_means,
+        feature_within,
+    )
 
 
 def reference_section(
@@ -92,8 +114,10 @@ def reference_section(
     """The card's ``typicality`` section from ``session`` (the exported file, on the CPU) run
     on the validation split of ``splits`` (the checkpoint's dataset), or ``(None, why not)``."""
     if embedding_dim > MAX_EMBEDDING:
-        return None, (f"the embedding has {embedding_dim} dimensions, more than "
-                      f"{MAX_EMBEDDING}: no covariance reference")  # fmt: skip
+        return None, (
+            f"the embedding has {embedding_dim} dimensions, more than "
+            f"{MAX_EMBEDDING}: no covariance reference"
+        )
     if len(splits.val) == 0:
         return None, "the training run held out no validation images"
     names = [o.name for o in session.get_outputs()]
@@ -108,8 +132,12 @@ def reference_section(
         labels.extend(int(label) for _, label in items)
     logits, embedding, *features = (np.concatenate(out) for out in outputs)
     if features and len(labels) < max(2 * features[0].shape[1], 20):
-        log.warning("typicality without the features term: %d validation images are too few for "
-                    "%d features", len(labels), features[0].shape[1])  # fmt: skip
+        log.warning(
+            "typicality without the features term: %d validation images are too few for "
+            "%d features",
+            len(labels),
+            features[0].shape[1],
+        )
         features = []
     try:
         typicality = fit(logits, embedding, np.asarray(labels), features[0] if features else None)

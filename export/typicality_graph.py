@@ -60,8 +60,9 @@ class _Builder:
         self.graph.initializer.append(numpy_helper.from_array(np.asarray(axes, np.int64), name))
         return name
 
-    def node(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: object
-             ) -> str:  # fmt: skip
+    def node(
+        self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: object
+    ) -> str:
         output = output or self.name(op.lower())
         self.graph.node.append(helper.make_node(op, list(inputs), [output], **attrs))
         return output
@@ -117,12 +118,18 @@ def append_score(proto: onnx.ModelProto, typicality: Typicality) -> None:
     ]
     if typicality.feature_means is not None and typicality.feature_within is not None:
         features = build.float32("features")
-        terms.append(build.log_min_distance(features, typicality.feature_within,
-                                            typicality.feature_means))  # fmt: skip
+        terms.append(
+            build.log_min_distance(features, typicality.feature_within, typicality.feature_means)
+        )
     stacked = build.node("Concat", terms, axis=1)  # (N, T)
     a, b = typicality.standardise[:, 0], typicality.standardise[:, 1]
-    standardised = build.node("Mul", [build.node("Sub", [stacked, build.constant("a", a)]),
-                                      build.constant("inverse_b", 1.0 / b)])  # fmt: skip
+    standardised = build.node(
+        "Mul",
+        [
+            build.node("Sub", [stacked, build.constant("a", a)]),
+            build.constant("inverse_b", 1.0 / b),
+        ],
+    )
     build.node("ReduceSum", [standardised, build.axes(1)], OUTPUT, keepdims=0)  # (N,)
     batch = graph.output[0].type.tensor_type.shape.dim[0]
     dim = batch.dim_param or batch.dim_value
@@ -146,8 +153,9 @@ def strip_score(proto: onnx.ModelProto) -> bool:
     """Remove what :func:`append_score` added, in place (a file as exported without the score
     in its graph); whether there was anything to remove."""
     graph = proto.graph
-    kept = [n for n in graph.node if not any(o == OUTPUT or o.startswith(_PREFIX)
-                                             for o in n.output)]  # fmt: skip
+    kept = [
+        n for n in graph.node if not any(o == OUTPUT or o.startswith(_PREFIX) for o in n.output)
+    ]
     removed = len(graph.node) - len(kept)
     del graph.node[:]
     graph.node.extend(kept)

@@ -70,9 +70,15 @@ def _vgg16_body(model: nn.Module) -> nn.Module:
 
 def _resnet_body(model: nn.Module) -> nn.Module:
     return nn.Sequential(
-        model.conv1, model.bn1, model.relu, model.maxpool,
-        model.layer1, model.layer2, model.layer3, model.layer4,
-    )  # fmt: skip
+        model.conv1,
+        model.bn1,
+        model.relu,
+        model.maxpool,
+        model.layer1,
+        model.layer2,
+        model.layer3,
+        model.layer4,
+    )
 
 
 def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
@@ -88,10 +94,14 @@ class SmallCNN(nn.Sequential):
 
     def __init__(self, in_channels: int = 1) -> None:
         super().__init__(
-            *_conv_bn_relu(in_channels, 32), *_conv_bn_relu(32, 32), nn.MaxPool2d(2),
-            *_conv_bn_relu(32, 64), *_conv_bn_relu(64, 64), nn.MaxPool2d(2),
+            *_conv_bn_relu(in_channels, 32),
+            *_conv_bn_relu(32, 32),
+            nn.MaxPool2d(2),
+            *_conv_bn_relu(32, 64),
+            *_conv_bn_relu(64, 64),
+            nn.MaxPool2d(2),
             *_conv_bn_relu(64, 128),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -228,9 +238,15 @@ def _adapt_first_conv(body: nn.Module, in_channels: int) -> None:
     """Replace the first Conv2d by one taking ``in_channels``, keeping its filters' response."""
     parent, attr, conv = _first_conv(body)
     new = nn.Conv2d(
-        in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-        conv.dilation, conv.groups, conv.bias is not None,
-    )  # fmt: skip
+        in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+        conv.bias is not None,
+    )
     w = conv.weight  # (out, cin, k, k)
     if in_channels == 1:
         new.weight.copy_(w.sum(dim=1, keepdim=True))

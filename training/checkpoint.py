@@ -22,9 +22,14 @@ import torch
 from training.model import ModelConfig, SecondOrderNet
 
 __all__ = [
-    "CheckpointError", "load_backbone", "load_checkpoint", "load_model", "resave_checkpoint",
-    "save_checkpoint", "write_atomically",
-]  # fmt: skip
+    "CheckpointError",
+    "load_backbone",
+    "load_checkpoint",
+    "load_model",
+    "resave_checkpoint",
+    "save_checkpoint",
+    "write_atomically",
+]
 
 FORMAT = "smso-checkpoint"
 VERSION = 1

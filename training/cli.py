@@ -18,9 +18,13 @@ __all__ = ["USER_ERRORS", "HelpFormatter", "run_cli"]
 #: ConfigError, UnknownHeadError and UnknownBackboneError are ValueErrors; DivergenceError is
 #: a learning rate too high for the data.
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ValueError, FileNotFoundError, DatasetLayoutError, CheckpointError, PretrainedWeightsError,
+    ValueError,
+    FileNotFoundError,
+    DatasetLayoutError,
+    CheckpointError,
+    PretrainedWeightsError,
     DivergenceError,
-)  # fmt: skip
+)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -31,9 +35,12 @@ class HelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         default = action.default
         if (
-            action.option_strings and "default" not in text and default is not argparse.SUPPRESS
-            and default is not None and default is not False
-        ):  # fmt: skip
+            action.option_strings
+            and "default" not in text
+            and default is not argparse.SUPPRESS
+            and default is not None
+            and default is not False
+        ):
             text += " (default: %(default)s)"
         return text
 

@@ -108,11 +108,12 @@ class TrainConfig:
             (self.workers >= 0, "workers must be >= 0"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (
-                self.reduce_dim is None or self.reduce_dim == "paper" or
-                (isinstance(self.reduce_dim, int) and self.reduce_dim >= 1),
+                self.reduce_dim is None
+                or self.reduce_dim == "paper"
+                or (isinstance(self.reduce_dim, int) and self.reduce_dim >= 1),
                 "reduce_dim must be a positive integer, 'paper' or null",
             ),
-        ]  # fmt: skip
+        ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -122,14 +123,22 @@ class TrainConfig:
         options = dict(self.head_options)
         if self.reduce_dim == "paper":
             return ModelConfig.for_paper(
-                self.backbone, self.head, num_classes, head_options=options,
-                in_channels=in_channels, pretrained=self.pretrained,
-            )  # fmt: skip
+                self.backbone,
+                self.head,
+                num_classes,
+                head_options=options,
+                in_channels=in_channels,
+                pretrained=self.pretrained,
+            )
         return ModelConfig(
-            num_classes=num_classes, backbone=self.backbone, head=self.head,
-            head_options=options, reduce_dim=self.reduce_dim,  # type: ignore[arg-type]
-            in_channels=in_channels, pretrained=self.pretrained,
-        )  # fmt: skip
+            num_classes=num_classes,
+            backbone=self.backbone,
+            head=self.head,
+            head_options=options,
+            reduce_dim=self.reduce_dim,  # type: ignore[arg-type]
+            in_channels=in_channels,
+            pretrained=self.pretrained,
+        )
 
     def resolve(self) -> TrainConfig:
         """The same config with every recipe default made explicit: the lr by backbone, the
@@ -161,7 +170,8 @@ class TrainConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(
-                f"unknown setting(s): {', '.join(unknown)}; valid settings: {', '.join(sorted(known))}"
+                f"unknown setting(s): {', '.join(unknown)}; "
+                f"valid settings: {', '.join(sorted(known))}"
             )
         _check_types(data)
         return cls(**data)
@@ -276,9 +286,13 @@ _HELP = {
     "recalibrate": "at the end, re-estimate SMSO's Sigma in best.pt over the training images",
 }
 _CHOICES = {
-    "dataset": sorted(DATASETS), "backbone": list(BACKBONES), "head": list(HEADS),
-    "schedule": SCHEDULES, "loss": LOSSES, "amp": AMP_MODES,
-}  # fmt: skip
+    "dataset": sorted(DATASETS),
+    "backbone": list(BACKBONES),
+    "head": list(HEADS),
+    "schedule": SCHEDULES,
+    "loss": LOSSES,
+    "amp": AMP_MODES,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,19 +304,31 @@ def build_parser() -> argparse.ArgumentParser:
         "records every value used.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--config", type=Path, help="a TOML or JSON file of settings, named as "
-                        "the flags below with _ for - (configs/ holds examples)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="a TOML or JSON file of settings, named as "
+        "the flags below with _ for - (configs/ holds examples)",
+    )
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         # default=None: a flag not given leaves the config file's value (or the dataclass's)
         if hints[f.name] is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                                help=_flag_help(f.name, default))  # fmt: skip
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=_flag_help(f.name, default),
+            )
         else:
-            parser.add_argument(flag, type=_parser_type(f.name, hints[f.name]), default=None,
-                                help=_flag_help(f.name, default))  # fmt: skip
+            parser.add_argument(
+                flag,
+                type=_parser_type(f.name, hints[f.name]),
+                default=None,
+                help=_flag_help(f.name, default),
+            )
     return parser
 
 

@@ -88,15 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="smso-eval", description=__doc__.splitlines()[0], formatter_class=HelpFormatter
     )
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
-    parser.add_argument("--split", default="test", choices=SPLITS,
-                        help="which split of the checkpoint's dataset to evaluate")  # fmt: skip
-    parser.add_argument("--data-root", help="the dataset's folder on this machine (default: the "
-                        "one the checkpoint was trained on)")  # fmt: skip
+    parser.add_argument(
+        "--split",
+        default="test",
+        choices=SPLITS,
+        help="which split of the checkpoint's dataset to evaluate",
+    )
+    parser.add_argument(
+        "--data-root",
+        help="the dataset's folder on this machine (default: the "
+        "one the checkpoint was trained on)",
+    )
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
-    parser.add_argument("--device", default="auto",
-                        help="auto (cuda when available, else cpu), cpu, cuda or cuda:N")  # fmt: skip
-    parser.add_argument("--workers", type=int, default=2,
-                        help="data-loading processes (0: load in this process)")  # fmt: skip
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="data-loading processes (0: load in this process)"
+    )
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
     return parser
 
@@ -109,15 +118,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         result, classes = evaluate_checkpoint(
             args.checkpoint, args.split, args.data_root, args.batch_size, args.device, args.workers
         )
-        print(f"{args.checkpoint}: top-1 accuracy on {args.split}: {result.accuracy:.4f} "
-              f"({result.count} images)")  # fmt: skip
+        print(
+            f"{args.checkpoint}: top-1 accuracy on {args.split}: {result.accuracy:.4f} "
+            f"({result.count} images)"
+        )
         print(format_confusion(result.confusion, classes))
         if args.json:
             report = {
-                "checkpoint": str(args.checkpoint), "split": args.split,
-                "accuracy": result.accuracy, "loss": result.loss, "images": result.count,
-                "classes": classes, "confusion": result.confusion.tolist(),
-            }  # fmt: skip
+                "checkpoint": str(args.checkpoint),
+                "split": args.split,
+                "accuracy": result.accuracy,
+                "loss": result.loss,
+                "images": result.count,
+                "classes": classes,
+                "confusion": result.confusion.tolist(),
+            }
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         return 0
 

@@ -90,24 +90,28 @@ TABLES: dict[str, list[Row]] = {
                              "head_options": {"sqrt_scale": 2e5}},
             _paper(65.80, 73.59, 69.10, 84.21), warm_start="bp"),
         Row("smso-64", "SMSO p=64", {**_VGG, **_smso(64)}, _paper(68.18, 75.37, 74.18, 82.66)),
-        Row("smso-2048", "SMSO p=2,048", {**_VGG, **_smso(2048)}, _paper(69.26, 79.45, 78.00, 85.01)),
+        Row("smso-2048", "SMSO p=2,048", {**_VGG, **_smso(2048)},
+            _paper(69.26, 79.45, 78.00, 85.01)),
     ],
     "table2": [
-        Row("first-order", "ResNet-50", {**_RESNET, **_FIRST_ORDER}, _paper(71.45, 76.45, 79.12, 74.51)),
+        Row("first-order", "ResNet-50", {**_RESNET, **_FIRST_ORDER},
+            _paper(71.45, 76.45, 79.12, 74.51)),
         Row("bp", "BP", {**_RESNET, "head": "bp", "reduce_dim": 256,
-                         "head_options": {"vectorize": "triu"}}, _paper(69.37, 68.35, 79.05, 82.70)),
+                         "head_options": {"vectorize": "triu"}},
+            _paper(69.37, 68.35, 79.05, 82.70)),
         Row("mpn", "MPN", {**_RESNET, "head": "mpn"}, _paper(71.10, 72.12, 79.83, 85.43)),
         Row("cbp-ts", "CBP-TS", {**_RESNET, "head": "cbp_ts"}, _paper(65.30, 72.60, 75.91, 77.35)),
         Row("cbp-rm", "CBP-RM", {**_RESNET, "head": "cbp_rm"}, _paper(62.35, 67.81, 74.15, None)),
         Row("smso-64", "SMSO p=64", {**_RESNET, **_smso(64)}, _paper(71.03, 76.31, 79.17, 81.98)),
-        Row("smso-2048", "SMSO p=2,048", {**_RESNET, **_smso(2048)}, _paper(72.51, 79.68, 81.33, 85.77)),
+        Row("smso-2048", "SMSO p=2,048", {**_RESNET, **_smso(2048)},
+            _paper(72.51, 79.68, 81.33, 85.77)),
     ],
     "table3": [
         Row("flatten", "Flatten (Wishart), no transform, no normalisation",
             {**_VGG, "head": "flatten"}, {"minc2500": 75.97}),
     ] + [
-        Row(f"{t}-{a}", f"PV, {t} transform, affine {a}", {**_VGG, **_smso(2048, transform=t, affine=a)},
-            {"minc2500": acc})
+        Row(f"{t}-{a}", f"PV, {t} transform, affine {a}",
+            {**_VGG, **_smso(2048, transform=t, affine=a)}, {"minc2500": acc})
         for t, a, acc in [
             ("none", "none", 75.32), ("sqrt", "none", 76.32), ("sqrt", "beta", 77.12),
             ("sqrt", "gamma", 76.47), ("none", "both", 76.14), ("sqrt", "both", 78.00),
@@ -151,9 +155,16 @@ TABLES: dict[str, list[Row]] = {
 #: The recipe of every Fashion-MNIST row: the shipped model's (configs/fashion-mnist-smso.toml,
 #: less its head and seed; a test keeps the two equal).
 FMNIST_RECIPE = {
-    "dataset": "fashion_mnist", "val_size": 5000, "backbone": "small_cnn", "epochs": 18,
-    "batch_size": 64, "lr": 0.01, "schedule": "cosine", "weight_decay": 2e-3, "workers": 0,
-}  # fmt: skip
+    "dataset": "fashion_mnist",
+    "val_size": 5000,
+    "backbone": "small_cnn",
+    "epochs": 18,
+    "batch_size": 64,
+    "lr": 0.01,
+    "schedule": "cosine",
+    "weight_decay": 2e-3,
+    "workers": 0,
+}
 
 
 def find_row(table: str, name: str) -> Row:
@@ -211,15 +222,22 @@ def _result_line(table: str, row: Row, cfg: TrainConfig, result: Any) -> dict[st
     seconds = sum(m["seconds"] for m in metrics)
     images = sum(m["images_per_second"] * m["seconds"] for m in metrics)
     return {
-        "table": table, "row": row.name, "label": row.label, "dataset": cfg.dataset,
-        "seed": cfg.seed, "run": str(result.out),
+        "table": table,
+        "row": row.name,
+        "label": row.label,
+        "dataset": cfg.dataset,
+        "seed": cfg.seed,
+        "run": str(result.out),
         "test_accuracy": None if result.test is None else result.test.accuracy,
-        "best_val_accuracy": result.best_val_accuracy, "feature_dim": model.embedding_dim,
-        "head_parameters": head_params, "train_seconds": seconds,
+        "best_val_accuracy": result.best_val_accuracy,
+        "feature_dim": model.embedding_dim,
+        "head_parameters": head_params,
+        "train_seconds": seconds,
         "images_per_second": images / seconds if seconds > 0 else None,
-        "device": next(model.parameters()).device.type, "epochs": cfg.epochs,
+        "device": next(model.parameters()).device.type,
+        "epochs": cfg.epochs,
         "paper": row.paper.get(cfg.dataset),
-    }  # fmt: skip
+    }
 
 
 def _check_same_settings(cfg: TrainConfig, run: Path) -> None:
@@ -327,10 +345,14 @@ def report(table: str, out: Path) -> str:
         first = records[0]
         speeds = [r["images_per_second"] for r in records if r.get("images_per_second")]
         cells = [
-            first["label"], dataset, str(len(records)), f"{first['feature_dim']:,}",
-            f"{first['head_parameters']:,}", _percent([r["best_val_accuracy"] for r in records]),
+            first["label"],
+            dataset,
+            str(len(records)),
+            f"{first['feature_dim']:,}",
+            f"{first['head_parameters']:,}",
+            _percent([r["best_val_accuracy"] for r in records]),
             _percent([r["test_accuracy"] for r in records if r["test_accuracy"] is not None]),
-        ]  # fmt: skip
+        ]
         if with_paper:
             cells.append("-" if first["paper"] is None else f"{first['paper']:.2f}")
         cells.append(f"{statistics.mean(speeds):,.0f}" if speeds else "-")
@@ -384,10 +406,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--amp", choices=AMP_MODES)
     run.add_argument("--channels-last", action=argparse.BooleanOptionalAction)
     run.add_argument("--val-size", type=int, help="Fashion-MNIST: training images held out")
-    run.add_argument("--seed", "--seeds", dest="seeds", type=int, nargs="+", default=[0],
-                     help="one run per seed, each in its own folder (default: 0)")  # fmt: skip
-    run.add_argument("--resume", action="store_true",
-                     help="skip the runs under --out that finished, resume those that did not")  # fmt: skip
+    run.add_argument(
+        "--seed",
+        "--seeds",
+        dest="seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="one run per seed, each in its own folder (default: 0)",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the runs under --out that finished, resume those that did not",
+    )
     rep = sub.add_parser("report", help="measured results beside the paper's, as markdown")
     rep.add_argument("table", choices=list(TABLES))
     rep.add_argument("--out", type=Path, default=Path("runs/experiments"))
@@ -400,18 +432,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report(args.table, args.out))
         else:
             overrides = {
-                "data_root": args.data_root, "epochs": args.epochs, "batch_size": args.batch_size,
-                "image_size": args.image_size, "device": args.device, "workers": args.workers,
-                "pretrained": args.pretrained, "amp": args.amp,
-                "channels_last": args.channels_last, "val_size": args.val_size,
-            }  # fmt: skip
+                "data_root": args.data_root,
+                "epochs": args.epochs,
+                "batch_size": args.batch_size,
+                "image_size": args.image_size,
+                "device": args.device,
+                "workers": args.workers,
+                "pretrained": args.pretrained,
+                "amp": args.amp,
+                "channels_last": args.channels_last,
+                "val_size": args.val_size,
+            }
             names = args.rows or [r.name for r in TABLES[args.table]]
             for name in names:
                 find_row(args.table, name)  # every name checked before the first run
             for seed in args.seeds:  # seed by seed: the first seed's table is complete first
                 for name in names:
-                    line = run_row(args.table, name, args.dataset, args.out, args.scratch, seed,
-                                   args.resume, **overrides)  # fmt: skip
+                    line = run_row(
+                        args.table,
+                        name,
+                        args.dataset,
+                        args.out,
+                        args.scratch,
+                        seed,
+                        args.resume,
+                        **overrides,
+                    )
                     print(json.dumps(line))
             print(report(args.table, args.out))
         return 0

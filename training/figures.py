@@ -52,8 +52,13 @@ def fig3(runs: Sequence[Path], out: Path, labels: Sequence[str] | None = None) -
         epochs = [m["epoch"] for m in metrics]
         label = labels[i] if labels else run.name
         (line,) = ax.plot(epochs, [m["val_loss"] for m in metrics], label=f"{label} (val)")
-        ax.plot(epochs, [m["train_loss"] for m in metrics], "--", color=line.get_color(),
-                label=f"{label} (train)")  # fmt: skip
+        ax.plot(
+            epochs,
+            [m["train_loss"] for m in metrics],
+            "--",
+            color=line.get_color(),
+            label=f"{label} (train)",
+        )
     ax.set(xlabel="epoch", ylabel="loss", title="Training and validation loss")
     ax.legend(fontsize="small")
     return _save(fig, out)
@@ -119,8 +124,12 @@ def fig2(stages: dict[str, np.ndarray], out: Path, dims: int = 4, seed: int = 0)
     axes[0].hist2d(pcs[:, 0], pcs[:, 1], bins=60, cmap="viridis")
     axes[0].set(title="(a) features, first two PCs", xlabel="PC 1", ylabel="PC 2")
     for ax, key, title in ((axes[1], "z", "(b) z after PV"), (axes[2], "final", "(c) final z''")):
-        ax.hist([stages[key][:, j] for j in picked], bins=40, stacked=True,
-                label=[f"dim {j}" for j in picked])  # fmt: skip
+        ax.hist(
+            [stages[key][:, j] for j in picked],
+            bins=40,
+            stacked=True,
+            label=[f"dim {j}" for j in picked],
+        )
         ax.set(title=title)
         ax.legend(fontsize="x-small")
     _save(fig, out)
@@ -129,10 +138,12 @@ def fig2(stages: dict[str, np.ndarray], out: Path, dims: int = 4, seed: int = 0)
     pvalues = np.array([stats.shapiro(final[:, j]).pvalue for j in varying])
     one = int(rng.choice(varying)) if len(varying) else None
     return {
-        "images": int(final.shape[0]), "dims_plotted": picked.tolist(),
+        "images": int(final.shape[0]),
+        "dims_plotted": picked.tolist(),
         "constant_dims": int(final.shape[1] - len(varying)),
         "shapiro_wilk_p_one_dim": {
-            "dim": one, "p": None if one is None else float(pvalues[varying.tolist().index(one)]),
+            "dim": one,
+            "p": None if one is None else float(pvalues[varying.tolist().index(one)]),
         },
         "shapiro_wilk_p_median": float(np.median(pvalues)) if len(varying) else None,
         "fraction_not_rejected_at_0.05": float((pvalues > 0.05).mean()) if len(varying) else None,
@@ -141,7 +152,7 @@ def fig2(stages: dict[str, np.ndarray], out: Path, dims: int = 4, seed: int = 0)
         # what Sigma sets: z' is N(0, 1) per dimension when the features are i.i.d. Gaussian
         "z_prime_mean": _spread(stages["z_prime"].mean(axis=0)),
         "z_prime_std": _spread(stages["z_prime"].std(axis=0)),
-    }  # fmt: skip
+    }
 
 
 def _varying(x: np.ndarray) -> np.ndarray:
@@ -151,8 +162,11 @@ def _varying(x: np.ndarray) -> np.ndarray:
 
 def _spread(values: np.ndarray) -> dict[str, float]:
     """Median, smallest and largest of per-dimension values."""
-    return {"median": float(np.median(values)), "min": float(values.min()),
-            "max": float(values.max())}  # fmt: skip
+    return {
+        "median": float(np.median(values)),
+        "min": float(values.min()),
+        "max": float(values.max()),
+    }
 
 
 def _median_skew(x: np.ndarray) -> float | None:
@@ -169,9 +183,12 @@ def _save(fig: plt.Figure, out: Path) -> Path:
 
 
 def fig2_from_checkpoint(
-    checkpoint: Path, out: Path, split: str = "test", data_root: str | None = None,
+    checkpoint: Path,
+    out: Path,
+    split: str = "test",
+    data_root: str | None = None,
     limit: int = 2000,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Fig. 2 for a checkpoint written by smso-train; writes ``out`` and ``out.json``."""
     model, _, splits = load_with_splits(checkpoint, data_root)
     loader = DataLoader(getattr(splits, split), batch_size=250, shuffle=False)

@@ -86,16 +86,27 @@ def recalibrate(
             for name, buffer in model.head.named_buffers():
                 buffer.copy_(running[name])
     report = {
-        "split": "train", "transform": "eval", "images": images, "seconds": seconds,
-        "val_accuracy_before": before.accuracy, "val_accuracy_after": after.accuracy,
-        "kept": kept, "tolerance": noise,
-    }  # fmt: skip
+        "split": "train",
+        "transform": "eval",
+        "images": images,
+        "seconds": seconds,
+        "val_accuracy_before": before.accuracy,
+        "val_accuracy_after": after.accuracy,
+        "kept": kept,
+        "tolerance": noise,
+    }
     log.info(
         "re-estimated the head's statistics over %d training images in %.1f s: validation "
-        "accuracy %.4f -> %.4f; %s", images, seconds, before.accuracy, after.accuracy,
-        "kept" if kept else f"lower by more than {noise:.4f} (2 standard errors), so the "
+        "accuracy %.4f -> %.4f; %s",
+        images,
+        seconds,
+        before.accuracy,
+        after.accuracy,
+        "kept"
+        if kept
+        else f"lower by more than {noise:.4f} (2 standard errors), so the "
         "running statistics are kept",
-    )  # fmt: skip
+    )
     return report
 
 
@@ -149,9 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.checkpoint, args.out, args.data_root, args.batch_size, args.device, args.workers
         )
         outcome = "kept" if report["kept"] else "lower: the running Sigma is kept"
-        print(f"{report['checkpoint']}: Sigma from {report['images']} training images; "
-              f"validation accuracy {report['val_accuracy_before']:.4f} -> "
-              f"{report['val_accuracy_after']:.4f} ({outcome})")  # fmt: skip
+        print(
+            f"{report['checkpoint']}: Sigma from {report['images']} training images; "
+            f"validation accuracy {report['val_accuracy_before']:.4f} -> "
+            f"{report['val_accuracy_after']:.4f} ({outcome})"
+        )
         return 0
 
     return run_cli("smso-recalibrate", body)

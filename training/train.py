@@ -117,9 +117,14 @@ def _train_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime, epoch: i
     else:
         sampler = RandomSampler(dataset, generator=generator)
     return DataLoader(
-        dataset, cfg.batch_size, sampler=sampler, num_workers=cfg.workers, generator=generator,
-        pin_memory=runtime.device.type == "cuda", drop_last=len(dataset) > cfg.batch_size,
-    )  # fmt: skip
+        dataset,
+        cfg.batch_size,
+        sampler=sampler,
+        num_workers=cfg.workers,
+        generator=generator,
+        pin_memory=runtime.device.type == "cuda",
+        drop_last=len(dataset) > cfg.batch_size,
+    )
 
 
 def _eval_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime) -> DataLoader:
@@ -133,9 +138,10 @@ def _metrics_lines(path: Path, upto_epoch: int) -> list[str]:
     if not path.exists():
         return []
     return [
-        line for line in path.read_text().splitlines()
+        line
+        for line in path.read_text().splitlines()
         if line.strip() and json.loads(line)["epoch"] <= upto_epoch
-    ]  # fmt: skip
+    ]
 
 
 class _Run:
@@ -147,8 +153,10 @@ class _Run:
         if preset is not None and cfg.image_size is not None:
             preset = preset.with_size(cfg.image_size)
         if cfg.val_size is not None and cfg.dataset != "fashion_mnist":
-            log.warning("val_size is read by fashion_mnist only; %s's validation split is "
-                        "below", cfg.dataset)  # fmt: skip
+            log.warning(
+                "val_size is read by fashion_mnist only; %s's validation split is below",
+                cfg.dataset,
+            )
         self.cfg = cfg.resolve()
         self.splits: Splits
         self.splits, self.preset = load_splits(
@@ -173,9 +181,10 @@ class _Run:
             )
         else:
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-                self.optimizer, factor=self.cfg.plateau_factor,
+                self.optimizer,
+                factor=self.cfg.plateau_factor,
                 patience=self.cfg.plateau_patience,
-            )  # fmt: skip
+            )
         self.trained: nn.Module = self.model
         if runtime.distributed:
             ids = [runtime.device.index] if runtime.device.type == "cuda" else None
@@ -195,23 +204,45 @@ class _Run:
         precision = "fp32" if runtime.amp_dtype is None else f"AMP {str(runtime.amp_dtype)[6:]}"
         params = sum(p.numel() for p in self.model.parameters())
         processes = f" x {runtime.world_size} processes" if runtime.distributed else ""
-        log.info("dataset: %s (%s), %d classes (%s)", cfg.dataset, cfg.data_root or "default",
-                 len(splits.classes), names)  # fmt: skip
-        log.info("images: %d train, %d val (%s), %d test; input %d px, %s", len(splits.train),
-                 len(splits.val), splits.validation, len(splits.test), self.preset.image_size,
-                 "grey" if self.preset.channels == 1 else "RGB")  # fmt: skip
-        log.info("model: %s + %s, %s parameters; lr %g, batch %d, %d epochs", cfg.backbone,
-                 cfg.head, f"{params:,}", cfg.lr, cfg.batch_size, cfg.epochs)  # fmt: skip
+        log.info(
+            "dataset: %s (%s), %d classes (%s)",
+            cfg.dataset,
+            cfg.data_root or "default",
+            len(splits.classes),
+            names,
+        )
+        log.info(
+            "images: %d train, %d val (%s), %d test; input %d px, %s",
+            len(splits.train),
+            len(splits.val),
+            splits.validation,
+            len(splits.test),
+            self.preset.image_size,
+            "grey" if self.preset.channels == 1 else "RGB",
+        )
+        log.info(
+            "model: %s + %s, %s parameters; lr %g, batch %d, %d epochs",
+            cfg.backbone,
+            cfg.head,
+            f"{params:,}",
+            cfg.lr,
+            cfg.batch_size,
+            cfg.epochs,
+        )
         log.info("device: %s%s, %s; output: %s", runtime.device, processes, precision, self.out)
 
     def splits_record(self) -> dict[str, Any]:
         """``splits.json``: what the run trained and validated on."""
         splits = self.splits
         return {
-            "dataset": self.cfg.dataset, "data_root": self.cfg.data_root,
-            "classes": splits.classes, "train": len(splits.train), "val": len(splits.val),
-            "test": len(splits.test), "validation": splits.validation,
-        }  # fmt: skip
+            "dataset": self.cfg.dataset,
+            "data_root": self.cfg.data_root,
+            "classes": splits.classes,
+            "train": len(splits.train),
+            "val": len(splits.val),
+            "test": len(splits.test),
+            "validation": splits.validation,
+        }
 
     def start(self) -> None:
         """What a new run does before its first epoch: its backbone from ``init_from`` (the
@@ -301,28 +332,45 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
     for epoch in range(run.start_epoch, last + 1):
         lr = run.optimizer.param_groups[0]["lr"]
         train = train_one_epoch(
-            run.trained, _train_loader(run.splits.train, cfg, runtime, epoch), run.criterion,
-            run.optimizer, runtime, run.scaler, step, cfg.channels_last, f"epoch {epoch}",
-        )  # fmt: skip
+            run.trained,
+            _train_loader(run.splits.train, cfg, runtime, epoch),
+            run.criterion,
+            run.optimizer,
+            runtime,
+            run.scaler,
+            step,
+            cfg.channels_last,
+            f"epoch {epoch}",
+        )
         warning = watch.check(epoch, train.loss)  # raises on NaN: no checkpoint of this epoch
         if warning is not None and runtime.is_main:
             log.warning("warning: %s", warning)
         run.sync_buffers()
         val = evaluate(
-            run.model, val_loader, run.criterion, len(run.splits.classes), runtime,
-            cfg.channels_last, "val",
-        )  # fmt: skip
+            run.model,
+            val_loader,
+            run.criterion,
+            len(run.splits.classes),
+            runtime,
+            cfg.channels_last,
+            "val",
+        )
         if cfg.schedule == "plateau":
             run.scheduler.step(val.loss)
         is_best = val.accuracy > run.best_accuracy
         run.best_accuracy = max(run.best_accuracy, val.accuracy)
         if runtime.is_main:
             record = {
-                "epoch": epoch, "train_loss": train.loss, "train_accuracy": train.accuracy,
-                "val_loss": val.loss, "val_accuracy": val.accuracy, "lr": lr,
-                "images_per_second": train.images_per_second, "seconds": train.seconds,
+                "epoch": epoch,
+                "train_loss": train.loss,
+                "train_accuracy": train.accuracy,
+                "val_loss": val.loss,
+                "val_accuracy": val.accuracy,
+                "lr": lr,
+                "images_per_second": train.images_per_second,
+                "seconds": train.seconds,
                 "time": time.time(),
-            }  # fmt: skip
+            }
             with metrics_path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             run.save(epoch, val, is_best)
@@ -330,10 +378,18 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
             left = (time.perf_counter() - started) / done * (last - epoch)
             log.info(
                 "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f%s  lr %.3g  "
-                "%.0f images/s  %s left", epoch, cfg.epochs, train.loss, train.accuracy, val.loss,
-                val.accuracy, " (best)" if is_best else "", lr, train.images_per_second,
+                "%.0f images/s  %s left",
+                epoch,
+                cfg.epochs,
+                train.loss,
+                train.accuracy,
+                val.loss,
+                val.accuracy,
+                " (best)" if is_best else "",
+                lr,
+                train.images_per_second,
                 _duration(left),
-            )  # fmt: skip
+            )
     finished = last == cfg.epochs
     if finished and cfg.recalibrate and head_spec(cfg.head).input_statistics == "after_training":
         _recalibrate_best(run, runtime, val_loader)
@@ -359,9 +415,13 @@ def _recalibrate_best(run: _Run, runtime: Runtime, val_loader: DataLoader) -> No
     payload = load_checkpoint(path, map_location=str(runtime.device))
     run.model.load_state_dict(payload["model_state"])
     report = recalibrate(
-        run.model, _eval_loader(run.splits.train_eval, run.cfg, runtime), val_loader,
-        run.criterion, len(run.splits.classes), runtime,
-    )  # fmt: skip
+        run.model,
+        _eval_loader(run.splits.train_eval, run.cfg, runtime),
+        val_loader,
+        run.criterion,
+        len(run.splits.classes),
+        runtime,
+    )
     if runtime.is_main:
         resave_checkpoint(path, run.model, payload, recalibration=report)
 
@@ -373,17 +433,26 @@ def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
     payload = load_checkpoint(run.out / "best.pt", map_location=str(runtime.device))
     run.model.load_state_dict(payload["model_state"])
     result = evaluate(
-        run.model, _eval_loader(run.splits.test, run.cfg, runtime), run.criterion,
-        len(run.splits.classes), runtime, run.cfg.channels_last, "test",
-    )  # fmt: skip
+        run.model,
+        _eval_loader(run.splits.test, run.cfg, runtime),
+        run.criterion,
+        len(run.splits.classes),
+        runtime,
+        run.cfg.channels_last,
+        "test",
+    )
     if runtime.is_main:
         report = {
-            "checkpoint": str(run.out / "best.pt"), "epoch": payload["epoch"],
+            "checkpoint": str(run.out / "best.pt"),
+            "epoch": payload["epoch"],
             "recalibration": payload.get("recalibration"),
-            "val_accuracy": payload["val_accuracy"], "test_accuracy": result.accuracy,
-            "test_loss": result.loss, "test_images": result.count,
-            "classes": run.splits.classes, "confusion": result.confusion.tolist(),
-        }  # fmt: skip
+            "val_accuracy": payload["val_accuracy"],
+            "test_accuracy": result.accuracy,
+            "test_loss": result.loss,
+            "test_images": result.count,
+            "classes": run.splits.classes,
+            "confusion": result.confusion.tolist(),
+        }
         (run.out / "test.json").write_text(json.dumps(report, indent=2) + "\n")
     return result
 
@@ -394,8 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         result = fit(parse_train_config(argv))
-        print(f"run: {result.out}  epochs: {result.epochs_run}  "
-              f"best val: {result.best_val_accuracy:.4f}")  # fmt: skip
+        print(
+            f"run: {result.out}  epochs: {result.epochs_run}  "
+            f"best val: {result.best_val_accuracy:.4f}"
+        )
         if result.test is not None:
             print(f"test accuracy: {result.test.accuracy:.4f} on {result.test.count} images")
         return 0

@@ -58,8 +58,10 @@ def exported(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def test_the_file_has_named_inputs_and_outputs_with_dynamic_batch_and_size(exported):
     graph = onnx.load(exported).graph
-    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-            for v in [*graph.input, *graph.output]}  # fmt: skip
+    dims = {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*graph.input, *graph.output]
+    }
     assert dims["image"][1] == 1
     assert all(isinstance(d, str) for d in dims["image"][::2])
     assert isinstance(dims["image"][3], str)
@@ -72,8 +74,10 @@ def test_a_static_size_export_has_no_shape_arithmetic_and_says_so(trained_run, t
     """--static-size: H and W fixed, the batch still dynamic, no Shape node left (onnxruntime
     would place the shape arithmetic on the CPU, which CUDA graphs refuse); same answers."""
     assert any(n.op_type == "Shape" for n in onnx.load(exported).graph.node)  # what it removes
-    assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "s.onnx"),
-                        "--static-size"]) == 0  # fmt: skip
+    assert (
+        export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "s.onnx"), "--static-size"])
+        == 0
+    )
     model = onnx.load(tmp_path / "s.onnx")
     dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert isinstance(dims[0], str)
@@ -92,8 +96,11 @@ def test_a_static_size_export_has_no_shape_arithmetic_and_says_so(trained_run, t
 def test_the_conv_form_graph_holds_no_c_by_c_tensor_and_the_covariance_form_does(
     trained_run, exported, tmp_path
 ):
-    model_nodes = [n for n in onnx.load(exported).graph.node  # not the typicality score's
-                   if not any(o.startswith("typicality") for o in n.output)]  # fmt: skip
+    model_nodes = [
+        n
+        for n in onnx.load(exported).graph.node  # not the typicality score's
+        if not any(o.startswith("typicality") for o in n.output)
+    ]
     ops = {node.op_type for node in model_nodes}
     assert "Conv" in ops
     assert "MatMul" not in ops
@@ -132,9 +139,11 @@ def test_the_model_card_says_what_a_server_needs(trained_run, exported):
     assert card["model"] | {"head": "smso", "embedding_dim": P, "form": "conv"} == card["model"]
     n = 7 * 7  # 28 px at small_cnn's stride 4
     assert card["model"]["form_choice"] == {
-        "form": "conv", "requested": "conv", "positions": n,
+        "form": "conv",
+        "requested": "conv",
+        "positions": n,
         "multiply_adds": {"conv": P * C * n, "covariance": C * C * n + P * C * C},
-    }  # fmt: skip
+    }
     assert card["dataset"] == "fashion_mnist"
     report = json.loads((trained_run / "test.json").read_text())
     assert card["metrics"]["test_accuracy"] == report["test_accuracy"]
@@ -153,10 +162,18 @@ def test_the_file_passes_the_full_onnx_check(exported):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("head", "options"),
-    [("gap", {}), ("bp", {}), ("bp", {"vectorize": "triu"}), ("mpn", {}), ("cbp_ts", {"dim": 32}),
-     ("cbp_rm", {"dim": 32}), ("lrbp", {"projection_dim": 4}), ("flatten", {}),
-     ("smso", {"dim": 6, "transform": "log"})],
-)  # fmt: skip
+    [
+        ("gap", {}),
+        ("bp", {}),
+        ("bp", {"vectorize": "triu"}),
+        ("mpn", {}),
+        ("cbp_ts", {"dim": 32}),
+        ("cbp_rm", {"dim": 32}),
+        ("lrbp", {"projection_dim": 4}),
+        ("flatten", {}),
+        ("smso", {"dim": 6, "transform": "log"}),
+    ],
+)
 def test_every_head_onnx_can_express_exports_with_parity(head, options, tmp_path):
     config = ModelConfig(10, backbone="small_cnn", head=head, head_options=options, reduce_dim=8)
     path = save_checkpoint(tmp_path / "m.pt", build_model(config).eval())
@@ -169,11 +186,13 @@ def test_every_head_onnx_can_express_exports_with_parity(head, options, tmp_path
 @pytest.mark.parametrize(("dim", "form"), [(4, "conv"), (64, "covariance")])
 def test_form_auto_exports_the_cheaper_form_with_parity(dim, form, tmp_path, capsys):
     # small_cnn at 28 px: n = 49 positions, c = 8; p (n - c) >= n c from p = 9.6 on
-    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": dim},
-                         reduce_dim=C)  # fmt: skip
+    config = ModelConfig(
+        10, backbone="small_cnn", head="smso", head_options={"dim": dim}, reduce_dim=C
+    )
     torch.manual_seed(0)
-    checkpoint = save_checkpoint(tmp_path / "m.pt", build_model(config).eval(),
-                                 preset=PRESETS["fashion_mnist"].to_dict())  # fmt: skip
+    checkpoint = save_checkpoint(
+        tmp_path / "m.pt", build_model(config).eval(), preset=PRESETS["fashion_mnist"].to_dict()
+    )
     output = tmp_path / "m.onnx"
     assert export_main([str(checkpoint), "-o", str(output), "--form", "auto"]) == 0
     card = card_of(output)
@@ -328,8 +347,12 @@ def test_cli_reports_a_missing_or_corrupt_checkpoint_in_one_line(tmp_path, make,
     make(path)
     proc = subprocess.run(
         [sys.executable, "-m", "export.cli", str(path), "-o", str(tmp_path / "m.onnx")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("smso-export: error:")
     assert message in proc.stderr
@@ -344,8 +367,9 @@ def test_cli_refuses_deepo2p_with_the_reason(tmp_path, capsys):
     assert "eigen-decomposition" in capsys.readouterr().err
 
 
-def test_the_card_carries_a_typicality_reference_from_the_validation_split(exported, trained_run,
-                                                                            tmp_path):  # fmt: skip
+def test_the_card_carries_a_typicality_reference_from_the_validation_split(
+    exported, trained_run, tmp_path
+):
     """40 validation images of a p = 4 embedding: the reference the service scores with, its
     p-values calibrated on those images; --no-typicality leaves it out."""
     from service.typicality import Typicality
@@ -359,6 +383,10 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(expor
         ["logits", "embedding", "features"], {"image": images}
     )
     assert reference.score(logits, embedding).shape == (3,)
-    assert export_main([str(trained_run / "best.pt"), "-o", str(tmp_path / "n.onnx"),
-                        "--no-typicality"]) == 0  # fmt: skip
+    assert (
+        export_main(
+            [str(trained_run / "best.pt"), "-o", str(tmp_path / "n.onnx"), "--no-typicality"]
+        )
+        == 0
+    )
     assert "typicality" not in card_of(tmp_path / "n.onnx")

@@ -24,16 +24,20 @@ def outputs_model(features: bool) -> onnx.ModelProto:
     names, widths = ["logits", "embedding", "features"], [K, P, C]
     split = numpy_helper.from_array(np.asarray(widths, np.int64), "widths")
     nodes = [helper.make_node("Split", ["image", "widths"], names, axis=1)]
-    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width])
-               for name, width in zip(names, widths, strict=True)]  # fmt: skip
+    outputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width])
+        for name, width in zip(names, widths, strict=True)
+    ]
     if not features:  # the features go into an output of another name
         nodes[0].output[2] = "unused"
         outputs[2] = helper.make_tensor_value_info("unused", TensorProto.FLOAT, ["batch", C])
     graph = helper.make_graph(
-        nodes, "outputs", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
-                                                         ["batch", K + P + C])],
-        outputs, [split],
-    )  # fmt: skip
+        nodes,
+        "outputs",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", K + P + C])],
+        outputs,
+        [split],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
@@ -73,8 +77,9 @@ def test_the_graphs_score_is_numpys_to_float32_precision(monkeypatch, features, 
     assert [o.name for o in proto.graph.output][-1] == OUTPUT
     logits, z, f, _ = sample(50, seed=1)
     far = sample(5, seed=2)  # another draw of centres: atypical images
-    images = np.concatenate([np.concatenate([logits, z, f], 1),
-                             np.concatenate(far[:3], 1) * 3]).astype(np.float32)  # fmt: skip
+    images = np.concatenate(
+        [np.concatenate([logits, z, f], 1), np.concatenate(far[:3], 1) * 3]
+    ).astype(np.float32)
     graph = session(proto)
     assert score_parity(graph, typicality, images) < 1e-5
     (score,) = graph.run([OUTPUT], {"image": images})

@@ -20,10 +20,22 @@ def main() -> None:
     data_root, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     cfg = TrainConfig(
-        dataset="fashion_mnist", data_root=data_root, val_size=40, backbone="small_cnn",
-        head="smso", head_options={"dim": 4}, reduce_dim=8, epochs=2, batch_size=16, lr=0.05,
-        workers=0, out=str(out), channels_last=False, device="cpu", eval_test=False,
-    )  # fmt: skip
+        dataset="fashion_mnist",
+        data_root=data_root,
+        val_size=40,
+        backbone="small_cnn",
+        head="smso",
+        head_options={"dim": 4},
+        reduce_dim=8,
+        epochs=2,
+        batch_size=16,
+        lr=0.05,
+        workers=0,
+        out=str(out),
+        channels_last=False,
+        device="cpu",
+        eval_test=False,
+    )
     result = fit(cfg)
     torch.save(result.model.state_dict(), out / f"rank{rank}.pt")
     if rank == 0:  # the weights before training: fit seeds with cfg.seed right before building

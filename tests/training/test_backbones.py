@@ -35,8 +35,10 @@ def test_output_shape_and_attributes(name: str) -> None:
     channels, stride, in_channels, size = EXPECTED[name]
     backbone = create_backbone(name).eval()
     assert (backbone.out_channels, backbone.stride, backbone.in_channels) == (
-        channels, stride, in_channels,
-    )  # fmt: skip
+        channels,
+        stride,
+        in_channels,
+    )
     with torch.no_grad():
         out = backbone(torch.randn(2, in_channels, size, size))
     assert out.shape == (2, channels, size // stride, size // stride)

@@ -43,8 +43,9 @@ def test_smso_under_autocast_computes_in_float32_and_matches_the_cpu(amp, form):
 @pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16])
 def test_a_mixed_precision_channels_last_training_step_is_finite(amp):
     torch.manual_seed(0)
-    config = ModelConfig(num_classes=10, backbone="resnet18", head="smso", reduce_dim=64,
-                         head_options={"dim": 32})  # fmt: skip
+    config = ModelConfig(
+        num_classes=10, backbone="resnet18", head="smso", reduce_dim=64, head_options={"dim": 32}
+    )
     model = build_model(config).cuda().to(memory_format=torch.channels_last).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
@@ -66,8 +67,7 @@ def test_a_mixed_precision_channels_last_training_step_is_finite(amp):
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_a_gpu_run_trains_and_its_checkpoint_loads_on_the_cpu(tiny_fashion_mnist, tmp_path, amp):
     out = tmp_path / "run"
-    cfg = tiny_config(tiny_fashion_mnist, out, device="cuda", amp=amp, channels_last=True,
-                      epochs=3)  # fmt: skip
+    cfg = tiny_config(tiny_fashion_mnist, out, device="cuda", amp=amp, channels_last=True, epochs=3)
     result = fit(cfg)
     assert result.test is not None
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -35,10 +35,23 @@ def test_a_non_finite_loss_stops_naming_the_lr(loss):
 def test_smso_train_stops_on_nan_with_one_line_and_status_2(tiny_fashion_mnist, tmp_path, capsys):
     out = tmp_path / "run"
     args = [
-        "--data-root", str(tiny_fashion_mnist), "--val-size", "40", "--head-options",
-        '{"dim": 4}', "--reduce-dim", "8", "--epochs", "2", "--lr", "1e6", "--workers", "0",
-        "--out", str(out),
-    ]  # fmt: skip
+        "--data-root",
+        str(tiny_fashion_mnist),
+        "--val-size",
+        "40",
+        "--head-options",
+        '{"dim": 4}',
+        "--reduce-dim",
+        "8",
+        "--epochs",
+        "2",
+        "--lr",
+        "1e6",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+    ]
     assert train_main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("smso-train: error: training diverged in epoch 1: the training loss")

@@ -43,8 +43,16 @@ def table1(dtd_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every row of Table 1 (VGG-D) trained one epoch on a tiny DTD at 32 px, from scratch."""
     out = tmp_path_factory.mktemp("table1")
     for row in TABLES["table1"]:
-        run_row("table1", row.name, "dtd", out, scratch=True, data_root=str(dtd_root),
-                image_size=32, **SMOKE)  # fmt: skip
+        run_row(
+            "table1",
+            row.name,
+            "dtd",
+            out,
+            scratch=True,
+            data_root=str(dtd_root),
+            image_size=32,
+            **SMOKE,
+        )
     return out
 
 
@@ -53,9 +61,16 @@ def test_every_table1_row_runs_and_is_reported(table1: Path) -> None:
     assert [line["row"] for line in lines] == [row.name for row in TABLES["table1"]]
     dims = {line["row"]: line["feature_dim"] for line in lines}
     assert dims == {
-        "first-order": 4096, "bp": 262_144, "mpn": 32_896, "deepo2p": 262_144, "cbp-ts": 8192,
-        "cbp-rm": 8192, "lrbp": 3, "smso-64": 64, "smso-2048": 2048,
-    }  # fmt: skip
+        "first-order": 4096,
+        "bp": 262_144,
+        "mpn": 32_896,
+        "deepo2p": 262_144,
+        "cbp-ts": 8192,
+        "cbp-rm": 8192,
+        "lrbp": 3,
+        "smso-64": 64,
+        "smso-2048": 2048,
+    }
     assert all(0 <= line["test_accuracy"] <= 1 for line in lines)
     table = report("table1", table1)
     assert "| SMSO p=2,048 | dtd | 1 | 2,048 |" in table
@@ -134,8 +149,11 @@ def test_rows_use_the_paper_recipe(tmp_path: Path) -> None:
     assert (resnet.head, resnet.reduce_dim, resnet.resolve().lr) == ("gap", None, 0.01)
     fmnist = row_config("fmnist", find_row("fmnist", "smso-64"), None, tmp_path, seed=2)
     assert (fmnist.dataset, fmnist.backbone, fmnist.epochs, fmnist.seed) == (
-        "fashion_mnist", "small_cnn", 18, 2,
-    )  # fmt: skip
+        "fashion_mnist",
+        "small_cnn",
+        18,
+        2,
+    )
     assert fmnist.out == str(tmp_path / "fashion_mnist-smso-64" / "seed2")
 
 
@@ -151,9 +169,18 @@ def test_cli_lists_rows_and_names_bad_input(capsys: pytest.CaptureFixture[str]) 
 # The Fashion-MNIST head comparison: every head at the shipped model's recipe, several seeds.
 
 FMNIST_DIMS = {
-    "first-order": 128, "bp": 4096, "mpn": 2080, "cbp-ts": 2048, "cbp-rm": 2048, "lrbp": 10,
-    "deepo2p": 4096, "smso-16": 16, "smso-64": 64, "smso-256": 256, "smso-1024": 1024,
-}  # fmt: skip
+    "first-order": 128,
+    "bp": 4096,
+    "mpn": 2080,
+    "cbp-ts": 2048,
+    "cbp-rm": 2048,
+    "lrbp": 10,
+    "deepo2p": 4096,
+    "smso-16": 16,
+    "smso-64": 64,
+    "smso-256": 256,
+    "smso-1024": 1024,
+}
 #: The heads the table leaves out: VGG-D's own classifier needs VGG-D, the flattened covariance is
 #: Table 3's ablation.
 NOT_IN_FMNIST = {"vgg_fc", "flatten"}
@@ -193,8 +220,18 @@ def test_every_fmnist_row_builds_and_trains_a_step_at_28_px(name: str, tmp_path:
 
 def tiny_fmnist_flags(root: Path, out: Path) -> list[str]:
     """One epoch on the tiny Fashion-MNIST (40 of its 200 training images held out)."""
-    return ["--data-root", str(root), "--val-size", "40", "--epochs", "1", "--device", "cpu",
-            "--out", str(out)]  # fmt: skip
+    return [
+        "--data-root",
+        str(root),
+        "--val-size",
+        "40",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -333,9 +333,11 @@ def test_bad_input_shape_is_named() -> None:
 def test_vgg_fc_is_pool5_fc6_fc7_and_takes_torchvision_weights() -> None:
     head = create_head("vgg_fc", 4, hidden=8, pool=2).eval()
     state = {
-        "classifier.0.weight": torch.randn(8, 16), "classifier.0.bias": torch.randn(8),
-        "classifier.3.weight": torch.randn(8, 8), "classifier.3.bias": torch.randn(8),
-    }  # fmt: skip
+        "classifier.0.weight": torch.randn(8, 16),
+        "classifier.0.bias": torch.randn(8),
+        "classifier.3.weight": torch.randn(8, 8),
+        "classifier.3.bias": torch.randn(8),
+    }
     head.load_torchvision_classifier(state)
     x = torch.randn(2, 4, 4, 4)
     pooled = torch.nn.functional.max_pool2d(x, 2).flatten(1)  # 4x4 -> 2x2 = the 2x2 avg pool

@@ -21,9 +21,13 @@ EXAMPLE = ROOT / "configs" / "image-folder-example.toml"
 def test_the_defaults_train_a_small_image_folder_well_above_chance(tiny_image_folder, tmp_path):
     # everything else is a default: small CNN, SMSO, its lr, batch 32, the plateau schedule
     cfg = TrainConfig(
-        dataset="image_folder", data_root=str(tiny_image_folder), image_size=32, epochs=5,
-        workers=0, out=str(tmp_path / "run"),
-    )  # fmt: skip
+        dataset="image_folder",
+        data_root=str(tiny_image_folder),
+        image_size=32,
+        epochs=5,
+        workers=0,
+        out=str(tmp_path / "run"),
+    )
     result = fit(cfg)
     assert result.test is not None
     assert result.test.accuracy >= 0.8  # chance is 0.25; about 1.0 in 5 epochs
@@ -36,8 +40,17 @@ def test_the_defaults_train_a_small_image_folder_well_above_chance(tiny_image_fo
 
 def test_the_saved_config_and_splits_say_what_was_held_out(tiny_image_folder, tmp_path):
     out = tmp_path / "run"
-    fit(TrainConfig(dataset="image_folder", data_root=str(tiny_image_folder), image_size=32,
-                    epochs=1, workers=0, out=str(out), eval_test=False))  # fmt: skip
+    fit(
+        TrainConfig(
+            dataset="image_folder",
+            data_root=str(tiny_image_folder),
+            image_size=32,
+            epochs=1,
+            workers=0,
+            out=str(out),
+            eval_test=False,
+        )
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["val_size"] is None  # image_folder does not read it
     assert (config["lr"], config["reduce_dim"], config["head_options"]) == (0.01, 64, {"dim": 64})
@@ -48,20 +61,40 @@ def test_the_saved_config_and_splits_say_what_was_held_out(tiny_image_folder, tm
 
 
 def test_the_example_config_loads_with_the_data_root_overridden(tiny_image_folder, tmp_path):
-    cfg = parse_train_config(["--config", str(EXAMPLE), "--data-root", str(tiny_image_folder),
-                              "--out", str(tmp_path / "run")])  # fmt: skip
+    cfg = parse_train_config(
+        [
+            "--config",
+            str(EXAMPLE),
+            "--data-root",
+            str(tiny_image_folder),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     assert (cfg.dataset, cfg.backbone, cfg.head, cfg.image_size) == (
-        "image_folder", "small_cnn", "smso", 32,
-    )  # fmt: skip
+        "image_folder",
+        "small_cnn",
+        "smso",
+        32,
+    )
     assert cfg.pretrained is None  # the local weights file is shown commented out
 
 
 def test_a_piped_run_of_the_example_prints_plain_lines_and_trains(tiny_image_folder, tmp_path):
     out = tmp_path / "run"
     command = [
-        sys.executable, "-m", "training.train", "--config", str(EXAMPLE), "--data-root",
-        str(tiny_image_folder), "--epochs", "2", "--out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "training.train",
+        "--config",
+        str(EXAMPLE),
+        "--data-root",
+        str(tiny_image_folder),
+        "--epochs",
+        "2",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -61,11 +61,13 @@ def ks_pvalues(z: np.ndarray, chunk: int = 5000) -> np.ndarray:
     Chunks of 5,000: with more images KS starts to detect the square root's own small skewness
     (Wilson-Hilferty is an approximation), which Sigma cannot remove.
     """
-    return np.array([
-        stats.kstest(z[start : start + chunk, j], "norm").pvalue
-        for start in range(0, len(z), chunk)
-        for j in range(z.shape[1])
-    ])  # fmt: skip
+    return np.array(
+        [
+            stats.kstest(z[start : start + chunk, j], "norm").pvalue
+            for start in range(0, len(z), chunk)
+            for j in range(z.shape[1])
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +118,9 @@ def test_the_exporter_folds_the_recalibrated_sigma(trained) -> None:
 
 def exportable_head(layer: SMSOPooling) -> nn.Module:
     """The folded head of an export module around ``layer``."""
-    config = ModelConfig(3, backbone="small_cnn", head="smso", head_options={"dim": P},
-                         reduce_dim=C)  # fmt: skip
+    config = ModelConfig(
+        3, backbone="small_cnn", head="smso", head_options={"dim": P}, reduce_dim=C
+    )
     model = build_model(config)
     model.head.load_state_dict(layer.state_dict())
     return exportable(model).head

@@ -193,9 +193,12 @@ def test_bad_settings_are_named(kwargs: dict, message: str) -> None:
 
 @pytest.mark.parametrize(
     ("shape", "message"),
-    [((2, 8, 4), r"expects a feature map \(B, c, h, w\)"), ((2, 6, 4, 4), "built for 8 channels"),
-     ((2, 8, 1, 1), "at least 2 spatial positions")],
-)  # fmt: skip
+    [
+        ((2, 8, 4), r"expects a feature map \(B, c, h, w\)"),
+        ((2, 6, 4, 4), "built for 8 channels"),
+        ((2, 8, 1, 1), "at least 2 spatial positions"),
+    ],
+)
 def test_bad_inputs_are_named(shape: tuple[int, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SMSOPooling(8, 4)(torch.randn(*shape))

@@ -33,11 +33,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def tiny_config(data_root: Path, out: Path, **overrides) -> TrainConfig:
     fields = {
-        "dataset": "fashion_mnist", "data_root": str(data_root), "val_size": 40,
-        "backbone": "small_cnn", "head": "smso", "head_options": {"dim": 4}, "reduce_dim": 8,
-        "epochs": 2, "batch_size": 32, "lr": 0.05, "workers": 0, "out": str(out),
-        "schedule": "cosine", "channels_last": False,
-    }  # fmt: skip
+        "dataset": "fashion_mnist",
+        "data_root": str(data_root),
+        "val_size": 40,
+        "backbone": "small_cnn",
+        "head": "smso",
+        "head_options": {"dim": 4},
+        "reduce_dim": 8,
+        "epochs": 2,
+        "batch_size": 32,
+        "lr": 0.05,
+        "workers": 0,
+        "out": str(out),
+        "schedule": "cosine",
+        "channels_last": False,
+    }
     fields.update(overrides)
     return TrainConfig(**fields)
 
@@ -163,9 +173,16 @@ def test_two_cpu_processes_with_gloo_end_with_identical_weights(tiny_fashion_mni
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(ROOT / "tests" / "training" / "ddp_worker.py"), str(tiny_fashion_mnist), str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tests" / "training" / "ddp_worker.py"),
+        str(tiny_fashion_mnist),
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1)]

@@ -29,9 +29,17 @@ __all__ = ["CLASSES", "DEFAULT_ROOT", "TensorImages", "fashion_mnist", "read_idx
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
 #: Class names as the dataset names them, in label order.
 CLASSES = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-]  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000),

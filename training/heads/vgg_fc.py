@@ -27,9 +27,13 @@ class VGGClassifierHead(Head):
         super().__init__(in_channels, hidden)
         self.pooling = nn.Sequential(nn.MaxPool2d(2, 2, ceil_mode=True), nn.AdaptiveAvgPool2d(pool))
         self.fc = nn.Sequential(
-            nn.Linear(in_channels * pool * pool, hidden), nn.ReLU(True), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout(dropout),
-        )  # fmt: skip
+            nn.Linear(in_channels * pool * pool, hidden),
+            nn.ReLU(True),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(True),
+            nn.Dropout(dropout),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """First-order, so it runs under the caller's autocast, unlike the second-order heads."""
