@@ -1,5 +1,5 @@
-"""bench/observability.py's smoke run: four real servers (off, JSON logs, tracing, sampled
-tracing) under a short load; the JSON has every setting's ratio and the collector received
+"""bench/observability.py's smoke run: five real servers (off, off again as a control, JSON
+logs, tracing, sampled tracing) under a short load; the JSON has every setting's ratio and the collector received
 spans."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def test_the_smoke_run_measures_every_setting_and_exports_spans(tmp_path, capsys
         assert math.isfinite(row["ratio_to_off"])
         assert row["ratio_to_off"] > 0
     assert result["settings"]["off"]["ratio_to_off"] == 1.0
+    assert len(result["settings"]["off-control"]["set_ratios"]) == 1  # --smoke: one set
     assert result["otlp"]["exports"] > 0  # the traced servers sent their spans
     assert result["settings"]["json"]["log_lines"] > result["settings"]["off"]["log_lines"]
     assert "| tracing |" in capsys.readouterr().out
