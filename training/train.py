@@ -12,7 +12,9 @@ times its best draws a warning; a NaN or infinite one stops the run (``Divergenc
 Heads that set state from statistics of their input over the training images get it before the
 first epoch (LRBP's projection) or, when the run has finished, in ``best.pt`` before the test
 (SMSO's ``Sigma``, ``training.recalibrate``; ``--no-recalibrate`` skips it). ``--init-from`` starts
-the backbone from another run's checkpoint.
+the backbone from another run's checkpoint. ``--ema D`` keeps an exponential moving average of the
+weights and buffers (``torch.optim.swa_utils.AveragedModel``), updated after every step: the
+average is what is validated, saved as ``best.pt`` and tested (``last.pt`` holds both).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Subset
 
 from training.checkpoint import (
@@ -185,6 +188,13 @@ class _Run:
                 factor=self.cfg.plateau_factor,
                 patience=self.cfg.plateau_patience,
             )
+        #: the weights' exponential moving average (cfg.ema), or None: what is validated,
+        #: saved as best.pt and tested when there is one
+        self.averaged: AveragedModel | None = None
+        if self.cfg.ema is not None:
+            self.averaged = AveragedModel(
+                self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema), use_buffers=True
+            )
         self.trained: nn.Module = self.model
         if runtime.distributed:
             ids = [runtime.device.index] if runtime.device.type == "cuda" else None
@@ -268,16 +278,38 @@ class _Run:
             self.optimizer.load_state_dict(payload["optimizer"])
             self.scheduler.load_state_dict(payload["scheduler"])
             self.scaler.load_state_dict(payload["scaler"])
+            if self.averaged is not None:
+                self.averaged.load_state_dict(payload["ema_state"])
         except (KeyError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{self.out / 'last.pt'} cannot be resumed: {exc}") from exc
         _set_rng_state(payload["rng"])
         self.start_epoch = int(payload["epoch"]) + 1
         self.best_accuracy = float(payload["best_val_accuracy"])
 
+    @property
+    def evaluated(self) -> nn.Module:
+        """The weights validation, best.pt and the test see: the average, else the model."""
+        return self.model if self.averaged is None else self.averaged.module
+
+    def after_step(self, scheduler_step: Callable[[], None] | None) -> Callable[[], None] | None:
+        """What runs after every optimiser step: the cosine schedule's step and the average's
+        update."""
+        if self.averaged is None:
+            return scheduler_step
+        averaged, model = self.averaged, self.model
+
+        def step() -> None:
+            if scheduler_step is not None:
+                scheduler_step()
+            averaged.update_parameters(model)
+
+        return step
+
     def sync_buffers(self) -> None:
-        """Give every rank rank 0's running statistics (BatchNorm, SMSO's Sigma)."""
+        """Give every rank rank 0's running statistics (BatchNorm, SMSO's Sigma), the
+        average's too."""
         if self.runtime.distributed:
-            for buffer in self.model.buffers():
+            for buffer in [*self.model.buffers(), *self.evaluated.buffers()]:
                 dist.broadcast(buffer, 0)
 
     def save(self, epoch: int, val: EvalResult, is_best: bool) -> None:
@@ -293,9 +325,11 @@ class _Run:
             "best_val_accuracy": self.best_accuracy,
             "rng": _rng_state(),
         }
+        if self.averaged is not None:
+            extra["ema_state"] = self.averaged.state_dict()
         save_checkpoint(self.out / "last.pt", self.model, **extra)
         if is_best:
-            save_checkpoint(self.out / "best.pt", self.model, **extra)
+            save_checkpoint(self.out / "best.pt", self.evaluated, **extra)
 
 
 def fit(cfg: TrainConfig) -> RunResult:
@@ -325,7 +359,7 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
         kept = _metrics_lines(metrics_path, run.start_epoch - 1)
         metrics_path.write_text("".join(line + "\n" for line in kept))
     val_loader = _eval_loader(run.splits.val, cfg, runtime)
-    step = run.scheduler.step if cfg.schedule == "cosine" else None
+    step = run.after_step(run.scheduler.step if cfg.schedule == "cosine" else None)
     last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     watch = LossWatch(cfg.lr)  # type: ignore[arg-type]  # resolved: a float
     started = time.perf_counter()
@@ -347,7 +381,7 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
             log.warning("warning: %s", warning)
         run.sync_buffers()
         val = evaluate(
-            run.model,
+            run.evaluated,
             val_loader,
             run.criterion,
             len(run.splits.classes),

@@ -127,6 +127,7 @@ def test_config_file_then_flags(tmp_path):
         ("colour = 'red'\n", "unknown setting.s.: colour; valid settings: amp, backbone"),
         ("epochs = 0\n", "epochs must be >= 1"),
         ("schedule = 'step'\n", "schedule must be one of plateau, cosine"),
+        ("ema = 1.0\n", r"ema must be in \[0, 1\) or null"),
         ("epochs = [\n", "cannot parse config file"),
     ],
 )
@@ -276,3 +277,67 @@ def test_a_run_with_init_from_trains_from_those_weights(tiny_fashion_mnist, tmp_
         "bp/best.pt"
     )
     assert result.test is not None
+
+
+def test_ema_averages_the_weights_after_every_step_by_its_formula(tiny_fashion_mnist, tmp_path):
+    """``--ema d``: the first step copies the weights, each later one moves the average to
+    ``d avg + (1 - d) w`` (parameters and buffers); the scheduler still steps."""
+    from training.runtime import setup_runtime
+    from training.train import _Run
+
+    cfg = tiny_config(tiny_fashion_mnist, tmp_path / "run", ema=0.75)
+    run = _Run(cfg, setup_runtime("cpu", "off"))
+    stepped = []
+    step = run.after_step(lambda: stepped.append(1))
+    for value in (1.0, 5.0, 9.0):
+        with torch.no_grad():
+            for tensor in [*run.model.parameters(), *run.model.buffers()]:
+                if tensor.is_floating_point():
+                    tensor.fill_(value)
+        step()
+    expected = 0.75 * (0.75 * 1.0 + 0.25 * 5.0) + 0.25 * 9.0  # 4.0
+    for name, tensor in run.evaluated.state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.allclose(tensor, torch.full_like(tensor, expected)), name
+    assert len(stepped) == 3
+    assert run.evaluated is not run.model
+
+
+def test_an_ema_run_validates_saves_and_resumes_the_average(tiny_fashion_mnist, tmp_path):
+    """best.pt holds the average (with decay 0: the weights themselves), last.pt both, and a
+    resumed run ends where a straight one does."""
+    zero = fit(
+        tiny_config(
+            tiny_fashion_mnist,
+            tmp_path / "zero",
+            epochs=1,
+            ema=0.0,
+            recalibrate=False,
+            eval_test=False,
+        )
+    )
+    assert zero.epochs_run == 1
+    best = load_checkpoint(tmp_path / "zero" / "best.pt")["model_state"]
+    last = load_checkpoint(tmp_path / "zero" / "last.pt")
+    for key, value in last["model_state"].items():
+        assert torch.equal(value, best[key]), key
+    assert "ema_state" in last
+    straight = tiny_config(
+        tiny_fashion_mnist,
+        tmp_path / "straight",
+        epochs=2,
+        ema=0.9,
+        recalibrate=False,
+        eval_test=False,
+    )
+    fit(straight)
+    stopped = dataclasses.replace(straight, out=str(tmp_path / "resumed"), stop_after=1)
+    fit(stopped)
+    fit(dataclasses.replace(stopped, stop_after=None, resume=True))
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "last.pt")
+    for key, value in a["ema_state"].items():
+        assert torch.equal(value, b["ema_state"][key]), key
+    averaged = {k.removeprefix("module."): v for k, v in a["ema_state"].items()}
+    trained = a["model_state"]
+    assert any(not torch.equal(trained[k], averaged[k]) for k in trained)  # d = 0.9 lags
