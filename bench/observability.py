@@ -94,8 +94,11 @@ def environment(setting: str, endpoint: str) -> dict[str, str]:
     if setting == "json":
         env |= {"SMSO_LOG_FORMAT": "json", "SMSO_LOG_LEVEL": "info"}
     if setting.startswith("tracing"):
-        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "smso-bench",
-                "OTEL_BSP_SCHEDULE_DELAY": "500"}  # fmt: skip
+        env |= {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_SERVICE_NAME": "smso-bench",
+            "OTEL_BSP_SCHEDULE_DELAY": "500",
+        }
     if setting == "tracing-10%":  # what a busy service usually runs: one request in ten traced
         env |= {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
     return env
@@ -121,8 +124,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             k = number % len(SETTINGS)  # which server starts first rotates too
             starting = SETTINGS[k:] + SETTINGS[:k]
             with contextlib.ExitStack() as stack:
-                bases = {s: stack.enter_context(server(s, endpoint, Path(tmp), number))
-                         for s in starting}  # fmt: skip
+                bases = {
+                    s: stack.enter_context(server(s, endpoint, Path(tmp), number)) for s in starting
+                }
                 for base in bases.values():  # warm each once: connection set-up, first requests
                     drive(multipart(f"{base}/classify", [image]), args.clients, 50)
                 these = []
@@ -130,24 +134,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     k = (number + r) % len(SETTINGS)
                     runs = {}
                     for setting in SETTINGS[k:] + SETTINGS[:k]:
-                        run = drive(multipart(f"{bases[setting]}/classify", [image]),
-                                    args.clients, args.requests)  # fmt: skip
+                        run = drive(
+                            multipart(f"{bases[setting]}/classify", [image]),
+                            args.clients,
+                            args.requests,
+                        )
                         run.pop("latencies_ms")
                         runs[setting] = run
                     these.append(runs)
             for setting in SETTINGS:
-                set_ratios[setting].append(statistics.median(
-                    r[setting]["requests_per_second"] / r["off"]["requests_per_second"]
-                    for r in these
-                ))  # fmt: skip
+                set_ratios[setting].append(
+                    statistics.median(
+                        r[setting]["requests_per_second"] / r["off"]["requests_per_second"]
+                        for r in these
+                    )
+                )
                 log = Path(tmp) / f"{setting}-{number}.log"
                 log_lines[setting] += len(log.read_text().splitlines())
             rounds.extend(these)
     exports, exported = _Collector.exports, _Collector.bytes
     summary = {}
     for setting in SETTINGS:
-        ratios = [r[setting]["requests_per_second"] / r["off"]["requests_per_second"]
-                  for r in rounds]  # fmt: skip
+        ratios = [
+            r[setting]["requests_per_second"] / r["off"]["requests_per_second"] for r in rounds
+        ]
         summary[setting] = {
             "requests_per_second": statistics.median(
                 r[setting]["requests_per_second"] for r in rounds
@@ -181,23 +191,29 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = ["| setting | req/s (median) | p50 ms | p99 ms | ratio to off (median) | server sets |",
-            "|---|--:|--:|--:|--:|---|"]  # fmt: skip
+    rows = [
+        "| setting | req/s (median) | p50 ms | p99 ms | ratio to off (median) | server sets |",
+        "|---|--:|--:|--:|--:|---|",
+    ]
     for setting, row in result["settings"].items():
         spread = ", ".join(f"{r:.2f}" for r in row["set_ratios"])
-        rows.append(f"| {setting} | {row['requests_per_second']:,.0f} | {row['p50_ms']:.1f} | "
-                    f"{row['p99_ms']:.1f} | {row['ratio_to_off']:.3f} | {spread} |")  # fmt: skip
+        rows.append(
+            f"| {setting} | {row['requests_per_second']:,.0f} | {row['p50_ms']:.1f} | "
+            f"{row['p99_ms']:.1f} | {row['ratio_to_off']:.3f} | {spread} |"
+        )
     otlp = result["otlp"]
-    rows.append(f"\nOTLP exports received: {otlp['exports']} ({otlp['bytes']:,} bytes); "
-                f"log lines: " + ", ".join(f"{s} {r['log_lines']}"
-                                           for s, r in result["settings"].items()))  # fmt: skip
+    rows.append(
+        f"\nOTLP exports received: {otlp['exports']} ({otlp['bytes']:,} bytes); "
+        f"log lines: " + ", ".join(f"{s} {r['log_lines']}" for s, r in result["settings"].items())
+    )
     return "\n".join(rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", type=int, default=5,
-                        help="sets of fresh servers, one per setting each")  # fmt: skip
+    parser.add_argument(
+        "--sets", type=int, default=5, help="sets of fresh servers, one per setting each"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the settings a set")
     parser.add_argument("--requests", type=int, default=1000, help="requests per setting a round")
     parser.add_argument("--clients", type=int, default=4, help="concurrent client threads")

@@ -143,11 +143,19 @@ def oip_bodies(files: list[bytes], tensors: np.ndarray | None) -> list[tuple[byt
         else:
             tensor = tensors[i : i + 1].astype("<f4")
             name, datatype, shape, raw = "image", "FP32", list(tensor.shape), tensor.tobytes()
-        header = json.dumps({
-            "inputs": [{"name": name, "datatype": datatype, "shape": shape,
-                        "parameters": {"binary_data_size": len(raw)}}],
-            "outputs": [{"name": "logits", "parameters": {"classification": 5}}],
-        }).encode()  # fmt: skip
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": name,
+                        "datatype": datatype,
+                        "shape": shape,
+                        "parameters": {"binary_data_size": len(raw)},
+                    }
+                ],
+                "outputs": [{"name": "logits", "parameters": {"classification": 5}}],
+            }
+        ).encode()
         bodies.append((header + raw, len(header)))
     return bodies
 
@@ -155,8 +163,10 @@ def oip_bodies(files: list[bytes], tensors: np.ndarray | None) -> list[tuple[byt
 def oip(url: str, bodies: list[tuple[bytes, int]]) -> Send:
     def send(client: httpx.Client, i: int) -> httpx.Response:
         body, length = bodies[i % len(bodies)]
-        headers = {"Inference-Header-Content-Length": str(length),
-                   "Content-Type": "application/octet-stream"}  # fmt: skip
+        headers = {
+            "Inference-Header-Content-Length": str(length),
+            "Content-Type": "application/octet-stream",
+        }
         return client.post(url, content=body, headers=headers)
 
     return send
@@ -217,11 +227,16 @@ def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     ms = sorted(1e3 * x for x in latencies)
     return {
-        "requests": requests, "failures": failures, "seconds": seconds,
-        "requests_per_second": requests / seconds, "mean_ms": statistics.fmean(ms),
-        "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-        "p99_ms": float(np.percentile(ms, 99)), "latencies_ms": ms,
-    }  # fmt: skip
+        "requests": requests,
+        "failures": failures,
+        "seconds": seconds,
+        "requests_per_second": requests / seconds,
+        "mean_ms": statistics.fmean(ms),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "latencies_ms": ms,
+    }
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -244,8 +259,15 @@ def rss_mib(pid: int) -> dict[str, float]:
     return out
 
 
-def protocol_case(base: str, grpc_target: str, model: Path, files: list[bytes], clients: int,
-                  requests: int, rounds: int) -> dict[str, Any]:  # fmt: skip
+def protocol_case(
+    base: str,
+    grpc_target: str,
+    model: Path,
+    files: list[bytes],
+    clients: int,
+    requests: int,
+    rounds: int,
+) -> dict[str, Any]:
     """The same JPEGs through ``/classify`` (multipart), the protocol's ``infer`` with image
     bytes, and with preprocessed binary tensors over REST and over gRPC, in interleaved
     rounds."""
@@ -264,8 +286,9 @@ def protocol_case(base: str, grpc_target: str, model: Path, files: list[bytes], 
     return {name: merge(results) for name, results in runs.items()}
 
 
-def session_and_tensors(model: Path, files: list[bytes], max_batch: int = 256
-                        ) -> tuple[Any, np.ndarray]:  # fmt: skip
+def session_and_tensors(
+    model: Path, files: list[bytes], max_batch: int = 256
+) -> tuple[Any, np.ndarray]:
     """The model's onnxruntime backend and ``files`` preprocessed as the service does."""
     sys.path.insert(0, str(ROOT))
     from service.backend import BackendOptions, OnnxBackend
@@ -276,8 +299,9 @@ def session_and_tensors(model: Path, files: list[bytes], max_batch: int = 256
     return backend, np.stack([pre(data) for data in files])
 
 
-def raw_session(backend: Any, tensors: np.ndarray, batches: Sequence[int],
-                seconds: float = 3.0) -> dict[str, Any]:  # fmt: skip
+def raw_session(
+    backend: Any, tensors: np.ndarray, batches: Sequence[int], seconds: float = 3.0
+) -> dict[str, Any]:
     """The onnxruntime session alone on the service's own preprocessed tensors."""
     per_batch = {}
     for batch in batches:
@@ -289,21 +313,31 @@ def raw_session(backend: Any, tensors: np.ndarray, batches: Sequence[int],
             runs += 1
         per_batch[batch] = batch * runs / (time.perf_counter() - start)
     best = max(per_batch, key=per_batch.__getitem__)
-    return {"images_per_second_by_batch": per_batch, "best_batch": best,
-            "images_per_second": per_batch[best], "providers": backend.providers}  # fmt: skip
+    return {
+        "images_per_second_by_batch": per_batch,
+        "best_batch": best,
+        "images_per_second": per_batch[best],
+        "providers": backend.providers,
+    }
 
 
 @contextlib.contextmanager
-def running(command: list[str], ready: str, cwd: Path, env: dict[str, str] | None = None,
-            output: Any = None) -> Iterator[tuple[str, subprocess.Popen]]:  # fmt: skip
+def running(
+    command: list[str], ready: str, cwd: Path, env: dict[str, str] | None = None, output: Any = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """A server subprocess on a free loopback port: ``(base URL, process)`` once ``ready``
     answers 200; SIGTERM on exit. ``{port}`` in ``command`` is replaced by the port; the
     server's output goes to ``output`` (a file) when given."""
     port = free_port()
     # HTTP only unless asked: several servers at once would share gRPC's default port
     env = {"SMSO_GRPC_PORT": "0"} | (os.environ if env is None else env)
-    server = subprocess.Popen([c.replace("{port}", str(port)) for c in command], cwd=cwd,
-                              env=env, stdout=output, stderr=output)  # fmt: skip
+    server = subprocess.Popen(
+        [c.replace("{port}", str(port)) for c in command],
+        cwd=cwd,
+        env=env,
+        stdout=output,
+        stderr=output,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(f"{base}{ready}", server)
@@ -315,8 +349,12 @@ def running(command: list[str], ready: str, cwd: Path, env: dict[str, str] | Non
 
 def service(model: Path, max_batch: int, grpc_port: int = 0) -> contextlib.AbstractContextManager:
     """The real server on ``model``: HTTP on a free port, gRPC on ``grpc_port`` (0: none)."""
-    env = os.environ | {"SMSO_MAX_BATCH_SIZE": str(max_batch), "SMSO_MAX_WAIT_MS": "5",
-                        "SMSO_LOG_LEVEL": "warning", "SMSO_GRPC_PORT": str(grpc_port)}  # fmt: skip
+    env = os.environ | {
+        "SMSO_MAX_BATCH_SIZE": str(max_batch),
+        "SMSO_MAX_WAIT_MS": "5",
+        "SMSO_LOG_LEVEL": "warning",
+        "SMSO_GRPC_PORT": str(grpc_port),
+    }
     command = [sys.executable, "-m", "service.cli", "--model-path", str(model), "--port", "{port}"]
     return running(command, "/readyz", ROOT, env)
 
@@ -325,8 +363,16 @@ def service(model: Path, max_batch: int, grpc_port: int = 0) -> contextlib.Abstr
 def bare() -> Iterator[tuple[str, subprocess.Popen]]:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "bare_app.py").write_text(BARE_APP)
-        command = [sys.executable, "-m", "uvicorn", "bare_app:app", "--port", "{port}",
-                   "--log-level", "warning"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bare_app:app",
+            "--port",
+            "{port}",
+            "--log-level",
+            "warning",
+        ]
         with running(command, "/docs", Path(tmp)) as server:
             yield server
 
@@ -336,12 +382,16 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ms = sorted(x for r in runs for x in r["latencies_ms"])
     requests, seconds = sum(r["requests"] for r in runs), sum(r["seconds"] for r in runs)
     return {
-        "requests": requests, "failures": sum(r["failures"] for r in runs), "seconds": seconds,
-        "requests_per_second": requests / seconds, "mean_ms": statistics.fmean(ms),
-        "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+        "requests": requests,
+        "failures": sum(r["failures"] for r in runs),
+        "seconds": seconds,
+        "requests_per_second": requests / seconds,
+        "mean_ms": statistics.fmean(ms),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
         "p99_ms": float(np.percentile(ms, 99)),
         "rounds_rps": [r["requests_per_second"] for r in runs],
-    }  # fmt: skip
+    }
 
 
 def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> dict[str, float]:
@@ -351,14 +401,22 @@ def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> 
         count = after[f"{metric}_count"] - before.get(f"{metric}_count", 0)
         return 1e3 * (after[f"{metric}_sum"] - before.get(f"{metric}_sum", 0)) / max(count, 1)
 
-    decode, queue, inference = (mean("smso_decode_seconds"), mean("smso_queue_wait_seconds"),
-                                mean("smso_inference_seconds"))  # fmt: skip
+    decode, queue, inference = (
+        mean("smso_decode_seconds"),
+        mean("smso_queue_wait_seconds"),
+        mean("smso_inference_seconds"),
+    )
     round_trip = mean("smso_batch_round_trip_seconds")
     batches = after["smso_batch_size_count"] - before.get("smso_batch_size_count", 0)
     images = after["smso_batch_size_sum"] - before.get("smso_batch_size_sum", 0)
-    return {"decode_ms": decode, "queue_ms": queue, "inference_ms": inference,
-            "round_trip_ms": round_trip, "response_ms": mean_ms - decode - queue - round_trip,
-            "mean_batch": images / max(batches, 1)}  # fmt: skip
+    return {
+        "decode_ms": decode,
+        "queue_ms": queue,
+        "inference_ms": inference,
+        "round_trip_ms": round_trip,
+        "response_ms": mean_ms - decode - queue - round_trip,
+        "mean_batch": images / max(batches, 1),
+    }
 
 
 def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
@@ -380,27 +438,41 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
             service_runs.append(drive(classify, args.clients, per_round))
         after = scrape(f"{base}/metrics")
         memory = rss_mib(server.pid)
-        protocols = protocol_case(base, f"127.0.0.1:{grpc_port}", SHIPPED, files, args.clients,
-                                  args.requests, args.rounds)  # fmt: skip
+        protocols = protocol_case(
+            base, f"127.0.0.1:{grpc_port}", SHIPPED, files, args.clients, args.requests, args.rounds
+        )
     bare_load, load = merge(bare_runs), merge(service_runs)
-    ratios = [s["requests_per_second"] / b["requests_per_second"]
-              for s, b in zip(service_runs, bare_runs, strict=True)]  # fmt: skip
+    ratios = [
+        s["requests_per_second"] / b["requests_per_second"]
+        for s, b in zip(service_runs, bare_runs, strict=True)
+    ]
     return {
         "bare": bare_load,
-        "service": {"model": "fashion-mnist (shipped)", **load,
-                    "images_per_second": load["requests_per_second"],
-                    "split": split(before, after, load["mean_ms"]), "memory_mib": memory,
-                    "protocols": protocols},
+        "service": {
+            "model": "fashion-mnist (shipped)",
+            **load,
+            "images_per_second": load["requests_per_second"],
+            "split": split(before, after, load["mean_ms"]),
+            "memory_mib": memory,
+            "protocols": protocols,
+        },
         "raw": raw_session(*session_and_tensors(SHIPPED, files), (1, 16, 64, 256)),
-        "ratio_by_round": ratios, "ratio": statistics.median(ratios),
-    }  # fmt: skip
+        "ratio_by_round": ratios,
+        "ratio": statistics.median(ratios),
+    }
 
 
 def standin(max_batch: int) -> contextlib.AbstractContextManager:
     """The real server on the GPU-like stand-in backend (``bench/standin.py``)."""
     env = os.environ | {"SMSO_LOG_LEVEL": "warning"}
-    command = [sys.executable, str(ROOT / "bench" / "standin.py"), "--port", "{port}",
-               "--max-batch-size", str(max_batch)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "standin.py"),
+        "--port",
+        "{port}",
+        "--max-batch-size",
+        str(max_batch),
+    ]
     return running(command, "/readyz", ROOT, env)
 
 
@@ -432,11 +504,15 @@ def standin_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     with bare() as (bare_base, _), standin(64) as (base, _):
         infer = f"{base}/v2/models/{card.name}/infer"
         pairs = {
-            "/classify multipart JPEG": (multipart(f"{bare_base}/upload", files),
-                                         multipart(f"{base}/classify", files)),
-            "/v2 infer, preprocessed binary FP32": (raw_body(f"{bare_base}/body", bodies),
-                                                    oip(infer, bodies)),
-        }  # fmt: skip
+            "/classify multipart JPEG": (
+                multipart(f"{bare_base}/upload", files),
+                multipart(f"{base}/classify", files),
+            ),
+            "/v2 infer, preprocessed binary FP32": (
+                raw_body(f"{bare_base}/body", bodies),
+                oip(infer, bodies),
+            ),
+        }
         results: dict[str, Any] = {}
         for name, (bare_send, send) in pairs.items():
             drive(bare_send, args.clients, args.clients)
@@ -445,22 +521,30 @@ def standin_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
             for _ in range(args.rounds):
                 bare_runs.append(drive(bare_send, args.clients, per_round))
                 runs.append(drive(send, args.clients, per_round))
-            ratios = [r["requests_per_second"] / b["requests_per_second"]
-                      for r, b in zip(runs, bare_runs, strict=True)]  # fmt: skip
+            ratios = [
+                r["requests_per_second"] / b["requests_per_second"]
+                for r, b in zip(runs, bare_runs, strict=True)
+            ]
             one_bare = drive(bare_send, 1, per_round // 2)
             before = scrape(f"{base}/metrics")
             one = drive(send, 1, per_round // 2)
             stages = split(before, scrape(f"{base}/metrics"), one["mean_ms"])
             results[name] = {
-                "bare": merge(bare_runs), "service": merge(runs), "ratio_by_round": ratios,
+                "bare": merge(bare_runs),
+                "service": merge(runs),
+                "ratio_by_round": ratios,
                 "ratio": statistics.median(ratios),
                 "one_client": {
-                    "bare_p50_ms": one_bare["p50_ms"], "service_p50_ms": one["p50_ms"],
-                    "decode_ms": stages["decode_ms"], "inference_ms": stages["inference_ms"],
-                    "overhead_ms": one["p50_ms"] - one_bare["p50_ms"] - stages["decode_ms"]
+                    "bare_p50_ms": one_bare["p50_ms"],
+                    "service_p50_ms": one["p50_ms"],
+                    "decode_ms": stages["decode_ms"],
+                    "inference_ms": stages["inference_ms"],
+                    "overhead_ms": one["p50_ms"]
+                    - one_bare["p50_ms"]
+                    - stages["decode_ms"]
                     - stages["inference_ms"],
                 },
-            }  # fmt: skip
+            }
     return results
 
 
@@ -486,15 +570,27 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
     ratios = [s["requests_per_second"] / r for s, r in zip(service_runs, raw_rates, strict=True)]
     raw["images_per_second_by_round"] = raw_rates
     return {
-        "service": {"model": "resnet50 p=2048 448 px", **load,
-                    "images_per_second": load["requests_per_second"],
-                    "split": split(before, after, load["mean_ms"])},
-        "raw": raw, "ratio_by_round": ratios, "ratio": statistics.median(ratios),
-    }  # fmt: skip
+        "service": {
+            "model": "resnet50 p=2048 448 px",
+            **load,
+            "images_per_second": load["requests_per_second"],
+            "split": split(before, after, load["mean_ms"]),
+        },
+        "raw": raw,
+        "ratio_by_round": ratios,
+        "ratio": statistics.median(ratios),
+    }
 
 
-def resnet_model(workdir: Path, name: str = "resnet50", preset: str = "dtd", classes: int = 47,
-                 form: str = "conv", fp16: bool = False, static: bool = False) -> Path:  # fmt: skip
+def resnet_model(
+    workdir: Path,
+    name: str = "resnet50",
+    preset: str = "dtd",
+    classes: int = 47,
+    form: str = "conv",
+    fp16: bool = False,
+    static: bool = False,
+) -> Path:
     """ResNet-50 SMSO (p = 2,048), random weights (seed 0), at ``preset``'s size (``dtd``:
     448 px, resize 512; ``image_folder``: 224 px, resize 256; ImageNet mean and std), exported
     to ``workdir/<name>.onnx`` in SMSO ``form`` (parity checked)."""
@@ -508,10 +604,20 @@ def resnet_model(workdir: Path, name: str = "resnet50", preset: str = "dtd", cla
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(classes, "resnet50", "smso", {"dim": 2048})).eval()
-    checkpoint = save_checkpoint(workdir / f"{name}.pt", model, preset=PRESETS[preset].to_dict(),
-                                 classes=[f"class{k}" for k in range(classes)])  # fmt: skip
-    return export_checkpoint(checkpoint, workdir / f"{name}.onnx", form=form,  # type: ignore[arg-type]
-                             fp16=fp16, batch_sizes=(1, 2), dynamic_size=not static).path  # fmt: skip
+    checkpoint = save_checkpoint(
+        workdir / f"{name}.pt",
+        model,
+        preset=PRESETS[preset].to_dict(),
+        classes=[f"class{k}" for k in range(classes)],
+    )
+    return export_checkpoint(
+        checkpoint,
+        workdir / f"{name}.onnx",
+        form=form,  # type: ignore[arg-type]
+        fp16=fp16,
+        batch_sizes=(1, 2),
+        dynamic_size=not static,
+    ).path
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -526,45 +632,65 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def print_tables(shipped: dict[str, Any], resnet: dict[str, Any] | None) -> None:
-    print("| what | req/s | p50 ms | p95 ms | p99 ms | decode ms | queue ms | inference ms | "
-          "response ms | raw session img/s (batch) |")  # fmt: skip
+    print(
+        "| what | req/s | p50 ms | p95 ms | p99 ms | decode ms | queue ms | inference ms | "
+        "response ms | raw session img/s (batch) |"
+    )
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    rows = [("bare FastAPI upload", shipped["bare"], None),
-            ("fashion-mnist service", shipped["service"], shipped["raw"])]  # fmt: skip
+    rows = [
+        ("bare FastAPI upload", shipped["bare"], None),
+        ("fashion-mnist service", shipped["service"], shipped["raw"]),
+    ]
     if resnet is not None:
         rows.append(("resnet50 p=2048 service", resnet["service"], resnet["raw"]))
     for name, r, raw in rows:
-        cells = [f"{r['split'][k]:.1f}" if "split" in r else "-"
-                 for k in ("decode_ms", "queue_ms", "inference_ms", "response_ms")]  # fmt: skip
+        cells = [
+            f"{r['split'][k]:.1f}" if "split" in r else "-"
+            for k in ("decode_ms", "queue_ms", "inference_ms", "response_ms")
+        ]
         raw_cell = f"{raw['images_per_second']:.1f} ({raw['best_batch']})" if raw else "-"
-        print(f"| {name} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
-              f"| {r['p99_ms']:.1f} | {' | '.join(cells)} | {raw_cell} |")  # fmt: skip
+        print(
+            f"| {name} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} "
+            f"| {r['p99_ms']:.1f} | {' | '.join(cells)} | {raw_cell} |"
+        )
     print()
     by_round = ", ".join(f"{x:.2f}" for x in shipped["ratio_by_round"])
-    print(f"shipped model: service req/s / bare endpoint req/s = {shipped['ratio']:.2f} "
-          f"(median of rounds: {by_round}; target >= 0.5)")  # fmt: skip
+    print(
+        f"shipped model: service req/s / bare endpoint req/s = {shipped['ratio']:.2f} "
+        f"(median of rounds: {by_round}; target >= 0.5)"
+    )
     if resnet is not None:
         by_round = ", ".join(f"{x:.2f}" for x in resnet["ratio_by_round"])
-        print(f"resnet50 p=2048: service img/s / raw session img/s = {resnet['ratio']:.2f} "
-              f"(median of rounds: {by_round}; target >= 0.85)")  # fmt: skip
+        print(
+            f"resnet50 p=2048: service img/s / raw session img/s = {resnet['ratio']:.2f} "
+            f"(median of rounds: {by_round}; target >= 0.85)"
+        )
     print()
-    print("Open Inference Protocol over REST and gRPC, shipped model, same JPEGs (interleaved "
-          "rounds):")  # fmt: skip
+    print(
+        "Open Inference Protocol over REST and gRPC, shipped model, same JPEGs (interleaved "
+        "rounds):"
+    )
     print()
     print("| route | req/s | p50 ms | p95 ms | p99 ms | req/s by round |")
     print("|---|--:|--:|--:|--:|---|")
     for route, r in shipped["service"]["protocols"].items():
         rounds = ", ".join(f"{x:.0f}" for x in r["rounds_rps"])
-        print(f"| {route} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | "
-              f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {rounds} |")  # fmt: skip
+        print(
+            f"| {route} | {r['requests_per_second']:.1f} | {r['p50_ms']:.1f} | "
+            f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {rounds} |"
+        )
     grpc = grpc_over_rest(shipped["service"]["protocols"])
     by_round = ", ".join(f"{x:.2f}" for x in grpc["by_round"])
-    print(f"\ngRPC / REST, preprocessed FP32 tensors: {grpc['ratio']:.2f} (median of rounds: "
-          f"{by_round}; target >= 1)")  # fmt: skip
+    print(
+        f"\ngRPC / REST, preprocessed FP32 tensors: {grpc['ratio']:.2f} (median of rounds: "
+        f"{by_round}; target >= 1)"
+    )
     print()
     memory = shipped["service"]["memory_mib"]
-    print(f"server resident memory with the shipped model: {memory['VmRSS']:.0f} MiB "
-          f"(peak {memory['VmHWM']:.0f} MiB)")  # fmt: skip
+    print(
+        f"server resident memory with the shipped model: {memory['VmRSS']:.0f} MiB "
+        f"(peak {memory['VmHWM']:.0f} MiB)"
+    )
 
 
 def grpc_over_rest(protocols: dict[str, Any]) -> dict[str, Any]:
@@ -577,20 +703,26 @@ def grpc_over_rest(protocols: dict[str, Any]) -> dict[str, Any]:
 
 def print_standin(results: dict[str, Any]) -> None:
     print()
-    print("GPU-like stand-in backend (1.3 ms + 0.19 ms per image; ResNet-50's card at 224 px), "
-          "against a bare endpoint reading the same requests (interleaved rounds):")  # fmt: skip
+    print(
+        "GPU-like stand-in backend (1.3 ms + 0.19 ms per image; ResNet-50's card at 224 px), "
+        "against a bare endpoint reading the same requests (interleaved rounds):"
+    )
     print()
-    print("| route | service req/s | bare req/s | ratio (rounds) | service p50 / p99 ms | "
-          "1 client: service p50 ms | bare p50 ms | decode ms | backend ms | overhead ms |")  # fmt: skip
+    print(
+        "| route | service req/s | bare req/s | ratio (rounds) | service p50 / p99 ms | "
+        "1 client: service p50 ms | bare p50 ms | decode ms | backend ms | overhead ms |"
+    )
     print("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|")
     for name, r in results.items():
         rounds = ", ".join(f"{x:.2f}" for x in r["ratio_by_round"])
         one = r["one_client"]
-        print(f"| {name} | {r['service']['requests_per_second']:.1f} | "
-              f"{r['bare']['requests_per_second']:.1f} | {r['ratio']:.2f} ({rounds}) | "
-              f"{r['service']['p50_ms']:.1f} / {r['service']['p99_ms']:.1f} | "
-              f"{one['service_p50_ms']:.2f} | {one['bare_p50_ms']:.2f} | {one['decode_ms']:.2f} | "
-              f"{one['inference_ms']:.2f} | {one['overhead_ms']:.2f} |")  # fmt: skip
+        print(
+            f"| {name} | {r['service']['requests_per_second']:.1f} | "
+            f"{r['bare']['requests_per_second']:.1f} | {r['ratio']:.2f} ({rounds}) | "
+            f"{r['service']['p50_ms']:.1f} / {r['service']['p99_ms']:.1f} | "
+            f"{one['service_p50_ms']:.2f} | {one['bare_p50_ms']:.2f} | {one['decode_ms']:.2f} | "
+            f"{one['inference_ms']:.2f} | {one['overhead_ms']:.2f} |"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -604,14 +736,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {
         "settings": vars(args) | {"json": str(args.json)},
         "bare": shipped["bare"],
-        "cases": [{"service": c["service"], "raw": c["raw"], "ratio_by_round": c["ratio_by_round"]}
-                  for c in (shipped, resnet) if c is not None],
+        "cases": [
+            {"service": c["service"], "raw": c["raw"], "ratio_by_round": c["ratio_by_round"]}
+            for c in (shipped, resnet)
+            if c is not None
+        ],
         "standin": stand_in,
-        "ratios": {"shipped_rps_over_bare": shipped["ratio"],
-                   "grpc_over_rest_fp32": grpc_over_rest(shipped["service"]["protocols"])["ratio"]}
+        "ratios": {
+            "shipped_rps_over_bare": shipped["ratio"],
+            "grpc_over_rest_fp32": grpc_over_rest(shipped["service"]["protocols"])["ratio"],
+        }
         | {f"standin {name}: service over bare": r["ratio"] for name, r in stand_in.items()}
         | ({"resnet_service_over_raw": resnet["ratio"]} if resnet else {}),
-    }  # fmt: skip
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"Results written to {args.json}")

@@ -72,9 +72,24 @@ RESULTS = ROOT / "bench" / "results" / "typicality.json"
 OOD_SETS = ("digits", "photos", "noise", "inverted", "rot90")
 METHODS = ("typicality", "msp", "energy", "mahalanobis")
 #: scikit-image's sample photographs shipped inside its wheel (read from disk: no download)
-PHOTOS = ("astronaut.png", "camera.png", "coffee.png", "chelsea.png", "rocket.jpg", "ihc.png",
-          "hubble_deep_field.jpg", "moon.png", "page.png", "text.png", "coins.png", "grass.png",
-          "gravel.png", "brick.png", "retina.jpg", "motorcycle_left.png")  # fmt: skip
+PHOTOS = (
+    "astronaut.png",
+    "camera.png",
+    "coffee.png",
+    "chelsea.png",
+    "rocket.jpg",
+    "ihc.png",
+    "hubble_deep_field.jpg",
+    "moon.png",
+    "page.png",
+    "text.png",
+    "coins.png",
+    "grass.png",
+    "gravel.png",
+    "brick.png",
+    "retina.jpg",
+    "motorcycle_left.png",
+)
 OUTPUTS = ("logits", "embedding", "typicality", "typicality_p_value")
 ALPHA = 0.01  # the p-value below which the server's drift window counts an image
 
@@ -104,8 +119,9 @@ def digits() -> np.ndarray:
 
     out = np.zeros((len(load_digits().images), 28, 28), np.uint8)
     for i, image in enumerate(load_digits().images):
-        small = Image.fromarray((image / 16 * 255).astype(np.uint8)).resize((20, 20),
-                                                                            Image.BILINEAR)  # fmt: skip
+        small = Image.fromarray((image / 16 * 255).astype(np.uint8)).resize(
+            (20, 20), Image.BILINEAR
+        )
         out[i, 4:24, 4:24] = np.asarray(small)
     return out
 
@@ -124,8 +140,9 @@ def photos(rng: np.random.Generator, per_photo: int = 250) -> np.ndarray:
             size = int(rng.choice([28, 56, 84]))
             size = size if size <= min(height, width) else 28
             y, x = rng.integers(0, height - size + 1), rng.integers(0, width - size + 1)
-            crop = Image.fromarray(grey[y : y + size, x : x + size]).resize((28, 28),
-                                                                           Image.BILINEAR)  # fmt: skip
+            crop = Image.fromarray(grey[y : y + size, x : x + size]).resize(
+                (28, 28), Image.BILINEAR
+            )
             crops.append(np.asarray(crop))
     return np.stack(crops)
 
@@ -172,11 +189,19 @@ class Card:
 def infer_body(tensor: np.ndarray, outputs: Sequence[str]) -> tuple[bytes, int]:
     """A binary ``FP32`` infer body asking for ``outputs`` as binary: ``(body, header length)``."""
     raw = np.ascontiguousarray(tensor, "<f4").tobytes()
-    header = json.dumps({
-        "inputs": [{"name": "image", "datatype": "FP32", "shape": list(tensor.shape),
-                    "parameters": {"binary_data_size": len(raw)}}],
-        "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
-    }).encode()  # fmt: skip
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "FP32",
+                    "shape": list(tensor.shape),
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
+        }
+    ).encode()
     return header + raw, len(header)
 
 
@@ -218,8 +243,10 @@ class Client:
 
     def _post(self, tensor: np.ndarray) -> httpx.Response:
         body, length = infer_body(tensor, self.outputs)
-        headers = {"Inference-Header-Content-Length": str(length),
-                   "Content-Type": "application/octet-stream"}  # fmt: skip
+        headers = {
+            "Inference-Header-Content-Length": str(length),
+            "Content-Type": "application/octet-stream",
+        }
         return self.http.post(self.url, content=body, headers=headers)
 
     def infer(self, images: np.ndarray, batch: int) -> dict[str, np.ndarray]:
@@ -246,20 +273,31 @@ class Client:
 
 
 @contextlib.contextmanager
-def server(env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
-           ) -> Iterator[str]:  # fmt: skip
+def server(
+    env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
+) -> Iterator[str]:
     """A fresh server on ``model`` (the shipped one; warnings logged to ``log``): its URL."""
     with process(env, log, model) as (base, _):
         yield base
 
 
 @contextlib.contextmanager
-def process(env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
-            ) -> Iterator[tuple[str, int]]:  # fmt: skip
+def process(
+    env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
+) -> Iterator[tuple[str, int]]:
     """:func:`server`'s URL and process id."""
     env = os.environ | {"SMSO_LOG_LEVEL": "warning", "SMSO_MAX_WAIT_MS": "2"} | (env or {})
-    command = [sys.executable, "-m", "service.cli", "--model-path", str(model), "--port",
-               "{port}", "--grpc-port", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "--model-path",
+        str(model),
+        "--port",
+        "{port}",
+        "--grpc-port",
+        "0",
+    ]
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(log.open("w")) if log else None
         base, popen = stack.enter_context(running(command, "/readyz", ROOT, env, output=output))
@@ -297,8 +335,10 @@ def separation(id_scores: np.ndarray, ood_scores: np.ndarray) -> dict[str, float
     labels = np.r_[np.zeros(len(id_scores)), np.ones(len(ood_scores))]
     scores = np.r_[id_scores, ood_scores]
     fpr, tpr, _ = roc_curve(labels, scores)
-    return {"auroc": float(roc_auc_score(labels, scores)),
-            "fpr_at_95_tpr": float(fpr[np.searchsorted(tpr, 0.95, side="left")])}  # fmt: skip
+    return {
+        "auroc": float(roc_auc_score(labels, scores)),
+        "fpr_at_95_tpr": float(fpr[np.searchsorted(tpr, 0.95, side="left")]),
+    }
 
 
 def measure_separation(client: Client, data: dict[str, np.ndarray], batch: int) -> dict[str, Any]:
@@ -307,8 +347,7 @@ def measure_separation(client: Client, data: dict[str, np.ndarray], batch: int) 
     maha = (val.mean(axis=0), np.linalg.pinv(np.cov(val, rowvar=False)))
     served = {k: client.infer(data[k], batch) for k in ("test", *OOD_SETS)}
     scores = {k: baselines(v, maha) for k, v in served.items()}
-    sets = {s: {m: separation(scores["test"][m], scores[s][m]) for m in METHODS}
-            for s in OOD_SETS}  # fmt: skip
+    sets = {s: {m: separation(scores["test"][m], scores[s][m]) for m in METHODS} for s in OOD_SETS}
     mean = {m: statistics.fmean(sets[s][m]["auroc"] for s in OOD_SETS) for m in METHODS}
     p = served["test"]["typicality_p_value"]
     return {
@@ -341,8 +380,15 @@ class Window:
         return bool(tail < self.alarm_p)
 
 
-def stream(client: Client, images: np.ndarray, warm_up: int, window: int, alarm_p: float,
-           scrape_every: int, log: Path) -> dict[str, Any]:  # fmt: skip
+def stream(
+    client: Client,
+    images: np.ndarray,
+    warm_up: int,
+    window: int,
+    alarm_p: float,
+    scrape_every: int,
+    log: Path,
+) -> dict[str, Any]:
     """One image per request; after ``warm_up`` requests, the first request (counted from the
     end of the warm-up) after which the alarm reads 1, or None; and the ``drift`` log lines."""
     simulated = Window(window, alarm_p) if client.drift == "client" else None
@@ -363,8 +409,9 @@ def stream(client: Client, images: np.ndarray, warm_up: int, window: int, alarm_
     return {"first_alarm": first, "requests": i + 1, "drift_log_lines": len(lines)}
 
 
-def measure_drift(card: Card, data: dict[str, np.ndarray], args: argparse.Namespace,
-                  folder: Path) -> dict[str, Any]:  # fmt: skip
+def measure_drift(
+    card: Card, data: dict[str, np.ndarray], args: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
     """Detection delays at 10 % OOD and alarms in purely in-distribution streams."""
     rng = np.random.default_rng(17)
     env = {"SMSO_DRIFT_WINDOW": str(args.window), "SMSO_DRIFT_ALARM_P": str(args.alarm_p)}
@@ -378,8 +425,15 @@ def measure_drift(card: Card, data: dict[str, np.ndarray], args: argparse.Namesp
             mixed[i] = data[name][rng.integers(len(data[name]))]
         log = folder / f"mixed-{k}.log"
         with server(env, log) as base, contextlib.closing(Client(base, card)) as client:
-            run = stream(client, np.concatenate([warm, mixed]), args.window, args.window,
-                         args.alarm_p, 1, log)  # fmt: skip
+            run = stream(
+                client,
+                np.concatenate([warm, mixed]),
+                args.window,
+                args.window,
+                args.alarm_p,
+                1,
+                log,
+            )
             source = client.drift
         # OOD images the server had seen when it alarmed (or in the whole horizon)
         run["ood_seen"] = int((ood < (run["first_alarm"] or args.horizon)).sum())
@@ -397,18 +451,21 @@ def measure_drift(card: Card, data: dict[str, np.ndarray], args: argparse.Namesp
     finite = sorted(delays)
     return {
         "source": source,
-        "window": args.window, "alarm_p": args.alarm_p, "ood_share": args.ood_share,
-        "warm_up": args.window, "horizon": args.horizon,
+        "window": args.window,
+        "alarm_p": args.alarm_p,
+        "ood_share": args.ood_share,
+        "warm_up": args.window,
+        "horizon": args.horizon,
         "delay_median": float(np.median(finite)),
         "delay_p90": float(np.percentile(finite, 90)),
         "undetected": sum(d == float("inf") for d in delays),
         "delays": [None if d == float("inf") else d for d in delays],
         "mixed_streams": mixed_runs,
-        "id_requests": args.id_requests, "id_streams": len(id_runs),
-        "id_alarms": sum(r["first_alarm"] is not None or r["drift_log_lines"] > 0
-                         for r in id_runs),
+        "id_requests": args.id_requests,
+        "id_streams": len(id_runs),
+        "id_alarms": sum(r["first_alarm"] is not None or r["drift_log_lines"] > 0 for r in id_runs),
         "id_runs": id_runs,
-    }  # fmt: skip
+    }
 
 
 # --- cost ---------------------------------------------------------------------------------------
@@ -453,9 +510,14 @@ def measure_cost(card: Card, test: np.ndarray, args: argparse.Namespace) -> dict
     return {"pairs": args.pairs, "rounds": args.rounds, "clients": args.clients} | out
 
 
-def _compare(a: tuple[dict[str, str], Path], b: tuple[dict[str, str], Path], card: Card,
-             files: list[bytes], body: tuple[bytes, int], args: argparse.Namespace
-             ) -> dict[str, Any]:  # fmt: skip
+def _compare(
+    a: tuple[dict[str, str], Path],
+    b: tuple[dict[str, str], Path],
+    card: Card,
+    files: list[bytes],
+    body: tuple[bytes, int],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     """Setting ``a`` against ``b`` (environment, file): per load, requests/s and the server's
     CPU time per request of each, and the ratios a/b of requests/s and b/a of CPU time."""
     runs: dict[str, dict[str, list[float]]] = {load: {} for load in LOADS}
@@ -463,14 +525,25 @@ def _compare(a: tuple[dict[str, str], Path], b: tuple[dict[str, str], Path], car
     for pair in range(args.pairs):
         with contextlib.ExitStack() as stack:
             names = ["a", "b"] if pair % 2 == 0 else ["b", "a"]  # which starts first
-            servers = {n: stack.enter_context(process(env | {"SMSO_MAX_BATCH_SIZE": "64"},
-                                                      model=model))
-                       for n, (env, model) in zip(names, (a, b) if names[0] == "a" else (b, a),
-                                                  strict=True)}  # fmt: skip
-            sends = {n: dict(zip(LOADS, (multipart(f"{base}/classify", files),
-                                         _raw(f"{base}/v2/models/{card.name}/infer", body)),
-                                 strict=True))
-                     for n, (base, _) in servers.items()}  # fmt: skip
+            servers = {
+                n: stack.enter_context(process(env | {"SMSO_MAX_BATCH_SIZE": "64"}, model=model))
+                for n, (env, model) in zip(
+                    names, (a, b) if names[0] == "a" else (b, a), strict=True
+                )
+            }
+            sends = {
+                n: dict(
+                    zip(
+                        LOADS,
+                        (
+                            multipart(f"{base}/classify", files),
+                            _raw(f"{base}/v2/models/{card.name}/infer", body),
+                        ),
+                        strict=True,
+                    )
+                )
+                for n, (base, _) in servers.items()
+            }
             for n in servers:  # warm-up
                 for send in sends[n].values():
                     drive(send, args.clients, 20)
@@ -495,19 +568,24 @@ def _compare(a: tuple[dict[str, str], Path], b: tuple[dict[str, str], Path], car
     for load, got in runs.items():
         ratios = [x / y for x, y in zip(got["a"], got["b"], strict=True)]
         cpu = [y / x for x, y in zip(got["a_cpu_ms"], got["b_cpu_ms"], strict=True)]
-        out[load] = {"a_requests_per_second": statistics.median(got["a"]),
-                     "b_requests_per_second": statistics.median(got["b"]),
-                     "ratio": statistics.median(ratios), "round_ratios": ratios,
-                     "pair_ratios": pair_ratios[load],
-                     "a_server_cpu_ms_per_request": statistics.median(got["a_cpu_ms"]),
-                     "b_server_cpu_ms_per_request": statistics.median(got["b_cpu_ms"]),
-                     "cpu_ratio": statistics.median(cpu)}  # fmt: skip
+        out[load] = {
+            "a_requests_per_second": statistics.median(got["a"]),
+            "b_requests_per_second": statistics.median(got["b"]),
+            "ratio": statistics.median(ratios),
+            "round_ratios": ratios,
+            "pair_ratios": pair_ratios[load],
+            "a_server_cpu_ms_per_request": statistics.median(got["a_cpu_ms"]),
+            "b_server_cpu_ms_per_request": statistics.median(got["b_cpu_ms"]),
+            "cpu_ratio": statistics.median(cpu),
+        }
     return out
 
 
 def _raw(url: str, body: tuple[bytes, int]) -> Any:
-    headers = {"Inference-Header-Content-Length": str(body[1]),
-               "Content-Type": "application/octet-stream"}  # fmt: skip
+    headers = {
+        "Inference-Header-Content-Length": str(body[1]),
+        "Content-Type": "application/octet-stream",
+    }
 
     def send(client: httpx.Client, i: int) -> httpx.Response:
         return client.post(url, content=body[0], headers=headers)
@@ -559,53 +637,68 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def targets(separation: dict[str, Any], drift: dict[str, Any], cost: dict[str, Any]
-            ) -> dict[str, bool]:  # fmt: skip
+def targets(
+    separation: dict[str, Any], drift: dict[str, Any], cost: dict[str, Any]
+) -> dict[str, bool]:
     """Issue 17's targets, each met or not."""
     mean = separation["mean_auroc"]
     worst = {s: min(METHODS, key=lambda m: separation["sets"][s][m]["auroc"]) for s in OOD_SETS}
     return {
-        "beats_every_baseline_on_mean_auroc": all(mean["typicality"] > mean[m]
-                                                  for m in METHODS[1:]),
+        "beats_every_baseline_on_mean_auroc": all(
+            mean["typicality"] > mean[m] for m in METHODS[1:]
+        ),
         "never_worst_on_a_set": all(w != "typicality" for w in worst.values()),
         "mean_auroc_at_least_0.985": mean["typicality"] >= 0.985,
         "alarm_within_500_at_10%_ood": drift["undetected"] == 0
         and max(d for d in drift["delays"] if d is not None) <= 500,
         "no_alarm_in_id_streams": drift["id_alarms"] == 0,
         "cost_at_most_5%": cost["typicality"][LOADS[0]]["ratio"] >= 0.95,
-    }  # fmt: skip
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     sep = result["separation"]
-    rows = ["| OOD set | " + " | ".join(f"{m} AUROC (FPR95)" for m in METHODS) + " |",
-            "|---|" + "--:|" * len(METHODS)]  # fmt: skip
+    rows = [
+        "| OOD set | " + " | ".join(f"{m} AUROC (FPR95)" for m in METHODS) + " |",
+        "|---|" + "--:|" * len(METHODS),
+    ]
     for s in OOD_SETS:
-        cells = [f"{sep['sets'][s][m]['auroc']:.3f} ({sep['sets'][s][m]['fpr_at_95_tpr']:.3f})"
-                 for m in METHODS]  # fmt: skip
+        cells = [
+            f"{sep['sets'][s][m]['auroc']:.3f} ({sep['sets'][s][m]['fpr_at_95_tpr']:.3f})"
+            for m in METHODS
+        ]
         rows.append(f"| {s} | " + " | ".join(cells) + " |")
-    rows.append("| **mean** | " + " | ".join(f"**{sep['mean_auroc'][m]:.3f}**" for m in METHODS)
-                + " |")  # fmt: skip
+    rows.append(
+        "| **mean** | " + " | ".join(f"**{sep['mean_auroc'][m]:.3f}**" for m in METHODS) + " |"
+    )
     d = result["drift"]
-    rows.append(f"\nscore source: {sep['source']}; test accuracy {sep['test_accuracy']:.4f}; "
-                f"test images with p < 0.01: {sep['test_share_p_below_0.01']:.4f}")  # fmt: skip
-    rows.append(f"drift ({d['source']}, W={d['window']}, alarm p < {d['alarm_p']:g}): "
-                f"alarm after {d['delay_median']:.0f} mixed requests (median), p90 "
-                f"{d['delay_p90']:.0f}, undetected {d['undetected']}/{len(d['delays'])}; "
-                f"in-distribution: {d['id_alarms']} alarms in {d['id_streams']} streams of "
-                f"{d['id_requests']:,} requests")  # fmt: skip
+    rows.append(
+        f"\nscore source: {sep['source']}; test accuracy {sep['test_accuracy']:.4f}; "
+        f"test images with p < 0.01: {sep['test_share_p_below_0.01']:.4f}"
+    )
+    rows.append(
+        f"drift ({d['source']}, W={d['window']}, alarm p < {d['alarm_p']:g}): "
+        f"alarm after {d['delay_median']:.0f} mixed requests (median), p90 "
+        f"{d['delay_p90']:.0f}, undetected {d['undetected']}/{len(d['delays'])}; "
+        f"in-distribution: {d['id_alarms']} alarms in {d['id_streams']} streams of "
+        f"{d['id_requests']:,} requests"
+    )
     for design in ("typicality", "control"):
         for load, row in result["cost"].get(design, {}).items():
             pairs = ", ".join(f"{r:.3f}" for r in row["pair_ratios"])
-            rows.append(f"cost ({'on/off' if design == 'typicality' else 'control: off/off'}), "
-                        f"{load}: {row['a_requests_per_second']:,.0f} / "
-                        f"{row['b_requests_per_second']:,.0f} req/s, ratio {row['ratio']:.3f} "
-                        f"(pairs {pairs}); server CPU per request "
-                        f"{row['a_server_cpu_ms_per_request']:.3f} / "
-                        f"{row['b_server_cpu_ms_per_request']:.3f} ms, ratio "
-                        f"{row['cpu_ratio']:.3f}")  # fmt: skip
-    rows.append("targets: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
-                                        for k, v in result["targets"].items()))  # fmt: skip
+            rows.append(
+                f"cost ({'on/off' if design == 'typicality' else 'control: off/off'}), "
+                f"{load}: {row['a_requests_per_second']:,.0f} / "
+                f"{row['b_requests_per_second']:,.0f} req/s, ratio {row['ratio']:.3f} "
+                f"(pairs {pairs}); server CPU per request "
+                f"{row['a_server_cpu_ms_per_request']:.3f} / "
+                f"{row['b_server_cpu_ms_per_request']:.3f} ms, ratio "
+                f"{row['cpu_ratio']:.3f}"
+            )
+    rows.append(
+        "targets: "
+        + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in result["targets"].items())
+    )
     return "\n".join(rows)
 
 

@@ -107,8 +107,14 @@ def begin(client_id: str | None) -> RequestRecord:
     return record
 
 
-def log_access(method: str, route: str, status: int | str, record: RequestRecord,
-               seconds: float, level: int = logging.INFO) -> None:  # fmt: skip
+def log_access(
+    method: str,
+    route: str,
+    status: int | str,
+    record: RequestRecord,
+    seconds: float,
+    level: int = logging.INFO,
+) -> None:
     """The request's access line on ``service.access``: what it has of the route template,
     model, version, status, images and the latency with its split."""
     if not log.isEnabledFor(level):

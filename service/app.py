@@ -71,9 +71,12 @@ def create_app(
         # loading and warm-up run in the background and turn /readyz ready when done.
         if settings.api_key is None:
             grpc_calls = " and the gRPC model calls" if settings.grpc_port else ""
-            log.warning("no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
-                        "/metadata, /models/..., /v2/models/...)%s are open to anyone who can "
-                        "reach this server", grpc_calls)  # fmt: skip
+            log.warning(
+                "no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
+                "/metadata, /models/..., /v2/models/...)%s are open to anyone who can "
+                "reach this server",
+                grpc_calls,
+            )
         if settings.model_repository is not None:
             state.repository = Repository(state, settings.model_repository)
             loading = asyncio.get_running_loop().create_task(

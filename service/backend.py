@@ -101,9 +101,12 @@ class OnnxBackend:
             if _may_accelerate(options.providers):  # TensorRT's profile needs the input size
                 spec = read_card(path).input
                 self._accelerator = Accelerator(
-                    (spec.channels, spec.height, spec.width), options.max_batch,
-                    options.engine_cache_dir, options.trt_fp16, options.cuda_graphs,
-                )  # fmt: skip
+                    (spec.channels, spec.height, spec.width),
+                    options.max_batch,
+                    options.engine_cache_dir,
+                    options.trt_fp16,
+                    options.cuda_graphs,
+                )
                 # CUDA graphs are captured by the per-bucket sessions, whose shapes are fixed
                 probe = dataclasses.replace(self._accelerator, cuda_graphs=False)
             self.session, self.providers = choose_providers(
@@ -127,8 +130,9 @@ class OnnxBackend:
         self.warmup_batches, self._runner = self._runner_for(path, options)
         log.info("loaded %s on %s (%s)", path, ", ".join(self.providers), self.mode)
 
-    def _bucket_sessions(self, path: Path, options: BackendOptions, sizes: list[int]
-                         ) -> dict[int, ort.InferenceSession]:  # fmt: skip
+    def _bucket_sessions(
+        self, path: Path, options: BackendOptions, sizes: list[int]
+    ) -> dict[int, ort.InferenceSession]:
         """A CUDA session per bucket, its input's symbolic dimensions fixed to the bucket's
         size and the card's image size."""
         spec = self.card.input
@@ -136,13 +140,20 @@ class OnnxBackend:
         dims = self.session.get_inputs()[0].shape  # e.g. ["batch", 1, "height", "width"]
         sessions = {}
         for size in sizes:
-            free = {name: value or size for name, value in zip(dims, fixed, strict=True)
-                    if isinstance(name, str)}  # fmt: skip
+            free = {
+                name: value or size
+                for name, value in zip(dims, fixed, strict=True)
+                if isinstance(name, str)
+            }
             try:
                 sessions[size] = shaped_session(
-                    path, self.providers, options.threads, options.spinning, self._accelerator,
+                    path,
+                    self.providers,
+                    options.threads,
+                    options.spinning,
+                    self._accelerator,
                     free,
-                )  # fmt: skip
+                )
             except Exception as error:  # onnxruntime's own types
                 message = str(error).splitlines()[0][:300]
                 if "graph capture" in message:  # enable_cuda_graph with nodes on the CPU
@@ -151,8 +162,9 @@ class OnnxBackend:
                         "nodes on the CPU even with every shape fixed (operators its CUDA "
                         "provider lacks); turn cuda_graphs off"
                     ) from None
-                raise ValueError(f"{path}: no CUDA session for batches of {size}: {message}"
-                                 ) from None  # fmt: skip
+                raise ValueError(
+                    f"{path}: no CUDA session for batches of {size}: {message}"
+                ) from None
         return sessions
 
     def _runner_for(self, path: Path, options: BackendOptions) -> tuple[list[int], Runner]:
@@ -170,9 +182,14 @@ class OnnxBackend:
             spec = self.card.input
             extra = [(name, self._tail(name)) for name in self.outputs[2:]]
             runner = BoundRunner(
-                sessions, (spec.channels, spec.height, spec.width), len(self.card.classes),
-                self.card.model.embedding_dim, sizes, graphs=options.cuda_graphs, extra=extra,
-            )  # fmt: skip
+                sessions,
+                (spec.channels, spec.height, spec.width),
+                len(self.card.classes),
+                self.card.model.embedding_dim,
+                sizes,
+                graphs=options.cuda_graphs,
+                extra=extra,
+            )
             self.mode = "cuda-graphs" if options.cuda_graphs else "io-binding"
             # a CUDA graph is captured on a bucket's second run, after one ordinary run
             return [s for s in sizes for _ in range(2 if options.cuda_graphs else 1)], runner

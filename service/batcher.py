@@ -242,8 +242,9 @@ class MicroBatcher:
             parent = trace.set_span_in_context(trace.NonRecordingSpan(job.span))
             queue = self._tracer.start_span("queue", parent, start_time=job.enqueued_ns)
             queue.end(end_time=start_ns)
-            inference = self._tracer.start_span("inference", parent, attributes=attributes,
-                                                start_time=start_ns)  # fmt: skip
+            inference = self._tracer.start_span(
+                "inference", parent, attributes=attributes, start_time=start_ns
+            )
             inference.end(end_time=end_ns)
 
     def _stack_run(self, images: list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], float]:

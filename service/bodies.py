@@ -32,11 +32,12 @@ class BufferedBytes:
         if self.held + count > self.limit:
             mib = self.limit / 2**20
             raise ServiceError(
-                503, "overloaded",
+                503,
+                "overloaded",
                 f"the server is holding as many request bodies as it may ({mib:,.1f} MiB, "
                 "max_buffered_bytes); retry shortly",
                 headers={"Retry-After": "1"},
-            )  # fmt: skip
+            )
         self.held += count
 
     def give(self, count: int) -> None:

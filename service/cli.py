@@ -157,12 +157,19 @@ def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
     Its loggers go to the service's handler (no logging configuration of its own) and its access
     log is off: :class:`service.access.AccessLog` writes one line per request instead."""
     return ServerConfig(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        log_config=None, access_log=False,
-        header_timeout_s=settings.header_timeout_s, body_timeout_s=settings.request_timeout_s,
-        timeout_keep_alive=settings.keep_alive_s, limit_concurrency=settings.max_connections,
-        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5, **kwargs,
-    )  # fmt: skip
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        access_log=False,
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.request_timeout_s,
+        timeout_keep_alive=settings.keep_alive_s,
+        limit_concurrency=settings.max_connections,
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+        **kwargs,
+    )
 
 
 class ModelCannotRunError(RuntimeError):
@@ -229,8 +236,9 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
         _environment(flags | {MULTIPROC_ENV: folder}),
     ):
-        config = _config(settings, "service.app:app_from_environment", factory=True,
-                         workers=settings.workers)  # fmt: skip
+        config = _config(
+            settings, "service.app:app_from_environment", factory=True, workers=settings.workers
+        )
         log.info(
             "SMSO service starting %d workers on %s",
             settings.workers,

@@ -25,10 +25,11 @@ async def authorize(request: Request) -> None:
     expected = key.get_secret_value().encode()
     if given is None or not hmac.compare_digest(given.encode(), expected):
         raise ServiceError(
-            401, "unauthorized",
+            401,
+            "unauthorized",
             "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
             headers={"WWW-Authenticate": "Bearer"},
-        )  # fmt: skip
+        )
 
 
 async def service_state(request: Request) -> ServiceState:

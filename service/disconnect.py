@@ -84,8 +84,12 @@ class CancelWhenGone:
                     await handler
                 raise
             route = getattr(scope.get("route"), "path", "an unknown route")
-            log.info("the client closed the connection before the answer to its POST %s; its "
-                     "work was stopped (%d)", route, CLIENT_CLOSED)  # fmt: skip
+            log.info(
+                "the client closed the connection before the answer to its POST %s; its "
+                "work was stopped (%d)",
+                route,
+                CLIENT_CLOSED,
+            )
         finally:
             if watcher is not None and not watcher.done():
                 watcher.cancel()

@@ -37,8 +37,14 @@ RARE = 0.01
 
 def binomial_tail(n: int, q: float) -> list[float]:
     """``P[B(n, q) >= k]`` for ``k = 0 .. n`` (log-space terms: no overflow for large ``n``)."""
-    logs = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
-            + j * math.log(q) + (n - j) * math.log1p(-q) for j in range(n + 1)]  # fmt: skip
+    logs = [
+        math.lgamma(n + 1)
+        - math.lgamma(j + 1)
+        - math.lgamma(n - j + 1)
+        + j * math.log(q)
+        + (n - j) * math.log1p(-q)
+        for j in range(n + 1)
+    ]
     tail, total = [0.0] * (n + 2), 0.0
     for j in range(n, -1, -1):
         total += math.exp(logs[j])
@@ -50,8 +56,13 @@ class DriftMonitor:
     """The sliding window of one model's images: their drift p-value, its alarm, and
     ``report(p_drift, images_in_window, alarm)`` after every change (the metrics)."""
 
-    def __init__(self, name: str, window: int, alarm_p: float,
-                 report: Callable[[float, int, bool], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        window: int,
+        alarm_p: float,
+        report: Callable[[float, int, bool], None] | None = None,
+    ) -> None:
         self.name = name
         self.window = window
         self.alarm_p = alarm_p
@@ -78,11 +89,22 @@ class DriftMonitor:
             count, size = self._count, len(self._rare)
         if changed:
             if alarm:
-                log.warning("drift: model %s: %d of its last %d images are rarer than 1 %% of "
-                            "its reference images (binomial p = %.2g < %.2g)", self.name, count,
-                            size, self.p_value, self.alarm_p)  # fmt: skip
+                log.warning(
+                    "drift: model %s: %d of its last %d images are rarer than 1 %% of "
+                    "its reference images (binomial p = %.2g < %.2g)",
+                    self.name,
+                    count,
+                    size,
+                    self.p_value,
+                    self.alarm_p,
+                )
             else:
-                log.info("drift over: model %s: %d of its last %d images are rare (p = %.2g)",
-                         self.name, count, size, self.p_value)  # fmt: skip
+                log.info(
+                    "drift over: model %s: %d of its last %d images are rare (p = %.2g)",
+                    self.name,
+                    count,
+                    size,
+                    self.p_value,
+                )
         if self._report is not None:
             self._report(self.p_value, size, alarm)

@@ -20,8 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 __all__ = [
-    "CLIENT_CLOSED", "OIP_PREFIX", "ServiceError", "error_body", "install_error_handlers",
-]  # fmt: skip
+    "CLIENT_CLOSED",
+    "OIP_PREFIX",
+    "ServiceError",
+    "error_body",
+    "install_error_handlers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +93,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _client_closed(request: Request, exc: ClientDisconnect) -> Response:
         # the route's template, not the raw path: a client's path is not written to the log
         route = getattr(request.scope.get("route"), "path", "an unknown route")
-        log.info("the client closed the connection before its %s %s request was read; "
-                 "dropped (%d)", request.method[:16], route, CLIENT_CLOSED)  # fmt: skip
+        log.info(
+            "the client closed the connection before its %s %s request was read; dropped (%d)",
+            request.method[:16],
+            route,
+            CLIENT_CLOSED,
+        )
         return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(Exception)

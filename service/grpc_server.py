@@ -75,11 +75,19 @@ INFER_ROUTE = "/inference.GRPCInferenceService/ModelInfer"
 
 #: Each datatype's field of ``InferTensorContents`` (FP16 has none: it goes as raw contents).
 _CONTENTS = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}  # fmt: skip
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 
 Reply = TypeVar("Reply")
 
@@ -106,8 +114,9 @@ def _parameters(parameters: Any) -> dict[str, Any]:
 def _input(tensor: Any, raw: bytes | None, max_elements: int) -> InputTensor:
     """One ``ModelInferRequest.InferInputTensor``, its data from ``raw`` or its contents."""
     name, datatype = tensor.name, tensor.datatype
-    shape = check_input(name, datatype, list(tensor.shape), _parameters(tensor.parameters),
-                        max_elements)  # fmt: skip
+    shape = check_input(
+        name, datatype, list(tensor.shape), _parameters(tensor.parameters), max_elements
+    )
     if raw is not None:
         return InputTensor(name, datatype, shape, binary_tensor(raw, name, datatype, shape), True)
     field = _CONTENTS.get(datatype)
@@ -116,8 +125,10 @@ def _input(tensor: Any, raw: bytes | None, max_elements: int) -> InputTensor:
     values = getattr(tensor.contents, field)
     count = math.prod(shape)
     if len(values) != count:
-        raise ProtocolError(f"input {name!r}: shape {list(shape)} needs {count} elements, "
-                            f"contents.{field} has {len(values)}")  # fmt: skip
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} needs {count} elements, "
+            f"contents.{field} has {len(values)}"
+        )
     if datatype == "BYTES":  # raw bytes, as in binary data (JSON's base64 is JSON's only)
         return InputTensor(name, datatype, shape, list(values), True)
     try:  # a value out of its datatype's range (300 as INT8) is refused, not wrapped
@@ -132,21 +143,27 @@ def infer_request(message: Any, max_elements: int) -> InferRequest:
     """A ``ModelInferRequest`` as the REST side parses it (:class:`ProtocolError` for a flaw)."""
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
-        raise ProtocolError(f"raw_input_contents holds {len(raw)} tensors for "
-                            f"{len(message.inputs)} inputs; send one per input or none")  # fmt: skip
-    inputs = [_input(tensor, raw[i] if raw else None, max_elements)
-              for i, tensor in enumerate(message.inputs)]  # fmt: skip
+        raise ProtocolError(
+            f"raw_input_contents holds {len(raw)} tensors for "
+            f"{len(message.inputs)} inputs; send one per input or none"
+        )
+    inputs = [
+        _input(tensor, raw[i] if raw else None, max_elements)
+        for i, tensor in enumerate(message.inputs)
+    ]
     outputs: list[RequestedOutput] = []
     for output in message.outputs:  # always raw contents: "binary" is REST's choice only
         outputs.append(requested_output(output.name, _parameters(output.parameters), True, outputs))
-    return InferRequest(message.id or None, inputs, outputs or None, True,
-                        _parameters(message.parameters))  # fmt: skip
+    return InferRequest(
+        message.id or None, inputs, outputs or None, True, _parameters(message.parameters)
+    )
 
 
 def infer_response(model: Any, request_id: str, answer: list[OutputTensor]) -> Any:
     """The answer tensors as a ``ModelInferResponse``, each in ``raw_output_contents``."""
-    response = pb.ModelInferResponse(model_name=model.name, model_version=model.version,
-                                     id=request_id)  # fmt: skip
+    response = pb.ModelInferResponse(
+        model_name=model.name, model_version=model.version, id=request_id
+    )
     for tensor in answer:
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         response.raw_output_contents.append(tensor_bytes(tensor))
@@ -163,8 +180,7 @@ def _rpc(
     route = f"/inference.GRPCInferenceService/{handler.__name__}"
     level = logging.DEBUG if handler.__name__ in ("ServerLive", "ServerReady") else logging.INFO
 
-    async def rpc(self: InferenceService, request: Any, context: grpc.aio.ServicerContext
-                  ) -> Reply:  # fmt: skip
+    async def rpc(self: InferenceService, request: Any, context: grpc.aio.ServicerContext) -> Reply:
         start = time.perf_counter()
         metadata = dict(context.invocation_metadata() or ())
         record = access.begin(access.valid_id(metadata.get(access.HEADER)))
@@ -172,8 +188,9 @@ def _rpc(
         code = grpc.StatusCode.OK
         try:
             if self.state.draining and handler.__name__ not in _WHILE_DRAINING:
-                raise ServiceError(503, "draining", "the server is shutting down; send the "
-                                   "call to another replica")  # fmt: skip
+                raise ServiceError(
+                    503, "draining", "the server is shutting down; send the call to another replica"
+                )
             return await handler(self, request, context)
         except ServiceError as error:
             code = _status(error)
@@ -217,17 +234,25 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             given = auth[7:].strip()
         expected = key.get_secret_value().encode()
         if not isinstance(given, str) or not hmac.compare_digest(given.encode(), expected):
-            raise ServiceError(401, "unauthorized", "missing or wrong API key: send metadata "
-                               "'authorization: Bearer <key>' or 'x-api-key: <key>'")  # fmt: skip
+            raise ServiceError(
+                401,
+                "unauthorized",
+                "missing or wrong API key: send metadata "
+                "'authorization: Bearer <key>' or 'x-api-key: <key>'",
+            )
 
     def _need_repository(self) -> None:
         if not self.repository:
-            raise ServiceError(501, "unimplemented", "the model repository extension needs a "
-                               "repository (SMSO_MODEL_REPOSITORY)")  # fmt: skip
+            raise ServiceError(
+                501,
+                "unimplemented",
+                "the model repository extension needs a repository (SMSO_MODEL_REPOSITORY)",
+            )
 
     async def _not_offered(self, request: Any, context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            "this server does not offer this RPC (see docs/oip.md)")  # fmt: skip
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "this server does not offer this RPC (see docs/oip.md)"
+        )
 
     # answered here rather than by the generated base class, which logs a traceback for each
     ModelStreamInfer = ModelConfig = ModelStatistics = TraceSetting = LogSettings = _not_offered
@@ -331,7 +356,9 @@ async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
         bound = 0
     if not bound:
         await server.stop(None)
-        raise OSError(f"cannot listen for gRPC on {address} (the port is taken or the host "
-                      "does not exist; --grpc-port 0 turns gRPC off)")  # fmt: skip
+        raise OSError(
+            f"cannot listen for gRPC on {address} (the port is taken or the host "
+            "does not exist; --grpc-port 0 turns gRPC off)"
+        )
     await server.start()
     return server

@@ -55,10 +55,11 @@ def _check_type(content_type: str | None, name: str) -> None:
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind not in GENERIC_TYPES and not kind.startswith("image/"):
         raise ServiceError(
-            415, "unsupported_media_type",
+            415,
+            "unsupported_media_type",
             f"{name}: content type {kind!r} is not an image; send image/* (JPEG, PNG, WebP, GIF, "
             "BMP, TIFF) or application/octet-stream",
-        )  # fmt: skip
+        )
 
 
 def _limited(request: Request, limit: int) -> Request:
@@ -108,10 +109,11 @@ async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
 def _without_filename(what: str) -> ServiceError:
     """422: ``what`` (ending in "so") a part was read as a text field, not as a file."""
     return ServiceError(
-        422, "missing_filename",
+        422,
+        "missing_filename",
         f"{what} it was read as a text field, not a file; send each image with a filename, "
-        "e.g. 'Content-Disposition: form-data; name=\"file\"; filename=\"a.png\"'",
-    )  # fmt: skip
+        'e.g. \'Content-Disposition: form-data; name="file"; filename="a.png"\'',
+    )
 
 
 async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
@@ -125,10 +127,11 @@ async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
     if not parts:
         names = sorted(set(form.keys()))
         raise ServiceError(
-            422, "missing_file",
+            422,
+            "missing_file",
             f"no file part named 'file' (parts sent: {names or 'none'}); send each image as "
             "a multipart part named 'file'",
-        )  # fmt: skip
+        )
     uploads = []
     for i, part in enumerate(parts):
         name = part.filename or f"file[{i}]"
@@ -172,10 +175,11 @@ async def read_uploads(
             raise ServiceError(400, "empty_image", "the request body is empty; send an image")
         return [Upload(body_filename(request), data)]
     raise ServiceError(
-        415, "unsupported_media_type",
+        415,
+        "unsupported_media_type",
         f"content type {kind or 'none'!r} is not accepted; send multipart/form-data with parts "
         "named 'file', or one image as the body with an image/* content type",
-    )  # fmt: skip
+    )
 
 
 def body_filename(request: Request) -> str:

@@ -55,13 +55,18 @@ async def load_model(
         registry.mark(name, version, ModelStatus.LOADING, source=source)
         typicality = _typicality(backend, settings.typicality, name)
         batcher = MicroBatcher(
-            scored(backend.run, typicality, _outputs(backend)), settings.max_batch_size, settings.max_wait_ms / 1e3,
-            settings.queue_size, on_batch=state.metrics.batch_observer(name, version),
-            wait_for_announced=True, patience=settings.batch_patience,
-            on_depth=_depth_reporter(state, name, version), tracer=state.tracer,
+            scored(backend.run, typicality, _outputs(backend)),
+            settings.max_batch_size,
+            settings.max_wait_ms / 1e3,
+            settings.queue_size,
+            on_batch=state.metrics.batch_observer(name, version),
+            wait_for_announced=True,
+            patience=settings.batch_patience,
+            on_depth=_depth_reporter(state, name, version),
+            tracer=state.tracer,
             span_attributes={"smso.model": name, "smso.model_version": version},
             in_flight=settings.batches_in_flight,
-        )  # fmt: skip
+        )
         batcher.start()
         await _warm_up(backend, batcher, settings.max_batch_size)
         preprocess = Preprocessor(card.preprocessing, settings.max_pixels)
@@ -75,19 +80,40 @@ async def load_model(
         reason = " ".join(str(error).split()) or type(error).__name__
         failed = name or (source.parent.name if source is not None else "model")
         registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, reason, source)
-        log.error("model %s could not be loaded or warmed up, and is unavailable (503) until "
-                  "it is replaced: %s", failed, reason)  # fmt: skip
+        log.error(
+            "model %s could not be loaded or warmed up, and is unavailable (503) until "
+            "it is replaced: %s",
+            failed,
+            reason,
+        )
         log.debug("what failed", exc_info=True)
         return None
     drift = None
     if typicality is not None:
-        drift = DriftMonitor(f"{name} ({version})", settings.drift_window, settings.drift_alarm_p,
-                             state.metrics.drift_reporter(name, version))  # fmt: skip
-    model = LoadedModel(name, version, card, backend, preprocess, batcher, source,
-                        typicality=typicality, drift=drift)  # fmt: skip
+        drift = DriftMonitor(
+            f"{name} ({version})",
+            settings.drift_window,
+            settings.drift_alarm_p,
+            state.metrics.drift_reporter(name, version),
+        )
+    model = LoadedModel(
+        name,
+        version,
+        card,
+        backend,
+        preprocess,
+        batcher,
+        source,
+        typicality=typicality,
+        drift=drift,
+    )
     previous = registry.serve(model)
-    log.info("ready: %s (%s) on %s; /readyz answers 200", name, version,
-             ", ".join(getattr(backend, "providers", ["?"])))  # fmt: skip
+    log.info(
+        "ready: %s (%s) on %s; /readyz answers 200",
+        name,
+        version,
+        ", ".join(getattr(backend, "providers", ["?"])),
+    )
     if previous is not None:
         await retire(state, previous)
     return model
@@ -129,13 +155,21 @@ def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None
         return None
     expected = backend.card.model.embedding_dim
     if typicality.mean.shape[0] != expected:
-        log.warning("model %s is served without typicality: its reference is of %d dimensions, "
-                    "its embedding of %d", name, typicality.mean.shape[0], expected)  # fmt: skip
+        log.warning(
+            "model %s is served without typicality: its reference is of %d dimensions, "
+            "its embedding of %d",
+            name,
+            typicality.mean.shape[0],
+            expected,
+        )
         return None
     outputs = _outputs(backend)
     if typicality.uses_features and not {"typicality", "features"} & set(outputs):
-        log.warning("model %s is served without typicality: its reference scores a features "
-                    "output the file does not have", name)  # fmt: skip
+        log.warning(
+            "model %s is served without typicality: its reference scores a features "
+            "output the file does not have",
+            name,
+        )
         return None
     return typicality
 

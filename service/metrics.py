@@ -72,83 +72,126 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "smso_http_requests_total", "HTTP requests by route template and status",
-            ["method", "route", "status"], registry=r,
-        )  # fmt: skip
+            "smso_http_requests_total",
+            "HTTP requests by route template and status",
+            ["method", "route", "status"],
+            registry=r,
+        )
         self.latency = Histogram(
-            "smso_http_request_duration_seconds", "Request latency, first byte in to last out",
-            ["method", "route"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "smso_http_request_duration_seconds",
+            "Request latency, first byte in to last out",
+            ["method", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.grpc_requests = Counter(
-            "smso_grpc_requests_total", "gRPC calls by method and status code",
-            ["method", "status"], registry=r,
-        )  # fmt: skip
+            "smso_grpc_requests_total",
+            "gRPC calls by method and status code",
+            ["method", "status"],
+            registry=r,
+        )
         self.grpc_latency = Histogram(
-            "smso_grpc_request_duration_seconds", "gRPC call latency, in the handler",
-            ["method"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "smso_grpc_request_duration_seconds",
+            "gRPC call latency, in the handler",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         # model and version label values come from the models loaded (a closed set: folder
         # names of the repository, or the one model's card), never from a request
         self.images = Counter(
-            "smso_images_total", "Images answered, by route and model", ["route", *MODEL],
+            "smso_images_total",
+            "Images answered, by route and model",
+            ["route", *MODEL],
             registry=r,
-        )  # fmt: skip
+        )
         self.dropped = Counter(
             "smso_images_dropped_total",
             "Images not decoded because their request had passed its deadline or its client left",
             registry=r,
-        )  # fmt: skip
+        )
         self.decode = Histogram(
-            "smso_decode_seconds", "Decoding and preprocessing one image",
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "smso_decode_seconds",
+            "Decoding and preprocessing one image",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_wait = Histogram(
-            "smso_queue_wait_seconds", "Time an image waited in its model's batcher queue",
-            MODEL, buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "smso_queue_wait_seconds",
+            "Time an image waited in its model's batcher queue",
+            MODEL,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.inference = Histogram(
             "smso_inference_seconds",
             "The inference thread's time on a batch: stacking, the onnxruntime call, copies",
-            MODEL, buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            MODEL,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.round_trip = Histogram(
             "smso_batch_round_trip_seconds",
             "A batch's dispatch to its results back on the event loop: inference, and the wait "
             "for the inference thread and for the event loop",
-            MODEL, buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            MODEL,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_size = Histogram(
-            "smso_batch_size", "Images per onnxruntime call",
-            MODEL, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
-        )  # fmt: skip
+            "smso_batch_size",
+            "Images per onnxruntime call",
+            MODEL,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
         # set on every submit and when a batch is taken (the batcher's on_depth): the only
         # moments the depth changes; summed over the live worker processes
-        self.queue_depth = Gauge("smso_queue_depth", "Images waiting for inference, all models",
-                                 registry=r, multiprocess_mode="livesum")  # fmt: skip
+        self.queue_depth = Gauge(
+            "smso_queue_depth",
+            "Images waiting for inference, all models",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.model_queue_depth = Gauge(
-            "smso_model_queue_depth", "Images waiting for inference, by model", MODEL,
-            registry=r, multiprocess_mode="livesum",
-        )  # fmt: skip
+            "smso_model_queue_depth",
+            "Images waiting for inference, by model",
+            MODEL,
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         # typicality and drift (models whose card has a typicality reference); with several
         # workers each has its own window: the most alarming one is shown
         self.typicality = Histogram(
-            "smso_typicality_score", "Typicality score of each served image (higher: less "
-            "typical of the model's reference images)", MODEL,
-            buckets=(-4, -2, 0, 2, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
-        )  # fmt: skip
+            "smso_typicality_score",
+            "Typicality score of each served image (higher: less "
+            "typical of the model's reference images)",
+            MODEL,
+            buckets=(-4, -2, 0, 2, 4, 6, 8, 12, 16, 24, 32, 64),
+            registry=r,
+        )
         self.drift_p_value = Gauge(
-            "smso_drift_p_value", "Binomial p-value of the rare images (typicality p < 0.01) "
-            "among the last images of the window", MODEL,
-            registry=r, multiprocess_mode="livemin",
-        )  # fmt: skip
+            "smso_drift_p_value",
+            "Binomial p-value of the rare images (typicality p < 0.01) "
+            "among the last images of the window",
+            MODEL,
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.drift_window = Gauge(
-            "smso_drift_window", "Images in the drift window (up to SMSO_DRIFT_WINDOW)", MODEL,
-            registry=r, multiprocess_mode="livesum",
-        )  # fmt: skip
+            "smso_drift_window",
+            "Images in the drift window (up to SMSO_DRIFT_WINDOW)",
+            MODEL,
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.drift_alarm = Gauge(
-            "smso_drift_alarm", "1 while the drift p-value is below SMSO_DRIFT_ALARM_P", MODEL,
-            registry=r, multiprocess_mode="livemax",
-        )  # fmt: skip
+            "smso_drift_alarm",
+            "1 while the drift p-value is below SMSO_DRIFT_ALARM_P",
+            MODEL,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
 
     def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
         """What a model's batcher calls after each batch: its size, inference time and each
@@ -171,9 +214,11 @@ class Metrics:
 
     def drift_reporter(self, model: str, version: str) -> Callable[[float, int, bool], None]:
         """What a model's drift monitor calls after each change: its three gauges."""
-        p_value, window, alarm = (self.drift_p_value.labels(model, version),
-                                  self.drift_window.labels(model, version),
-                                  self.drift_alarm.labels(model, version))  # fmt: skip
+        p_value, window, alarm = (
+            self.drift_p_value.labels(model, version),
+            self.drift_window.labels(model, version),
+            self.drift_alarm.labels(model, version),
+        )
 
         def report(p: float, images: int, alarmed: bool) -> None:
             p_value.set(p)
@@ -184,8 +229,12 @@ class Metrics:
 
     def forget(self, model: str, version: str) -> None:
         """Drop a retired model's gauges (its counters and histograms keep their totals)."""
-        for gauge in (self.model_queue_depth, self.drift_p_value, self.drift_window,
-                      self.drift_alarm):  # fmt: skip
+        for gauge in (
+            self.model_queue_depth,
+            self.drift_p_value,
+            self.drift_window,
+            self.drift_alarm,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(model, version)
 

@@ -63,10 +63,18 @@ if TYPE_CHECKING:
     from service.repository import Repository
 
 __all__ = [
-    "EXTENSIONS", "SERVER_NAME", "build_router", "describe_model", "describe_server",
-    "index_entries", "is_model_ready", "is_server_ready", "request_deadline", "run_inference",
+    "EXTENSIONS",
+    "SERVER_NAME",
+    "build_router",
+    "describe_model",
+    "describe_server",
+    "index_entries",
+    "is_model_ready",
+    "is_server_ready",
+    "request_deadline",
+    "run_inference",
     "served_repository",
-]  # fmt: skip
+]
 
 SERVER_NAME = "smso"
 EXTENSIONS = ["classification", "binary_tensor_data"]
@@ -152,17 +160,23 @@ def describe_model(model: LoadedModel) -> dict[str, Any]:
         "versions": [model.version],
         "platform": "onnxruntime_onnx",
         "inputs": [
-            {"name": TENSOR_INPUT, "datatype": "FP32",
-             "shape": [-1, spec.channels, spec.height, spec.width]},
+            {
+                "name": TENSOR_INPUT,
+                "datatype": "FP32",
+                "shape": [-1, spec.channels, spec.height, spec.width],
+            },
             {"name": BYTES_INPUT, "datatype": "BYTES", "shape": [-1]},
         ],
         "outputs": [
             {"name": "logits", "datatype": "FP32", "shape": [-1, len(card.classes)]},
             {"name": "embedding", "datatype": "FP32", "shape": [-1, card.model.embedding_dim]},
-            *([{"name": name, "datatype": "FP32", "shape": [-1]} for name in TYPICALITY_OUTPUTS]
-              if model.typicality is not None else []),
+            *(
+                [{"name": name, "datatype": "FP32", "shape": [-1]} for name in TYPICALITY_OUTPUTS]
+                if model.typicality is not None
+                else []
+            ),
         ],
-    }  # fmt: skip
+    }
 
 
 def _expected(model: LoadedModel) -> str:
@@ -177,8 +191,9 @@ def _expected(model: LoadedModel) -> str:
 def _batch_size(state: ServiceState, n: int, name: str) -> None:
     limit = state.settings.max_files
     if not 1 <= n <= limit:
-        raise _error(400 if n < 1 else 413,
-                     f"input {name!r} holds {n} images; send 1 to {limit} per request")  # fmt: skip
+        raise _error(
+            400 if n < 1 else 413, f"input {name!r} holds {n} images; send 1 to {limit} per request"
+        )
 
 
 def _tensor_images(
@@ -190,8 +205,11 @@ def _tensor_images(
         hint = f" (encoded images go in {BYTES_INPUT!r})" if tensor.datatype == "BYTES" else ""
         raise _error(400, f"input {TENSOR_INPUT!r} must be FP32, got {tensor.datatype}{hint}")
     if len(tensor.shape) != 4 or tensor.shape[1:] != want:
-        raise _error(400, f"input {TENSOR_INPUT!r} must have shape [N, {want[0]}, {want[1]}, "
-                          f"{want[2]}], got {list(tensor.shape)}")  # fmt: skip
+        raise _error(
+            400,
+            f"input {TENSOR_INPUT!r} must have shape [N, {want[0]}, {want[1]}, "
+            f"{want[2]}], got {list(tensor.shape)}",
+        )
     _batch_size(state, tensor.shape[0], TENSOR_INPUT)
     array = np.asarray(tensor.data, np.float32)
     if not np.isfinite(array).all():
@@ -201,12 +219,16 @@ def _tensor_images(
 
 def _encoded_images(state: ServiceState, tensor: InputTensor) -> list[Upload]:
     if tensor.datatype != "BYTES":
-        raise _error(400, f"input {BYTES_INPUT!r} must be BYTES (encoded images), got "
-                          f"{tensor.datatype}; a preprocessed FP32 tensor goes in "
-                          f"{TENSOR_INPUT!r}")  # fmt: skip
+        raise _error(
+            400,
+            f"input {BYTES_INPUT!r} must be BYTES (encoded images), got "
+            f"{tensor.datatype}; a preprocessed FP32 tensor goes in "
+            f"{TENSOR_INPUT!r}",
+        )
     if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
-        raise _error(400, f"input {BYTES_INPUT!r} must have shape [N] (or [N, 1]), "
-                          f"got {list(tensor.shape)}")  # fmt: skip
+        raise _error(
+            400, f"input {BYTES_INPUT!r} must have shape [N] (or [N, 1]), got {list(tensor.shape)}"
+        )
     _batch_size(state, tensor.shape[0], BYTES_INPUT)
     limit = state.settings.max_upload_bytes
     uploads = []
@@ -223,9 +245,12 @@ def _base64(text: bytes, name: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise _error(400, f"{name}: BYTES in JSON must be base64-encoded images (raw image "
-                          "bytes are not valid JSON strings); or send them as binary data "
-                          "(binary_data_size)") from None  # fmt: skip
+        raise _error(
+            400,
+            f"{name}: BYTES in JSON must be base64-encoded images (raw image "
+            "bytes are not valid JSON strings); or send them as binary data "
+            "(binary_data_size)",
+        ) from None
 
 
 def _requested(model: LoadedModel, request: InferRequest) -> list[RequestedOutput]:
@@ -245,8 +270,9 @@ def _classification(model: LoadedModel, logits: np.ndarray, k: int) -> list[byte
     """Row-major ``"score:index:label"`` of each image's top ``k`` classes, best first."""
     classes = model.card.classes
     scores, order = top_classes(logits, k)  # (N, K), (N, k)
-    return [f"{scores[n, i]:f}:{i}:{classes[i]}".encode()
-            for n in range(len(scores)) for i in order[n]]  # fmt: skip
+    return [
+        f"{scores[n, i]:f}:{i}:{classes[i]}".encode() for n in range(len(scores)) for i in order[n]
+    ]
 
 
 def _answer(
@@ -259,8 +285,9 @@ def _answer(
         if output.classification:
             k = min(output.classification, logits.shape[1])
             strings = _classification(model, logits, k)
-            tensors.append(OutputTensor("logits", "BYTES", (len(logits), k), strings,
-                                        output.binary))  # fmt: skip
+            tensors.append(
+                OutputTensor("logits", "BYTES", (len(logits), k), strings, output.binary)
+            )
         else:
             if output.name in TYPICALITY_OUTPUTS:  # the third output: (score, p-value) per image
                 column = TYPICALITY_OUTPUTS.index(output.name)
@@ -292,8 +319,9 @@ def request_deadline(state: ServiceState, request: InferRequest, start: float) -
     return start + seconds
 
 
-def _parse(body: bytes, encoding: str | None, length: int | None, settings: Settings
-           ) -> InferRequest:  # fmt: skip
+def _parse(
+    body: bytes, encoding: str | None, length: int | None, settings: Settings
+) -> InferRequest:
     """The request from its (possibly compressed) body; :class:`ProtocolError` for any flaw."""
     body = decompress(body, encoding, settings.max_request_bytes)
     try:
@@ -348,8 +376,9 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
     body, header_length = encode_response(model.name, model.version, request.id, answer)
     if header_length is None:
         return Response(body, media_type="application/json")
-    return Response(body, media_type="application/octet-stream",
-                    headers={HEADER_LENGTH: str(header_length)})  # fmt: skip
+    return Response(
+        body, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)}
+    )
 
 
 def build_router(repository: bool = False) -> APIRouter:
@@ -368,8 +397,11 @@ def build_router(repository: bool = False) -> APIRouter:
         """200 while the process answers."""
         return {"live": True}
 
-    @router.get("/health/ready", response_model=OipReady,
-                responses={400: {"model": OipReady, "description": "not ready"}})  # fmt: skip
+    @router.get(
+        "/health/ready",
+        response_model=OipReady,
+        responses={400: {"model": OipReady, "description": "not ready"}},
+    )
     @router.head("/health/ready", include_in_schema=False)
     async def server_ready(state: State) -> JSONResponse:
         """200 once the models are loaded and warmed up; 400 (the protocol's "false") before
@@ -378,14 +410,23 @@ def build_router(repository: bool = False) -> APIRouter:
         return JSONResponse({"ready": ready}, 200 if ready else 400)
 
     # behind the key like the model's metadata: its 404 names the models served here
-    ready_responses = {400: {"model": OipModelReady, "description": "loading or draining"},
-                       **oip_errors(401, 404, 422)}  # fmt: skip
+    ready_responses = {
+        400: {"model": OipModelReady, "description": "loading or draining"},
+        **oip_errors(401, 404, 422),
+    }
 
-    @router.get("/models/{model_name}/ready", dependencies=[Depends(authorize)],
-                response_model=OipModelReady, responses=ready_responses)  # fmt: skip
-    @router.get("/models/{model_name}/versions/{model_version}/ready",
-                dependencies=[Depends(authorize)], response_model=OipModelReady,
-                responses=ready_responses)  # fmt: skip
+    @router.get(
+        "/models/{model_name}/ready",
+        dependencies=[Depends(authorize)],
+        response_model=OipModelReady,
+        responses=ready_responses,
+    )
+    @router.get(
+        "/models/{model_name}/versions/{model_version}/ready",
+        dependencies=[Depends(authorize)],
+        response_model=OipModelReady,
+        responses=ready_responses,
+    )
     async def model_ready(
         state: State, model_name: str, model_version: str | None = None
     ) -> JSONResponse:
@@ -394,10 +435,16 @@ def build_router(repository: bool = False) -> APIRouter:
         ready = is_model_ready(state, model_name, model_version)
         return JSONResponse({"name": model_name, "ready": ready}, 200 if ready else 400)
 
-    @router.get("/models/{model_name}", dependencies=[Depends(authorize)],
-                responses=oip_errors(401, 404, 422, 503))  # fmt: skip
-    @router.get("/models/{model_name}/versions/{model_version}", dependencies=[Depends(authorize)],
-                responses=oip_errors(401, 404, 422, 503))  # fmt: skip
+    @router.get(
+        "/models/{model_name}",
+        dependencies=[Depends(authorize)],
+        responses=oip_errors(401, 404, 422, 503),
+    )
+    @router.get(
+        "/models/{model_name}/versions/{model_version}",
+        dependencies=[Depends(authorize)],
+        responses=oip_errors(401, 404, 422, 503),
+    )
     async def model_metadata(
         state: State, model_name: str, model_version: str | None = None
     ) -> dict[str, Any]:
@@ -406,12 +453,20 @@ def build_router(repository: bool = False) -> APIRouter:
 
     infer_responses = oip_errors(400, 401, 404, 413, 415, 422, 503, 504)
 
-    @router.post("/models/{model_name}/infer", dependencies=[Depends(authorize)],
-                 openapi_extra=INFER_BODY, response_class=Response,
-                 responses=infer_responses)  # fmt: skip
-    @router.post("/models/{model_name}/versions/{model_version}/infer",
-                 dependencies=[Depends(authorize)], openapi_extra=INFER_BODY,
-                 response_class=Response, responses=infer_responses)  # fmt: skip
+    @router.post(
+        "/models/{model_name}/infer",
+        dependencies=[Depends(authorize)],
+        openapi_extra=INFER_BODY,
+        response_class=Response,
+        responses=infer_responses,
+    )
+    @router.post(
+        "/models/{model_name}/versions/{model_version}/infer",
+        dependencies=[Depends(authorize)],
+        openapi_extra=INFER_BODY,
+        response_class=Response,
+        responses=infer_responses,
+    )
     async def infer(
         request: Request, state: State, model_name: str, model_version: str | None = None
     ) -> Response:
@@ -426,8 +481,12 @@ def build_router(repository: bool = False) -> APIRouter:
         return router
 
     # the model repository extension (Triton's): index, load, unload
-    @router.post("/repository/index", dependencies=[Depends(authorize)],
-                 response_model=list[OipIndexEntry], responses=oip_errors(401))  # fmt: skip
+    @router.post(
+        "/repository/index",
+        dependencies=[Depends(authorize)],
+        response_model=list[OipIndexEntry],
+        responses=oip_errors(401),
+    )
     async def repository_index(state: State) -> list[dict[str, str]]:
         """Every model the server knows: name, version, state (READY, LOADING or UNAVAILABLE;
         an unloaded model leaves the index) and, when unavailable, why."""
@@ -435,16 +494,22 @@ def build_router(repository: bool = False) -> APIRouter:
 
     control_responses = oip_errors(400, 401, 404, 422)
 
-    @router.post("/repository/models/{model_name}/load", dependencies=[Depends(authorize)],
-                 responses=control_responses)  # fmt: skip
+    @router.post(
+        "/repository/models/{model_name}/load",
+        dependencies=[Depends(authorize)],
+        responses=control_responses,
+    )
     async def repository_load(state: State, model_name: str) -> dict[str, Any]:
         """Load (or reload) a model from the repository folder; answers once it is serving,
         400 with the reason when it cannot be loaded."""
         await served_repository(state).load(model_name)
         return {}
 
-    @router.post("/repository/models/{model_name}/unload", dependencies=[Depends(authorize)],
-                 responses=control_responses)  # fmt: skip
+    @router.post(
+        "/repository/models/{model_name}/unload",
+        dependencies=[Depends(authorize)],
+        responses=control_responses,
+    )
     async def repository_unload(state: State, model_name: str) -> dict[str, Any]:
         """Stop serving a model: new requests get 404, those in flight are answered."""
         await served_repository(state).unload(model_name)

@@ -61,11 +61,20 @@ _END = object()
 
 #: The protocol's datatypes and their numpy types (``BYTES``: Python ``bytes`` elements).
 DATATYPES: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
     "BYTES": object,
-}  # fmt: skip
+}
 
 
 class ProtocolError(ValueError):
@@ -89,10 +98,14 @@ class InputHeader(_Header):
     name: str
     # checked in _inputs, for a message that lists the choices; the schema documents them
     datatype: Any = Field(None, json_schema_extra={"type": "string", "enum": sorted(DATATYPES)})
-    shape: Any = Field(None, json_schema_extra={
-        "type": "array", "maxItems": MAX_RANK,
-        "items": {"type": "integer", "minimum": 0, "maximum": MAX_DIM - 1},
-    })  # fmt: skip
+    shape: Any = Field(
+        None,
+        json_schema_extra={
+            "type": "array",
+            "maxItems": MAX_RANK,
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_DIM - 1},
+        },
+    )
     parameters: dict[str, Any] | None = None
     data: Any = None
 
@@ -211,8 +224,9 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     if len(out) > limit:
         raise ProtocolError(f"the decompressed request body is larger than {limit:,} bytes", 413)
     if not inflater.eof or inflater.unused_data:
-        raise ProtocolError(f"the body is not one complete {encoding} stream (truncated or "
-                            "followed by other bytes)")  # fmt: skip
+        raise ProtocolError(
+            f"the body is not one complete {encoding} stream (truncated or followed by other bytes)"
+        )
     return out
 
 
@@ -347,9 +361,11 @@ def _header(
     try:
         header = json.loads(body[:end])
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, ...
-        hint = "" if header_length is not None else (
-            f" (binary tensors need the {HEADER_LENGTH} header)"
-        )  # fmt: skip
+        hint = (
+            ""
+            if header_length is not None
+            else (f" (binary tensors need the {HEADER_LENGTH} header)")
+        )
         raise ProtocolError(f"the request is not valid JSON: {error}{hint}") from None
     try:
         parsed = RequestHeader.model_validate(header)
@@ -487,8 +503,10 @@ def encode_response(
     entries, chunks = [], []
     for output in outputs:
         entry: dict[str, Any] = {
-            "name": output.name, "datatype": output.datatype, "shape": list(output.shape),
-        }  # fmt: skip
+            "name": output.name,
+            "datatype": output.datatype,
+            "shape": list(output.shape),
+        }
         if output.binary:
             chunk = tensor_bytes(output)
             entry["parameters"] = {"binary_data_size": len(chunk)}

@@ -37,8 +37,14 @@ if TYPE_CHECKING:
     from service.repository import Repository
 
 __all__ = [
-    "Outputs", "ServiceState", "decode_all", "queue_depth", "run_batched", "softmax", "top_classes",
-]  # fmt: skip
+    "Outputs",
+    "ServiceState",
+    "decode_all",
+    "queue_depth",
+    "run_batched",
+    "softmax",
+    "top_classes",
+]
 
 log = logging.getLogger("service")
 
@@ -225,8 +231,12 @@ async def run_batched(
     try:
         futures = model.batcher.submit_all(images)
     except QueueFullError:
-        raise ServiceError(503, "overloaded", "the server is at capacity; retry shortly",
-                           headers={"Retry-After": "1"}) from None  # fmt: skip
+        raise ServiceError(
+            503,
+            "overloaded",
+            "the server is at capacity; retry shortly",
+            headers={"Retry-After": "1"},
+        ) from None
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
             with _timed("batch_s", len(images)):

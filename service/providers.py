@@ -75,8 +75,9 @@ def _shape(name: str, batch: int, shape: tuple[int, int, int]) -> str:
     return f"{name}:{batch}x{shape[0]}x{shape[1]}x{shape[2]}"
 
 
-def provider_options(provider: str, accelerator: Accelerator | None, input_name: str = "image"
-                     ) -> dict[str, str]:  # fmt: skip
+def provider_options(
+    provider: str, accelerator: Accelerator | None, input_name: str = "image"
+) -> dict[str, str]:
     """The options ``provider`` gets for ``accelerator`` (none for the CPU or without one)."""
     if accelerator is None:
         return {}
@@ -91,9 +92,11 @@ def provider_options(provider: str, accelerator: Accelerator | None, input_name:
         if accelerator.engine_cache_dir is not None:
             cache = str(accelerator.engine_cache_dir)
             options |= {
-                "trt_engine_cache_enable": "1", "trt_engine_cache_path": cache,
-                "trt_timing_cache_enable": "1", "trt_timing_cache_path": cache,
-            }  # fmt: skip
+                "trt_engine_cache_enable": "1",
+                "trt_engine_cache_path": cache,
+                "trt_timing_cache_enable": "1",
+                "trt_timing_cache_path": cache,
+            }
         return options
     if provider == CUDA:
         options = {"cudnn_conv_algo_search": "EXHAUSTIVE", "do_copy_in_default_stream": "1"}

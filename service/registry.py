@@ -76,8 +76,12 @@ class ModelEntry:
 
     def index(self) -> dict[str, str]:
         """The repository index's entry (Triton's ``name``, ``version``, ``state``, ``reason``)."""
-        return {"name": self.name, "version": self.version, "state": str(self.status),
-                "reason": self.reason}  # fmt: skip
+        return {
+            "name": self.name,
+            "version": self.version,
+            "state": str(self.status),
+            "reason": self.reason,
+        }
 
 
 class Registry:
@@ -111,40 +115,49 @@ class Registry:
         given. 404 for a name or version not served here, 503 while it loads (with
         ``Retry-After``) or when it could not be loaded (without: a retry cannot help)."""
         if not self.entries and not self._serving and not self.settled:
-            raise ServiceError(503, "not_ready", "the server is loading its models",
-                               headers={"Retry-After": "1"})  # fmt: skip
+            raise ServiceError(
+                503, "not_ready", "the server is loading its models", headers={"Retry-After": "1"}
+            )
         if name is None:
             name = self.default_name()
             if name is None:
                 raise ServiceError(
-                    404, "no_default_model",
+                    404,
+                    "no_default_model",
                     f"this server holds {len(self.entries)} models and none is the default; "
                     f"name one: /models/{{name}}/... with a name of {self.names()}",
-                )  # fmt: skip
+                )
         entry = self.entries.get(name)
         model = self._serving.get(name)
         if entry is None and model is None:
-            raise ServiceError(404, "model_not_found",
-                               f"model {name!r} is not served here; models: {self.names()}")  # fmt: skip
+            raise ServiceError(
+                404, "model_not_found", f"model {name!r} is not served here; models: {self.names()}"
+            )
         if model is None:
             assert entry is not None
             if entry.status is ModelStatus.UNAVAILABLE:
                 raise ServiceError(
                     503, "model_failed", f"model {name!r} failed to load: {entry.reason}"
                 )
-            raise ServiceError(503, "not_ready", f"model {name!r} is loading or unloading",
-                               headers={"Retry-After": "1"})  # fmt: skip
+            raise ServiceError(
+                503,
+                "not_ready",
+                f"model {name!r} is loading or unloading",
+                headers={"Retry-After": "1"},
+            )
         if version is not None and version != model.version:
             raise ServiceError(
-                404, "model_not_found",
+                404,
+                "model_not_found",
                 f"model {name!r} version {version!r} is not served here; it serves version "
                 f"{model.version!r}",
-            )  # fmt: skip
+            )
         return model
 
     @contextlib.asynccontextmanager
-    async def using(self, name: str | None = None, version: str | None = None
-                    ) -> AsyncIterator[LoadedModel]:  # fmt: skip
+    async def using(
+        self, name: str | None = None, version: str | None = None
+    ) -> AsyncIterator[LoadedModel]:
         """:meth:`lookup`, holding the model for the duration: it does not retire (stop its
         batcher) while a request is still using it."""
         model = self.lookup(name, version)
@@ -169,8 +182,11 @@ class Registry:
         # a model being replaced by a new version serves meanwhile: it does not make the
         # server unready
         settled = (ModelStatus.READY, ModelStatus.UNAVAILABLE)
-        waiting = [e for e in self.entries.values()
-                   if e.status not in settled and e.name not in self._serving]  # fmt: skip
+        waiting = [
+            e
+            for e in self.entries.values()
+            if e.status not in settled and e.name not in self._serving
+        ]
         return "loading" if waiting else "ready"
 
     def serving(self) -> list[LoadedModel]:
@@ -178,8 +194,14 @@ class Registry:
 
     # --- what loading and unloading do ---------------------------------------------------------
 
-    def mark(self, name: str, version: str, status: ModelStatus, reason: str = "",
-             source: Path | None = None) -> None:  # fmt: skip
+    def mark(
+        self,
+        name: str,
+        version: str,
+        status: ModelStatus,
+        reason: str = "",
+        source: Path | None = None,
+    ) -> None:
         self.entries[name] = ModelEntry(name, version, status, reason, source)
 
     def serve(self, model: LoadedModel) -> LoadedModel | None:

@@ -50,13 +50,15 @@ def scan(root: Path) -> dict[str, Version]:
         if not folder.is_dir() or folder.name.startswith("."):
             continue
         if not NAME.fullmatch(folder.name) or folder.name in (".", ".."):
-            log.warning("repository: %r is not a model name (letters, digits, _ . -); skipped",
-                        folder.name)  # fmt: skip
+            log.warning(
+                "repository: %r is not a model name (letters, digits, _ . -); skipped", folder.name
+            )
             continue
         versions = [
-            int(sub.name) for sub in folder.iterdir()
+            int(sub.name)
+            for sub in folder.iterdir()
             if sub.name.isdigit() and int(sub.name) > 0 and (sub / MODEL_FILE).is_file()
-        ]  # fmt: skip
+        ]
         if not versions:
             continue
         number = max(versions)
@@ -108,9 +110,12 @@ class Repository:
         async with self._lock:
             version = scan(self.root).get(name)
             if version is None:
-                raise ServiceError(404, "model_not_found",
-                                   f"the repository has no model {name!r} (a folder "
-                                   f"{name}/<version>/{MODEL_FILE})")  # fmt: skip
+                raise ServiceError(
+                    404,
+                    "model_not_found",
+                    f"the repository has no model {name!r} (a folder "
+                    f"{name}/<version>/{MODEL_FILE})",
+                )
             if await self._load(name, version) is None:
                 reason = self.state.registry.entries[name].reason
                 raise ServiceError(400, "load_failed", f"model {name!r} failed to load: {reason}")

@@ -93,8 +93,12 @@ def build_routes() -> APIRouter:
         """Alive: the process answers."""
         return {"status": "alive"}
 
-    @router.get("/readyz", response_model=schemas.Status, tags=["health"],
-             responses={503: {"model": schemas.ErrorResponse}})  # fmt: skip
+    @router.get(
+        "/readyz",
+        response_model=schemas.Status,
+        tags=["health"],
+        responses={503: {"model": schemas.ErrorResponse}},
+    )
     @router.head("/readyz", include_in_schema=False)
     async def readyz(state: State) -> Any:
         """Ready: the models are loaded and warmed up (each batch-size bucket run once); with
@@ -151,8 +155,12 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
     # local alias would be an unresolvable string annotation here
     named_by_path = Depends(target)
 
-    @router.get(f"{prefix}/metadata", dependencies=[Depends(authorize)], tags=["model"] if not prefix else tags,
-             responses=schemas.ERROR_RESPONSES)  # fmt: skip
+    @router.get(
+        f"{prefix}/metadata",
+        dependencies=[Depends(authorize)],
+        tags=["model"] if not prefix else tags,
+        responses=schemas.ERROR_RESPONSES,
+    )
     async def metadata(state: State, named: Named = named_by_path) -> dict[str, Any]:
         """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
         model = note_model(state.registry.lookup(*named))
@@ -160,15 +168,20 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         if "typicality" in card:  # its arrays (kilobytes to megabytes) stay in the file
             card["typicality"] = summary(card["typicality"])
         return {
-            "model": _ref(model), "providers": getattr(model.backend, "providers", []),
-            "card": card, "typicality": model.typicality is not None,
-        }  # fmt: skip
+            "model": _ref(model),
+            "providers": getattr(model.backend, "providers", []),
+            "card": card,
+            "typicality": model.typicality is not None,
+        }
 
     @router.post(
-        f"{prefix}/classify", response_model=schemas.ClassifyResponse, tags=tags,
-        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        f"{prefix}/classify",
+        response_model=schemas.ClassifyResponse,
+        tags=tags,
+        dependencies=[Depends(authorize)],
+        openapi_extra=IMAGE_BODY,
         responses=schemas.ERROR_RESPONSES,
-    )  # fmt: skip
+    )
     async def classify(
         request: Request,
         state: State,
@@ -183,20 +196,27 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         classes = model.card.classes
         scores, order = top_classes(np.stack([o[0] for o in outputs]), top_k)
         results = [
-            {"filename": upload.filename,
-             "predictions": [{"label": classes[i], "index": int(i), "score": float(scores[n, i])}
-                             for i in order[n]]}
+            {
+                "filename": upload.filename,
+                "predictions": [
+                    {"label": classes[i], "index": int(i), "score": float(scores[n, i])}
+                    for i in order[n]
+                ],
+            }
             | _typicality(outputs[n])
             for n, upload in enumerate(uploads)
-        ]  # fmt: skip
+        ]
         # a Response skips FastAPI's re-validation of the payload (response_model documents it)
         return JSONResponse({"model": _ref(model), "results": results})
 
     @router.post(
-        f"{prefix}/embed", response_model=schemas.EmbedResponse, tags=tags,
-        dependencies=[Depends(authorize)], openapi_extra=IMAGE_BODY,
+        f"{prefix}/embed",
+        response_model=schemas.EmbedResponse,
+        tags=tags,
+        dependencies=[Depends(authorize)],
+        openapi_extra=IMAGE_BODY,
         responses=schemas.ERROR_RESPONSES,
-    )  # fmt: skip
+    )
     async def embed(
         request: Request,
         state: State,
@@ -253,7 +273,8 @@ async def _infer(
         request, settings.max_request_bytes, settings.max_upload_bytes, settings.max_files
     )
     if len(uploads) > settings.max_files:
-        raise ServiceError(413, "too_many_files",
-                           f"{len(uploads)} files; at most {settings.max_files} per request")  # fmt: skip
+        raise ServiceError(
+            413, "too_many_files", f"{len(uploads)} files; at most {settings.max_files} per request"
+        )
     images = await decode_all(state, model, uploads, deadline)
     return uploads, await run_batched(state, model, images, deadline, route)

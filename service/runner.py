@@ -85,8 +85,12 @@ class PlainRunner:
     """``session.run`` on numpy arrays; pads to a bucket (and takes its session) where
     ``sizes`` is given."""
 
-    def __init__(self, session: Sessions, sizes: Sequence[int] | None = None,
-                 outputs: Sequence[str] = ("logits", "embedding")) -> None:  # fmt: skip
+    def __init__(
+        self,
+        session: Sessions,
+        sizes: Sequence[int] | None = None,
+        outputs: Sequence[str] = ("logits", "embedding"),
+    ) -> None:
         self.outputs = list(outputs)
         self.sizes = list(sizes) if sizes else None
         if self.sizes is None:

@@ -7,10 +7,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "ERROR_RESPONSES", "ClassifyResponse", "EmbedResponse", "ErrorResponse", "OipError",
+    "ERROR_RESPONSES",
+    "ClassifyResponse",
+    "EmbedResponse",
+    "ErrorResponse",
+    "OipError",
     "OipIndexEntry",
-    "OipModelReady", "OipReady", "Status", "oip_errors",
-]  # fmt: skip
+    "OipModelReady",
+    "OipReady",
+    "Status",
+    "oip_errors",
+]
 
 
 class ModelRef(BaseModel):

@@ -58,24 +58,31 @@ class Settings(BaseSettings):
     providers: str = Field(
         "auto",
         description="'auto' (TensorRT or CUDA where really usable, else CPU) or a comma-separated "
-        "list of onnxruntime execution providers, e.g. 'CUDAExecutionProvider,CPUExecutionProvider'",
+        "list of onnxruntime execution providers, e.g. "
+        "'CUDAExecutionProvider,CPUExecutionProvider'",
     )
     max_batch_size: int = Field(16, ge=1, le=1024, description="images per onnxruntime call")
     max_wait_ms: float = Field(
-        4.0, ge=0, le=10_000,
+        4.0,
+        ge=0,
+        le=10_000,
         description="wait to fill a batch, only while images of requests being decoded are on "
         "their way (and for those up to batch_patience times the last batch's inference time)",
-    )  # fmt: skip
+    )
     batch_patience: float = Field(
-        0.25, ge=0, le=10,
+        0.25,
+        ge=0,
+        le=10,
         description="how long, as a fraction of the last batch's inference time, a batch waits "
         "for images being decoded (at least max_wait_ms; 0: max_wait_ms only)",
-    )  # fmt: skip
+    )
     batches_in_flight: int = Field(
-        1, ge=1, le=8,
+        1,
+        ge=1,
+        le=8,
         description="batches dispatched to the inference thread before the last one's results "
         "are back (2: the next batch starts the moment the thread is free)",
-    )  # fmt: skip
+    )
     queue_size: int = Field(256, ge=1, description="images waiting for inference; beyond: 503")
     typicality: bool = Field(
         True,
@@ -83,26 +90,32 @@ class Settings(BaseSettings):
         "has a typicality reference; off: neither",
     )
     drift_window: int = Field(
-        200, ge=20, le=100_000,
+        200,
+        ge=20,
+        le=100_000,
         description="images in the drift window: the test counts those with a typicality "
         "p-value below 0.01 among the last this many",
-    )  # fmt: skip
+    )
     drift_alarm_p: float = Field(
-        1e-7, gt=0, lt=1,
+        1e-7,
+        gt=0,
+        lt=1,
         description="drift alarm (metric smso_drift_alarm, a warning in the log) while the "
         "window's binomial p-value is below this",
-    )  # fmt: skip
+    )
     max_inflight: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="images admitted for decoding at once (being decoded or waiting for a "
         "decode thread); beyond: 503 at once; 0: queue_size",
-    )  # fmt: skip
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
     header_timeout_s: float = Field(
-        10.0, gt=0,
+        10.0,
+        gt=0,
         description="a connection that has not sent a request's headers this long after it "
         "opened or the request began is closed (its body gets request_timeout_s)",
-    )  # fmt: skip
+    )
     keep_alive_s: int = Field(5, ge=1, description="an idle keep-alive connection is closed")
     max_connections: int = Field(
         1000, ge=1, description="open connections and requests in progress; beyond: 503"
@@ -110,27 +123,33 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")
     max_buffered_bytes: int = Field(
-        256 * 2**20, ge=1024,
+        256 * 2**20,
+        ge=1024,
         description="request bodies held in memory at once, over all requests in progress "
         "(at least max_request_bytes); beyond: 503 at once",
-    )  # fmt: skip
+    )
     max_pixels: int = Field(50_000_000, ge=1, description="width x height of one image")
     max_files: int = Field(64, ge=1, description="images in one request")
     max_json_bytes: int = Field(
-        4 * 2**20, ge=1024,
+        4 * 2**20,
+        ge=1024,
         description="the JSON part of an Open Inference Protocol request (parsing JSON holds the "
         "interpreter); larger tensors go as binary data",
-    )  # fmt: skip
+    )
     workers: int = Field(
-        1, ge=1, le=64,
+        1,
+        ge=1,
+        le=64,
         description="server processes, each with its own model session, batcher and decode "
         "threads, sharing the port (and the GPU): HTTP, JSON and decoding on more cores",
-    )  # fmt: skip
+    )
     decode_threads: int = Field(
-        0, ge=0, le=256,
+        0,
+        ge=0,
+        le=256,
         description="threads decoding images, per worker; 0: half the CPU cores over the workers, "
         "at least 1 (more threads than that contend with onnxruntime and the event loop)",
-    )  # fmt: skip
+    )
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
     intra_op_spinning: bool = Field(
         False,
@@ -165,11 +184,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(
-        8001, ge=0, le=65535,
+        8001,
+        ge=0,
+        le=65535,
         description="the Open Inference Protocol over gRPC (Triton's port), in the same process "
         "and on the same batchers as HTTP; with several workers they share it (SO_REUSEPORT); "
         "0: no gRPC",
-    )  # fmt: skip
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         "text",
@@ -239,9 +260,15 @@ class Settings(BaseSettings):
         """What :class:`service.backend.OnnxBackend` needs of these settings."""
         cache = self.engine_cache_dir or _default_cache()
         return BackendOptions(
-            self.providers, self.intra_op_threads, self.intra_op_spinning, self.max_batch_size,
-            cache, self.trt_fp16, self.io_binding, self.cuda_graphs,
-        )  # fmt: skip
+            self.providers,
+            self.intra_op_threads,
+            self.intra_op_spinning,
+            self.max_batch_size,
+            cache,
+            self.trt_fp16,
+            self.io_binding,
+            self.cuda_graphs,
+        )
 
     @field_validator("api_key")
     @classmethod

@@ -92,13 +92,17 @@ class Precision:
         return _Centred(self, centres).distances(x)
 
     def to_card(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "basis": encode_array(self.basis),
-                "weights": encode_array(self.weights)}  # fmt: skip
+        return {
+            "alpha": self.alpha,
+            "basis": encode_array(self.basis),
+            "weights": encode_array(self.weights),
+        }
 
     @classmethod
     def from_card(cls, value: dict[str, Any]) -> Precision:
-        return cls(float(value["alpha"]), decode_array(value["basis"]),
-                   decode_array(value["weights"]))  # fmt: skip
+        return cls(
+            float(value["alpha"]), decode_array(value["basis"]), decode_array(value["weights"])
+        )
 
 
 class _Centred:
@@ -138,8 +142,10 @@ class Typicality:
     @functools.cached_property
     def _centred(self) -> list[_Centred]:
         """The class-conditional, overall (and features') distances, their centres prepared."""
-        pairs = [_Centred(self.within, self.class_means),
-                 _Centred(self.precision, self.mean[None, :])]  # fmt: skip
+        pairs = [
+            _Centred(self.within, self.class_means),
+            _Centred(self.precision, self.mean[None, :]),
+        ]
         if self.feature_means is not None and self.feature_within is not None:
             pairs.append(_Centred(self.feature_within, self.feature_means))
         return pairs
@@ -149,16 +155,20 @@ class Typicality:
         """Whether the score needs the model's ``features`` output."""
         return self.feature_means is not None
 
-    def terms(self, logits: np.ndarray, embedding: np.ndarray,
-              features: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    def terms(
+        self, logits: np.ndarray, embedding: np.ndarray, features: np.ndarray | None = None
+    ) -> np.ndarray:
         """``log m_class``, ``log m_all``, ``E`` (and ``log m_feat``) of each image: (N, T)."""
         z = np.asarray(embedding, np.float64)
         within, overall, *features_term = self._centred
         m_class = within.distances(z).min(axis=1)
         m_all = overall.distances(z)[:, 0]
         tiny = np.finfo(np.float64).tiny  # an image on a centre: log of the smallest, not -inf
-        columns = [np.log(np.maximum(m_class, tiny)), np.log(np.maximum(m_all, tiny)),
-                   energy(np.asarray(logits, np.float64))]  # fmt: skip
+        columns = [
+            np.log(np.maximum(m_class, tiny)),
+            np.log(np.maximum(m_all, tiny)),
+            energy(np.asarray(logits, np.float64)),
+        ]
         if features_term:
             if features is None:
                 raise ValueError("this reference scores the model's features output too")
@@ -167,8 +177,9 @@ class Typicality:
             columns.append(np.log(np.maximum(m_feat, tiny)))
         return np.stack(columns, axis=1)
 
-    def score(self, logits: np.ndarray, embedding: np.ndarray,
-              features: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    def score(
+        self, logits: np.ndarray, embedding: np.ndarray, features: np.ndarray | None = None
+    ) -> np.ndarray:
         """The typicality score of each image: (N,), higher = less typical."""
         a, b = self.standardise[:, 0], self.standardise[:, 1]
         return ((self.terms(logits, embedding, features) - a) / b).sum(axis=1)
@@ -183,8 +194,12 @@ class Typicality:
         """The card's ``typicality`` section."""
         features = {}
         if self.feature_means is not None and self.feature_within is not None:
-            features = {"features": {"class_means": encode_array(self.feature_means),
-                                     "within": self.feature_within.to_card()}}  # fmt: skip
+            features = {
+                "features": {
+                    "class_means": encode_array(self.feature_means),
+                    "within": self.feature_within.to_card(),
+                }
+            }
         return features | {
             "format": FORMAT,
             "score": SCORE + (FEATURE_TERM if features else ""),
@@ -222,10 +237,12 @@ class Typicality:
         p = made.mean.shape[0]
         shapes_fit = (
             made.precision.basis.shape[0] == made.within.basis.shape[0] == p
-            and made.class_means.ndim == 2 and made.class_means.shape[1] == p
-            and len(made.reference) > 0 and bool(np.all(made.standardise[:, 1] > 0))
+            and made.class_means.ndim == 2
+            and made.class_means.shape[1] == p
+            and len(made.reference) > 0
+            and bool(np.all(made.standardise[:, 1] > 0))
             and len(made.standardise) == (4 if made.uses_features else 3)
-        )  # fmt: skip
+        )
         if made.feature_means is not None and made.feature_within is not None:
             shapes_fit = shapes_fit and (
                 made.feature_means.ndim == 2

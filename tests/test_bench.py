@@ -149,8 +149,12 @@ def test_train_step_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
     args += ["--steps", "1", "--rounds", "2", "--warmup", "0", "--json", str(out)]
     proc = subprocess.run(
         [sys.executable, "-W", "error", "bench/train_step.py", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert [r["head"] for r in report["results"]] == ["smso p=2048", "first-order"]
@@ -168,15 +172,20 @@ def test_resolve_device_auto_picks_cuda_only_where_there_is_one() -> None:
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-W", "error", script, *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 @pytest.mark.slow
 def test_export_benchmark_runs_on_the_shipped_model(tmp_path: Path) -> None:
     out = tmp_path / "export.json"
-    proc = run_script("bench/export.py", "--quick", "--budget", "0.05", "--repeats", "1",
-                      "--json", str(out))  # fmt: skip
+    proc = run_script(
+        "bench/export.py", "--quick", "--budget", "0.05", "--repeats", "1", "--json", str(out)
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert {r["batch"] for r in report["results"]} == {1, 32, 128, 512}
@@ -188,8 +197,9 @@ def test_export_benchmark_runs_on_the_shipped_model(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
-    proc = run_script("bench/serve.py", "--quick", "--requests", "24", "--clients", "3",
-                      "--json", str(out))  # fmt: skip
+    proc = run_script(
+        "bench/serve.py", "--quick", "--requests", "24", "--clients", "3", "--json", str(out)
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     service = report["cases"][0]["service"]

@@ -327,8 +327,10 @@ def test_service_budget_and_autoscaler_reach_the_deployment(variant: str) -> Non
     service_ports = service["spec"]["ports"]
     assert len(service_ports) == len(container_ports)  # HTTP 8000 and gRPC 8001
     for container_port, service_port in zip(container_ports, service_ports, strict=True):
-        assert service_port["targetPort"] in {container_port["name"],
-                                              container_port["containerPort"]}  # fmt: skip
+        assert service_port["targetPort"] in {
+            container_port["name"],
+            container_port["containerPort"],
+        }
         assert service_port["port"] == container_port["containerPort"]
     assert [p["containerPort"] for p in container_ports] == [8000, 8001]
     budget = _one("PodDisruptionBudget")

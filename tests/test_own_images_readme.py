@@ -33,8 +33,11 @@ SECTION = re.compile(r"<!-- own-images:start -->\n```bash\n(.*?)```\n<!-- own-im
 README_PORT = "8003"
 # the folder's classes, each drawn as one of the synthetic patterns (a colour and a texture)
 PATTERNS = dict(zip(("bird", "cat", "dog", "fish"), FOLDER_CLASSES, strict=True))
-OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-           "no_proxy": "127.0.0.1,localhost"}  # fmt: skip
+OFFLINE = {
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "no_proxy": "127.0.0.1,localhost",
+}
 
 
 def readme_commands() -> list[str]:
@@ -78,10 +81,16 @@ def test_the_own_images_section_runs_as_printed(tmp_path):
             if program == "smso-serve":
                 assert f"--port {README_PORT}" in command
                 server = subprocess.Popen(
-                    command.replace(f"--port {README_PORT}", f"--port {port}"), shell=True,
-                    executable="bash", cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                )  # fmt: skip
+                    command.replace(f"--port {README_PORT}", f"--port {port}"),
+                    shell=True,
+                    executable="bash",
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
                 wait_http_ready(
                     f"http://127.0.0.1:{port}",
                     lambda process=server: (
@@ -94,9 +103,15 @@ def test_the_own_images_section_runs_as_printed(tmp_path):
                 assert f"127.0.0.1:{README_PORT}" in command
                 command = command.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{port}")
             done = subprocess.run(
-                command, shell=True, executable="bash", cwd=tmp_path, env=env,
-                capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
+                command,
+                shell=True,
+                executable="bash",
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             timings.append((program, time.monotonic() - began))
             assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
         total = time.monotonic() - start

@@ -18,9 +18,19 @@ FORBIDDEN_IN_SERVICE = ("torch", "torchvision", "training", "export")
 
 @pytest.mark.parametrize(
     "path",
-    ["training", "export", "service", "docker", "tests", "docker-compose.yml", "pyproject.toml",
-     "README.md", "Makefile", ".ci/run"],
-)  # fmt: skip
+    [
+        "training",
+        "export",
+        "service",
+        "docker",
+        "tests",
+        "docker-compose.yml",
+        "pyproject.toml",
+        "README.md",
+        "Makefile",
+        ".ci/run",
+    ],
+)
 def test_layout(path: str) -> None:
     assert (ROOT / path).exists()
 

@@ -22,12 +22,15 @@ from service.settings import DEFAULT_MODEL, Settings
 
 CLASSES = [f"class{k}" for k in range(10)]
 CARD: dict[str, Any] = {
-    "format": "smso-model-card", "version": 1, "classes": CLASSES,
+    "format": "smso-model-card",
+    "version": 1,
+    "classes": CLASSES,
     "input": {"name": "image", "channels": 1, "height": 28, "width": 28, "dynamic_size": True},
     "preprocessing": {"colour": "L", "resize": 28, "crop": 28, "mean": [0.5], "std": [0.25]},
     "model": {"backbone": "small_cnn", "head": "smso", "embedding_dim": 4},
-    "dataset": "fake", "checkpoint": {"sha256": "0123456789abcdef"},
-}  # fmt: skip
+    "dataset": "fake",
+    "checkpoint": {"sha256": "0123456789abcdef"},
+}
 
 
 class FakeBackend:
@@ -56,8 +59,15 @@ class FakeBackend:
         flat = images.reshape(len(images), -1)
         mean = flat.mean(1, keepdims=True)
         logits = mean * np.arange(10, dtype=np.float32)
-        embedding = np.concatenate([mean, flat.std(1, keepdims=True), flat.min(1, keepdims=True),
-                                    flat.max(1, keepdims=True)], axis=1)  # fmt: skip
+        embedding = np.concatenate(
+            [
+                mean,
+                flat.std(1, keepdims=True),
+                flat.min(1, keepdims=True),
+                flat.max(1, keepdims=True),
+            ],
+            axis=1,
+        )
         return logits.astype(np.float32), embedding.astype(np.float32)
 
     warmups = 0  # calls that are warm-up (set by make_client: one per batch-size bucket)
@@ -88,8 +98,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http_ready(base: str, alive: Callable[[], str | None] = lambda: None,
-                    timeout_s: float = 120) -> None:  # fmt: skip
+def wait_http_ready(
+    base: str, alive: Callable[[], str | None] = lambda: None, timeout_s: float = 120
+) -> None:
     """Until a real server at ``base`` answers 200 on /readyz; ``alive()`` returns why the
     server is gone (its output), or None while it runs."""
     deadline = time.monotonic() + timeout_s
@@ -135,6 +146,13 @@ def shipped_model() -> str:
 
 
 __all__ = [
-    "CARD", "CLASSES", "FakeBackend", "ModelCard", "free_port", "grey", "png", "wait_http_ready",
+    "CARD",
+    "CLASSES",
+    "FakeBackend",
+    "ModelCard",
+    "free_port",
+    "grey",
+    "png",
+    "wait_http_ready",
     "wait_ready",
-]  # fmt: skip
+]

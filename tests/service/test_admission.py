@@ -33,10 +33,23 @@ def test_more_files_per_request_than_the_queue_holds_is_refused_at_start_up():
 
 def test_smso_serve_refuses_the_combination_in_one_line_with_status_2(shipped_model):
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--model-path", shipped_model,
-         "--queue-size", "2", "--max-files", "3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "--model-path",
+            shipped_model,
+            "--queue-size",
+            "2",
+            "--max-files",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("smso-serve: error:")
@@ -114,8 +127,12 @@ def test_an_onnx_file_with_a_renamed_input_is_a_permanent_503(shipped_model, tmp
 def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", "--model-path", _renamed_input(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2
     last = proc.stderr.splitlines()[-1]
     assert last.startswith("smso-serve: error: ")

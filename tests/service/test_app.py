@@ -82,8 +82,10 @@ def test_bad_raw_bodies_get_clear_json_errors(make_client, data, content_type, s
 
 
 def test_a_bad_file_among_good_ones_is_named(make_client):
-    files = [("file", ("good.png", grey(1), "image/png")),
-             ("file", ("broken.jpg", b"\xff\xd8\xff garbage", "image/jpeg"))]  # fmt: skip
+    files = [
+        ("file", ("good.png", grey(1), "image/png")),
+        ("file", ("broken.jpg", b"\xff\xd8\xff garbage", "image/jpeg")),
+    ]
     response = make_client().post("/classify", files=files)
     assert response.status_code == 400
     assert "broken.jpg" in response.json()["error"]["message"]
@@ -229,9 +231,14 @@ def test_metrics_are_labelled_by_route_and_skip_health_checks(make_client):
     assert 'smso_http_requests_total{method="POST",route="/classify",status="400"} 1.0' in text
     assert "/healthz" not in text
     assert "/readyz" not in text
-    for name in ("smso_http_request_duration_seconds", "smso_queue_wait_seconds",
-                 "smso_inference_seconds", "smso_batch_size", "smso_queue_depth",
-                 "smso_decode_seconds"):  # fmt: skip
+    for name in (
+        "smso_http_request_duration_seconds",
+        "smso_queue_wait_seconds",
+        "smso_inference_seconds",
+        "smso_batch_size",
+        "smso_queue_depth",
+        "smso_decode_seconds",
+    ):
         assert name in text
 
 
@@ -242,16 +249,18 @@ def test_openapi_documents_the_image_body(make_client):
 
 
 def queue_depth(client) -> float:
-    (line,) = [ln for ln in client.get("/metrics").text.splitlines()
-               if ln.startswith("smso_queue_depth ")]  # fmt: skip
+    (line,) = [
+        ln for ln in client.get("/metrics").text.splitlines() if ln.startswith("smso_queue_depth ")
+    ]
     return float(line.split()[1])
 
 
 def test_the_queue_depth_gauge_falls_to_zero_when_waiting_callers_have_left(make_client):
     """Images whose requests passed their deadline still sit in the queue until the batcher
     drops them; once it has, the gauge must say the queue is empty, not what it last saw."""
-    client = make_client(FakeBackend(delay_s=0.3), max_batch_size=1, max_wait_ms=0,
-                         request_timeout_s=0.15)  # fmt: skip
+    client = make_client(
+        FakeBackend(delay_s=0.3), max_batch_size=1, max_wait_ms=0, request_timeout_s=0.15
+    )
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda v: classify(client, grey(v)), range(4)))
     assert [r.status_code for r in responses] == [504] * 4

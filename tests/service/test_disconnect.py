@@ -150,16 +150,20 @@ def test_requests_whose_clients_left_after_sending_are_not_decoded(shipped_model
     request waited behind them (5.7 s, past its deadline)."""
     requests, per_request = 10, 12
     image = noise(1200, 0)
-    body, headers = multipart(*[(f'name="file"; filename="{i}.png"', image)
-                                for i in range(per_request)])  # fmt: skip
+    body, headers = multipart(
+        *[(f'name="file"; filename="{i}.png"', image) for i in range(per_request)]
+    )
     env = os.environ | {"SMSO_DECODE_THREADS": "1"}
     with real_server(shipped_model, env=env) as (base, _):
         host, port = base.removeprefix("http://").split(":")
         for _ in range(requests):
             with socket.create_connection((host, int(port)), timeout=5) as sock:
-                sock.sendall(f"POST /classify HTTP/1.1\r\nHost: {host}\r\n"
-                             f"Content-Type: {headers['Content-Type']}\r\n"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+                sock.sendall(
+                    f"POST /classify HTTP/1.1\r\nHost: {host}\r\n"
+                    f"Content-Type: {headers['Content-Type']}\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 time.sleep(0.05)  # sent in full; the client leaves before the answer
         tiny = [("file", ("a.png", png(np.zeros((28, 28), np.uint8)), "image/png"))]
         assert httpx.post(f"{base}/classify", files=tiny, timeout=30).status_code == 200

@@ -87,23 +87,43 @@ def _encode(image: Image.Image, fmt: str, **options: Any) -> bytes:
 def _seeds() -> dict[str, list[bytes]]:
     """Small valid files in each accepted format, in the modes and options each format takes."""
     seeds = {
-        "JPEG": [_encode(_pixels("RGB"), "JPEG"), _encode(_pixels("L"), "JPEG", progressive=True),
-                 _encode(_pixels("CMYK"), "JPEG")],
-        "PNG": [_encode(_pixels("RGB"), "PNG"), _encode(_pixels("P"), "PNG"),
-                _encode(_pixels("LA"), "PNG"), _encode(_pixels("L"), "PNG", optimize=True),
-                _encode(Image.fromarray(np.asarray(_pixels("L"), np.uint16) * 257), "PNG")],
+        "JPEG": [
+            _encode(_pixels("RGB"), "JPEG"),
+            _encode(_pixels("L"), "JPEG", progressive=True),
+            _encode(_pixels("CMYK"), "JPEG"),
+        ],
+        "PNG": [
+            _encode(_pixels("RGB"), "PNG"),
+            _encode(_pixels("P"), "PNG"),
+            _encode(_pixels("LA"), "PNG"),
+            _encode(_pixels("L"), "PNG", optimize=True),
+            _encode(Image.fromarray(np.asarray(_pixels("L"), np.uint16) * 257), "PNG"),
+        ],
         "WEBP": [_encode(_pixels("RGB"), "WEBP"), _encode(_pixels("RGBA"), "WEBP", lossless=True)],
-        "GIF": [_encode(_pixels("P"), "GIF"),
-                _encode(_pixels("P"), "GIF", save_all=True,
-                        append_images=[_pixels("L").convert("P")], duration=50)],
-        "BMP": [_encode(_pixels("RGB"), "BMP"), _encode(_pixels("P"), "BMP"),
-                _encode(_pixels("1"), "BMP")],
-        "TIFF": [_encode(_pixels("RGB"), "TIFF"), _encode(_pixels("CMYK"), "TIFF"),
-                 _encode(_pixels("RGB"), "TIFF", compression="tiff_lzw"),
-                 _encode(Image.fromarray(np.asarray(_pixels("L"), np.uint16) * 257), "TIFF"),
-                 _encode(Image.fromarray(_floats()), "TIFF"),
-                 _encode(Image.fromarray((_floats(finite=True) * 1e4).astype(np.int32)), "TIFF")],
-    }  # fmt: skip
+        "GIF": [
+            _encode(_pixels("P"), "GIF"),
+            _encode(
+                _pixels("P"),
+                "GIF",
+                save_all=True,
+                append_images=[_pixels("L").convert("P")],
+                duration=50,
+            ),
+        ],
+        "BMP": [
+            _encode(_pixels("RGB"), "BMP"),
+            _encode(_pixels("P"), "BMP"),
+            _encode(_pixels("1"), "BMP"),
+        ],
+        "TIFF": [
+            _encode(_pixels("RGB"), "TIFF"),
+            _encode(_pixels("CMYK"), "TIFF"),
+            _encode(_pixels("RGB"), "TIFF", compression="tiff_lzw"),
+            _encode(Image.fromarray(np.asarray(_pixels("L"), np.uint16) * 257), "TIFF"),
+            _encode(Image.fromarray(_floats()), "TIFF"),
+            _encode(Image.fromarray((_floats(finite=True) * 1e4).astype(np.int32)), "TIFF"),
+        ],
+    }
     return {name: files for name, files in seeds.items() if name in ACCEPTED}
 
 
@@ -339,10 +359,15 @@ def tensors(draw: st.DrawFn) -> tuple[dict[str, Any], bytes]:
             "datatype": ODD_DATATYPE | JUNK,
             "shape": st.lists(st.integers(0, 4) | ODD_DIMENSION, max_size=9) | JUNK,
             "parameters": st.fixed_dictionaries(
-                {}, optional={"binary_data_size": st.integers(-2, 64) | JUNK,
-                              "shared_memory_region": JUNK, "other": JUNK}
-            ) | JUNK,
-        }.get(key, JUNK)  # fmt: skip
+                {},
+                optional={
+                    "binary_data_size": st.integers(-2, 64) | JUNK,
+                    "shared_memory_region": JUNK,
+                    "other": JUNK,
+                },
+            )
+            | JUNK,
+        }.get(key, JUNK)
         if draw(st.booleans()):
             raw[key] = draw(replacement)
         else:
@@ -380,9 +405,10 @@ def bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
         "outputs": st.lists(OUTPUT, max_size=3) | JUNK,
         "parameters": st.fixed_dictionaries(
             {}, optional={"binary_data_output": st.booleans() | JUNK, "timeout": JUNK}
-        ) | JUNK,
+        )
+        | JUNK,
         "inputs": st.lists(JUNK, max_size=2) | JUNK,
-    }  # fmt: skip
+    }
     for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True, max_size=3)):
         header[key] = draw(optional[key])
     if draw(st.sampled_from([False] * 9 + [True])):
@@ -523,6 +549,9 @@ def test_compressed_requests_decompress_and_parse_or_raise_a_protocol_error(
 def test_json_numbers_outside_their_datatype_are_refused_not_wrapped(datatype, value):
     """Found by the fuzzer: numpy cast a float out of FP16's or FP32's range to inf with only a
     RuntimeWarning (the integer types were already refused)."""
-    body = f'{{"inputs": [{{"name": "x", "datatype": "{datatype}", "shape": [1], "data": [{value}]}}]}}'
+    body = (
+        f'{{"inputs": [{{"name": "x", "datatype": "{datatype}", '
+        f'"shape": [1], "data": [{value}]}}]}}'
+    )
     with pytest.raises(ProtocolError, match=f"'data' does not fit {datatype}"):
         parse_request(body.encode(), None)

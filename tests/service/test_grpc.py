@@ -63,8 +63,10 @@ def tensor_input(array: np.ndarray, name: str = "image") -> grpcclient.InferInpu
 
 
 def outputs(k: int) -> list[grpcclient.InferRequestedOutput]:
-    return [grpcclient.InferRequestedOutput("logits", class_count=k),
-            grpcclient.InferRequestedOutput("embedding")]  # fmt: skip
+    return [
+        grpcclient.InferRequestedOutput("logits", class_count=k),
+        grpcclient.InferRequestedOutput("embedding"),
+    ]
 
 
 def test_health_and_metadata_match_rest(client, server):
@@ -106,8 +108,9 @@ def test_encoded_images_give_what_classify_and_embed_give(client, server):
     result = client.infer(name, [bytes_input(files)], outputs=outputs(3), request_id="r1")
     assert result.get_response().id == "r1"
     assert result.get_output("logits").datatype == "BYTES"
-    _assert_same(result.as_numpy("logits"), result.as_numpy("embedding"),
-                 *_rest_answers(base, files, 3))  # fmt: skip
+    _assert_same(
+        result.as_numpy("logits"), result.as_numpy("embedding"), *_rest_answers(base, files, 3)
+    )
 
 
 def _preprocessed(base: str, pixels: np.ndarray) -> np.ndarray:
@@ -124,8 +127,11 @@ def test_fp32_tensors_give_what_classify_and_embed_give(client, server):
     base, _, name = server
     pixels = images(4, seed=1)
     result = client.infer(name, [tensor_input(_preprocessed(base, pixels))], outputs=outputs(2))
-    _assert_same(result.as_numpy("logits"), result.as_numpy("embedding"),
-                 *_rest_answers(base, [png(p) for p in pixels], 2))  # fmt: skip
+    _assert_same(
+        result.as_numpy("logits"),
+        result.as_numpy("embedding"),
+        *_rest_answers(base, [png(p) for p in pixels], 2),
+    )
     # without classification: the logits themselves, as REST's binary answer has them
     plain = client.infer(name, [tensor_input(_preprocessed(base, pixels))])
     assert plain.as_numpy("logits").shape == (4, 10)
@@ -142,11 +148,19 @@ def test_typed_contents_answer_as_raw_contents(client, server):
     raw = client.infer(name, [tensor_input(tensor)]).as_numpy("embedding")
     Tensor = service_pb2.ModelInferRequest.InferInputTensor  # noqa: N806
     requests = [
-        Tensor(name="image", datatype="FP32", shape=tensor.shape,
-               contents=service_pb2.InferTensorContents(fp32_contents=tensor.reshape(-1))),
-        Tensor(name="image_bytes", datatype="BYTES", shape=[2],
-               contents=service_pb2.InferTensorContents(bytes_contents=files)),
-    ]  # fmt: skip
+        Tensor(
+            name="image",
+            datatype="FP32",
+            shape=tensor.shape,
+            contents=service_pb2.InferTensorContents(fp32_contents=tensor.reshape(-1)),
+        ),
+        Tensor(
+            name="image_bytes",
+            datatype="BYTES",
+            shape=[2],
+            contents=service_pb2.InferTensorContents(bytes_contents=files),
+        ),
+    ]
     with grpc.insecure_channel(address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         for request in requests:
@@ -154,8 +168,9 @@ def test_typed_contents_answer_as_raw_contents(client, server):
                 service_pb2.ModelInferRequest(model_name=name, inputs=[request])
             )
             names = [o.name for o in response.outputs]
-            embedding = np.frombuffer(response.raw_output_contents[names.index("embedding")],
-                                      "<f4").reshape(2, -1)  # fmt: skip
+            embedding = np.frombuffer(
+                response.raw_output_contents[names.index("embedding")], "<f4"
+            ).reshape(2, -1)
             np.testing.assert_allclose(embedding, raw, rtol=1e-5, atol=1e-6)
 
 
@@ -222,8 +237,9 @@ def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
     refused (UNAVAILABLE), and the server says it is not ready."""
     grpc_port = free_port()
     env = os.environ | {"SMSO_DECODE_THREADS": "1"}
-    with real_server(shipped_model, "--grpc-port", str(grpc_port), "--log-level", "warning",
-                     env=env) as (base, server):  # fmt: skip
+    with real_server(
+        shipped_model, "--grpc-port", str(grpc_port), "--log-level", "warning", env=env
+    ) as (base, server):
         name = httpx.get(f"{base}/metadata").json()["model"]["name"]
         noise = np.random.default_rng(3).integers(0, 256, (8, 1500, 1500), dtype=np.uint8)
         files = [png(image) for image in noise]
@@ -250,8 +266,9 @@ def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
 
 def _decoded(base: str) -> float:
     """Images decoded so far, from /metrics."""
-    found = re.search(r"^smso_decode_seconds_count (\S+)$", httpx.get(f"{base}/metrics").text,
-                      re.MULTILINE)  # fmt: skip
+    found = re.search(
+        r"^smso_decode_seconds_count (\S+)$", httpx.get(f"{base}/metrics").text, re.MULTILINE
+    )
     return float(found.group(1)) if found else 0.0
 
 
@@ -269,9 +286,10 @@ def test_a_grpc_call_has_a_request_id_echoed_an_access_line_and_metrics(shipped_
             name="image", datatype="FP32", shape=[2, 1, 28, 28]
         )
         request = service_pb2.ModelInferRequest(
-            model_name=name, inputs=[tensor],
+            model_name=name,
+            inputs=[tensor],
             raw_input_contents=[images(2).astype(np.float32).tobytes()],
-        )  # fmt: skip
+        )
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             _, call = stub.ModelInfer.with_call(request, metadata=[("x-request-id", "g-1")])
@@ -315,9 +333,10 @@ def test_grpc_messages_count_against_max_buffered_bytes_with_rest_bodies(shipped
             name="image", datatype="FP32", shape=[64, 1, 28, 28]
         )
         request = service_pb2.ModelInferRequest(
-            model_name=name, inputs=[tensor],
+            model_name=name,
+            inputs=[tensor],
             raw_input_contents=[images(64).astype(np.float32).tobytes()],  # 200,704 bytes
-        )  # fmt: skip
+        )
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
 

@@ -80,7 +80,7 @@ def available(fmt: str) -> bool:
     return fmt in Image.OPEN
 
 
-# --- defect 1: aspect-ratio bombs ------------------------------------------------------------------
+# --- defect 1: aspect-ratio bombs -----------------------------------------------------------------
 
 STRIPS = {
     "PNG 1 x 1,000,000 (the issue's)": lambda: issue_png(),
@@ -89,11 +89,12 @@ STRIPS = {
     "GIF 1 x 65,535": lambda: saved(Image.new("L", (1, 65_535), 128), "GIF"),
     "BMP 1 x 1,000,000 (header only)": lambda: bmp_header(1, 1_000_000),
     "BMP 1,000,000 x 2 (header only)": lambda: bmp_header(1_000_000, 2),
-    "TIFF 1 x 1,000,000": lambda: saved(Image.new("L", (1, 1_000_000), 128), "TIFF",
-                                        compression="tiff_deflate"),
+    "TIFF 1 x 1,000,000": lambda: saved(
+        Image.new("L", (1, 1_000_000), 128), "TIFF", compression="tiff_deflate"
+    ),
     "JPEG 1 x 65,000": lambda: saved(Image.new("L", (1, 65_000), 128), "JPEG"),
     "WEBP 1 x 16,383": lambda: saved(Image.new("L", (1, 16_383), 128), "WEBP"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(STRIPS))
@@ -120,9 +121,13 @@ def test_a_strip_is_refused_from_its_header_quickly(case):
 
 @pytest.mark.parametrize(
     ("size", "refused"),
-    [((4, 4 * MAX_ASPECT_RATIO), False), ((4 * MAX_ASPECT_RATIO, 4), False),
-     ((4, 4 * MAX_ASPECT_RATIO + 1), True), ((4 * MAX_ASPECT_RATIO + 1, 4), True)],
-)  # fmt: skip
+    [
+        ((4, 4 * MAX_ASPECT_RATIO), False),
+        ((4 * MAX_ASPECT_RATIO, 4), False),
+        ((4, 4 * MAX_ASPECT_RATIO + 1), True),
+        ((4 * MAX_ASPECT_RATIO + 1, 4), True),
+    ],
+)
 def test_the_aspect_ratio_bound_is_inclusive(size, refused):
     data = saved(Image.new("RGB", size, (10, 200, 30)), "PNG")
     if refused:
@@ -159,8 +164,12 @@ def decode_peak(tmp_path: Path, data: bytes, colour: str) -> tuple[str, int]:
     path.write_bytes(data)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(PEAK), str(path), colour],
-        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
     outcome, grown = done.stdout.split()
     return outcome, int(grown)
 
@@ -199,7 +208,7 @@ def test_classify_refuses_the_issues_png_with_a_400_naming_the_file(make_client)
     ).is_success
 
 
-# --- defect 3: formats outside the allow-list ------------------------------------------------------
+# --- defect 3: formats outside the allow-list -----------------------------------------------------
 
 
 def dds_with_unknown_pixel_format() -> bytes:
@@ -213,9 +222,11 @@ CRAFTED = {
     "DDS (unknown pixel format)": (dds_with_unknown_pixel_format(), "DDS"),
     "BLP1": (b"BLP1" + struct.pack("<5I", 0, 8, 8, 8, 0) + b"\xff" * 200, "BLP"),
     "BLP2": (b"BLP2" + struct.pack("<I4B2I", 1, 9, 0, 0, 0, 8, 8) + b"\xff" * 200, "BLP"),
-    "IM": (b"Image type: RGB image\r\nName: x\r\nImage size (x*y): 8*8\r\n\x1a" + b"\0" * 600,
-           None),  # Pillow's IM has no magic number: not recognised at all
-}  # fmt: skip
+    "IM": (
+        b"Image type: RGB image\r\nName: x\r\nImage size (x*y): 8*8\r\n\x1a" + b"\0" * 600,
+        None,
+    ),  # Pillow's IM has no magic number: not recognised at all
+}
 
 
 @pytest.mark.parametrize("case", list(CRAFTED))
@@ -251,7 +262,7 @@ def test_every_other_format_pillow_writes_is_refused(fmt):
         Preprocessor(RGB, 10**8)(data, "other.bin")
 
 
-# --- defect 3: truncated and corrupted files of the accepted formats --------------------------------
+# --- defect 3: truncated and corrupted files of the accepted formats ------------------------------
 
 
 def photo(width: int = 48, height: int = 40) -> Image.Image:
@@ -265,21 +276,25 @@ def samples() -> dict[str, bytes]:
     out = {
         "JPEG": saved(image, "JPEG", quality=90),
         "JPEG progressive": saved(image, "JPEG", progressive=True),
-        "JPEG multi-picture (MPO)": saved(image, "MPO", save_all=True,
-                                          append_images=[image.rotate(90)]),
+        "JPEG multi-picture (MPO)": saved(
+            image, "MPO", save_all=True, append_images=[image.rotate(90)]
+        ),
         "PNG": saved(image, "PNG"),
         "PNG palette interlaced": saved(image.convert("P"), "PNG", interlace=1),
         "GIF": saved(image.convert("P"), "GIF"),
-        "GIF animated": saved(image.convert("P"), "GIF", save_all=True,
-                              append_images=[image.convert("P").rotate(90)]),
+        "GIF animated": saved(
+            image.convert("P"), "GIF", save_all=True, append_images=[image.convert("P").rotate(90)]
+        ),
         "BMP": saved(image, "BMP"),
         "BMP RLE8": saved(image.convert("P"), "BMP", compression="rle8")
-        if "rle8" in str(Image.SAVE.get("BMP")) else saved(image.convert("P"), "BMP"),
+        if "rle8" in str(Image.SAVE.get("BMP"))
+        else saved(image.convert("P"), "BMP"),
         "TIFF": saved(image, "TIFF"),
         "TIFF deflate": saved(image, "TIFF", compression="tiff_deflate"),
-        "TIFF 16-bit": saved(Image.fromarray(np.asarray(image.convert("L"), np.uint16) * 257),
-                             "TIFF"),
-    }  # fmt: skip
+        "TIFF 16-bit": saved(
+            Image.fromarray(np.asarray(image.convert("L"), np.uint16) * 257), "TIFF"
+        ),
+    }
     if available("WEBP"):
         out["WEBP lossy"] = saved(image, "WEBP", quality=80)
         out["WEBP lossless"] = saved(image, "WEBP", lossless=True)
@@ -362,9 +377,17 @@ def test_random_bytes_behind_a_magic_number_are_image_errors(fmt):
 
 @pytest.mark.parametrize(
     "error",
-    [NotImplementedError("unknown"), TypeError("bad"), struct.error("unpack"), KeyError(3),
-     IndexError("list"), SyntaxError("parse"), ZeroDivisionError("x"), RecursionError("deep")],
-)  # fmt: skip
+    [
+        NotImplementedError("unknown"),
+        TypeError("bad"),
+        struct.error("unpack"),
+        KeyError(3),
+        IndexError("list"),
+        SyntaxError("parse"),
+        ZeroDivisionError("x"),
+        RecursionError("deep"),
+    ],
+)
 def test_any_exception_from_a_decoder_names_the_file(monkeypatch, error):
     from PIL import PngImagePlugin
 

@@ -80,8 +80,14 @@ def multipart(*parts: tuple[str, bytes]) -> tuple[bytes, dict[str, str]]:
     """A multipart body of ``(Content-Disposition parameters, data)`` image parts."""
     body = b""
     for disposition, data in parts:
-        body += (f"--b0undary\r\nContent-Disposition: form-data; {disposition}\r\n"
-                 "Content-Type: image/png\r\n\r\n").encode() + data + b"\r\n"  # fmt: skip
+        body += (
+            (
+                f"--b0undary\r\nContent-Disposition: form-data; {disposition}\r\n"
+                "Content-Type: image/png\r\n\r\n"
+            ).encode()
+            + data
+            + b"\r\n"
+        )
     return body + b"--b0undary--\r\n", {"Content-Type": "multipart/form-data; boundary=b0undary"}
 
 
@@ -118,8 +124,11 @@ def abandon(base: str, path: str, content_type: str, start: bytes) -> None:
     connection."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
-                     "Content-Length: 100000\r\n\r\n".encode() + start)  # fmt: skip
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
+            "Content-Length: 100000\r\n\r\n".encode()
+            + start
+        )
         time.sleep(0.2)  # let the server start reading the body
 
 
@@ -165,9 +174,10 @@ def test_a_malformed_multipart_body_is_a_400_and_no_log_line(make_client, caplog
     caplog.clear()
     with caplog.at_level(logging.INFO):
         response = client.post(
-            "/classify", content=body,
+            "/classify",
+            content=body,
             headers={"Content-Type": "multipart/form-data; boundary=b0undary"},
-        )  # fmt: skip
+        )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_multipart"
     assert not [r for r in caplog.records if r.name.startswith("python_multipart")]

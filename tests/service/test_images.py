@@ -17,9 +17,12 @@ from .conftest import png
 
 def spec_of(preset: Preset) -> Preprocessing:
     return Preprocessing(
-        colour="L" if preset.channels == 1 else "RGB", resize=preset.resize or preset.image_size,
-        crop=preset.image_size, mean=list(preset.mean), std=list(preset.std),
-    )  # fmt: skip
+        colour="L" if preset.channels == 1 else "RGB",
+        resize=preset.resize or preset.image_size,
+        crop=preset.image_size,
+        mean=list(preset.mean),
+        std=list(preset.std),
+    )
 
 
 def photo(width: int, height: int, seed: int = 0) -> np.ndarray:
@@ -69,8 +72,13 @@ def test_every_image_mode_becomes_the_models_colour(mode, make, colour):
     fmt = "TIFF" if mode in ("CMYK", "I;16") else "PNG"
     buf = io.BytesIO()
     image.save(buf, fmt)
-    spec = Preprocessing(colour=colour, resize=32, crop=32, mean=[0.5] * (1 if colour == "L" else 3),
-                         std=[0.25] * (1 if colour == "L" else 3))  # fmt: skip
+    spec = Preprocessing(
+        colour=colour,
+        resize=32,
+        crop=32,
+        mean=[0.5] * (1 if colour == "L" else 3),
+        std=[0.25] * (1 if colour == "L" else 3),
+    )
     out = Preprocessor(spec, 10**8)(buf.getvalue())
     assert out.shape == ((1 if colour == "L" else 3), 32, 32)
     assert np.isfinite(out).all()

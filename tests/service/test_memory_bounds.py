@@ -39,15 +39,27 @@ def protocol_request(base: str, name: str, size: int) -> httpx.Response:
     """A binary ``/v2`` request of about ``size`` bytes of FP32 images."""
     count = size // (28 * 28 * 4)
     tensor = np.zeros((count, 1, 28, 28), np.float32).tobytes()
-    header = json.dumps({"inputs": [{
-        "name": "image", "shape": [count, 1, 28, 28], "datatype": "FP32",
-        "parameters": {"binary_data_size": len(tensor)},
-    }]}).encode()  # fmt: skip
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [count, 1, 28, 28],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(tensor)},
+                }
+            ]
+        }
+    ).encode()
     return httpx.post(
-        f"{base}/v2/models/{name}/infer", content=header + tensor, timeout=60,
-        headers={"Inference-Header-Content-Length": str(len(header)),
-                 "Content-Type": "application/octet-stream"},
-    )  # fmt: skip
+        f"{base}/v2/models/{name}/infer",
+        content=header + tensor,
+        timeout=60,
+        headers={
+            "Inference-Header-Content-Length": str(len(header)),
+            "Content-Type": "application/octet-stream",
+        },
+    )
 
 
 def at_once(count: int, send: Callable[[int], httpx.Response]) -> list[int]:

@@ -26,10 +26,13 @@ sys.stdin.read()
 
 def worker(folder: Path, depth: int) -> subprocess.Popen[str]:
     process = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(depth)], cwd=ROOT, text=True,
+        [sys.executable, "-c", WORKER, str(depth)],
+        cwd=ROOT,
+        text=True,
         env=os.environ | {MULTIPROC_ENV: str(folder)},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert process.stdout is not None
     assert process.stdout.readline() == "ready\n"
     return process

@@ -192,8 +192,13 @@ def test_a_repository_that_is_not_a_folder_is_a_one_line_error(tmp_path):
 @pytest.mark.slow
 def test_smso_serve_serves_a_repository(repository, tmp_path):
     # the images set SMSO_MODEL_PATH; a repository wins over it, existing or not
-    with real_server(str(tmp_path / "absent.onnx"), "--model-repository", str(repository),
-                     "--default-model", "shirts") as (base, _):  # fmt: skip
+    with real_server(
+        str(tmp_path / "absent.onnx"),
+        "--model-repository",
+        str(repository),
+        "--default-model",
+        "shirts",
+    ) as (base, _):
         answer = httpx.post(f"{base}/classify", files=image())
         assert answer.json()["model"] == {"name": "shirts", "version": "2"}
         assert httpx.post(f"{base}/models/boots/classify", files=image()).status_code == 200

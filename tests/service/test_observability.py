@@ -90,8 +90,11 @@ def test_a_clients_id_is_kept_and_a_bad_one_replaced(make_client, lines):
 )
 def test_every_response_has_an_id(make_client, method, path, status):
     client = make_client()
-    response = client.request(method, path, files=[("file", ("a.png", grey(1), "image/png"))]
-                              if method == "POST" else None)  # fmt: skip
+    response = client.request(
+        method,
+        path,
+        files=[("file", ("a.png", grey(1), "image/png"))] if method == "POST" else None,
+    )
     assert response.status_code == status
     assert len(response.headers["x-request-id"]) == 32
 
@@ -129,8 +132,11 @@ def test_an_unexpected_error_is_one_json_line_with_its_id(make_client, lines, mo
 
     monkeypatch.setattr("service.routes.top_classes", broken)
     with pytest.raises(ZeroDivisionError):  # TestClient re-raises what the app raised
-        client.post("/classify", files=[("file", ("a.png", grey(1), "image/png"))],
-                    headers={"X-Request-ID": "oops"})  # fmt: skip
+        client.post(
+            "/classify",
+            files=[("file", ("a.png", grey(1), "image/png"))],
+            headers={"X-Request-ID": "oops"},
+        )
     (error,) = [line for line in parsed(lines) if "exception" in line]
     assert error["request_id"] == "oops"
     assert "ZeroDivisionError" in error["exception"]
@@ -149,23 +155,31 @@ def test_outside_a_request_a_line_has_no_id():
 
 
 def test_the_text_access_line_is_one_readable_line():
-    record = logging.LogRecord("service.access", logging.INFO, __file__, 1, "%s %s %s",
-                               ("POST", "/classify", "200"), None)  # fmt: skip
+    record = logging.LogRecord(
+        "service.access", logging.INFO, __file__, 1, "%s %s %s", ("POST", "/classify", "200"), None
+    )
     record.request_id = "abc"
-    record.access = {"method": "POST", "route": "/classify", "status": 200, "images": 2,
-                     "latency_ms": 3.5}  # fmt: skip
+    record.access = {
+        "method": "POST",
+        "route": "/classify",
+        "status": 200,
+        "images": 2,
+        "latency_ms": 3.5,
+    }
     text = TextFormatter().format(record)
     assert "\n" not in text
-    assert text.endswith('service.access POST /classify 200 images=2 latency_ms=3.5 '
-                         'request_id="abc"')  # fmt: skip
+    assert text.endswith(
+        'service.access POST /classify 200 images=2 latency_ms=3.5 request_id="abc"'
+    )
 
 
 def test_an_exception_is_a_field_not_lines():
     try:
         raise ValueError("bad\nthing")
     except ValueError:
-        record = logging.LogRecord("service", logging.ERROR, __file__, 1, "failed", (),
-                                   sys.exc_info())  # fmt: skip
+        record = logging.LogRecord(
+            "service", logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
+        )
     text = JsonFormatter().format(record)
     assert "\n" not in text
     assert "ValueError: bad\nthing" in json.loads(text)["exception"]
@@ -178,15 +192,17 @@ def test_base64_embeddings_decode_to_the_json_ones(make_client, prefix, normaliz
     files = [("file", (f"{i}.png", grey(30 + 50 * i), "image/png")) for i in range(3)]
 
     def embed(**params) -> list:
-        response = client.post(f"{prefix}/embed", files=files,
-                               params={"normalize": normalize, **params})  # fmt: skip
+        response = client.post(
+            f"{prefix}/embed", files=files, params={"normalize": normalize, **params}
+        )
         assert response.status_code == 200, response.text
         return [r["embedding"] for r in response.json()["results"]]
 
     listed = np.asarray(embed())
     as32 = [np.frombuffer(base64.b64decode(e), "<f4") for e in embed(encoding="base64")]
-    as16 = [np.frombuffer(base64.b64decode(e), "<f2") for e in
-            embed(encoding="base64", dtype="float16")]  # fmt: skip
+    as16 = [
+        np.frombuffer(base64.b64decode(e), "<f2") for e in embed(encoding="base64", dtype="float16")
+    ]
     np.testing.assert_allclose(np.stack(as32), listed, rtol=1e-7)
     np.testing.assert_allclose(np.stack(as16), listed, rtol=1e-3, atol=1e-6)  # float16: 11 bits
     if normalize:  # normalised before encoding

@@ -16,13 +16,21 @@ INFER = f"/v2/models/{NAME}/infer"
 
 
 def tensor_input(images: np.ndarray) -> dict:
-    return {"name": "image", "shape": list(images.shape), "datatype": "FP32",
-            "data": images.reshape(-1).tolist()}  # fmt: skip
+    return {
+        "name": "image",
+        "shape": list(images.shape),
+        "datatype": "FP32",
+        "data": images.reshape(-1).tolist(),
+    }
 
 
 def bytes_input(*files: bytes) -> dict:
-    return {"name": "image_bytes", "shape": [len(files)], "datatype": "BYTES",
-            "data": [base64.b64encode(f).decode() for f in files]}  # fmt: skip
+    return {
+        "name": "image_bytes",
+        "shape": [len(files)],
+        "datatype": "BYTES",
+        "data": [base64.b64encode(f).decode() for f in files],
+    }
 
 
 def test_server_and_model_metadata(make_client):
@@ -69,12 +77,14 @@ def test_not_ready_while_warming_up(make_client):
 def test_tensor_and_image_inputs_equal_classify_and_embed(make_client):
     client = make_client()
     files = [grey(40), grey(200)]
-    classify = client.post("/classify", files=[("file", f) for f in files],
-                           params={"top_k": 3}).json()["results"]  # fmt: skip
+    classify = client.post(
+        "/classify", files=[("file", f) for f in files], params={"top_k": 3}
+    ).json()["results"]
     embed = client.post("/embed", files=[("file", f) for f in files]).json()["results"]
     outputs = [{"name": "logits", "parameters": {"classification": 3}}, {"name": "embedding"}]
-    by_bytes = client.post(INFER, json={"id": "a", "inputs": [bytes_input(*files)],
-                                        "outputs": outputs})  # fmt: skip
+    by_bytes = client.post(
+        INFER, json={"id": "a", "inputs": [bytes_input(*files)], "outputs": outputs}
+    )
     assert by_bytes.status_code == 200, by_bytes.text
     answer = by_bytes.json()
     assert answer["id"] == "a"
@@ -103,32 +113,84 @@ def test_tensor_and_image_inputs_equal_classify_and_embed(make_client):
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ({"inputs": [{"name": "image", "shape": [1, 3, 28, 28], "datatype": "FP32",
-                      "data": [0.0] * (3 * 28 * 28)}]},
-         "input 'image' must have shape [N, 1, 28, 28], got [1, 3, 28, 28]"),
-        ({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP64",
-                      "data": [0.0] * 784}]},
-         "input 'image' must be FP32, got FP64"),
-        ({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["x"]}]},
-         "encoded images go in 'image_bytes'"),
-        ({"inputs": [{"name": "pixels", "shape": [1], "datatype": "FP32", "data": [0]}]},
-         "inputs ['pixels'] not understood: send exactly one input: 'image' (FP32, shape "
-         "[N, 1, 28, 28], preprocessed) or 'image_bytes' (BYTES, shape [N]"),
-        ({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
-                      "data": ["not base64!"]}]},
-         "image_bytes[0]: BYTES in JSON must be base64-encoded images"),
-        ({"inputs": [{"name": "image_bytes", "shape": [1], "datatype": "BYTES",
-                      "data": [base64.b64encode(b"not an image").decode()]}]},
-         "image_bytes[0]"),
-        ({"inputs": [{"name": "image_bytes", "shape": [0], "datatype": "BYTES", "data": []}]},
-         "holds 0 images; send 1 to"),
-        ({"inputs": [bytes_input(grey(1))], "outputs": [{"name": "scores"}]},
-         "unknown output 'scores'; outputs: logits, embedding"),
-        ({"inputs": [bytes_input(grey(1))],
-          "outputs": [{"name": "embedding", "parameters": {"classification": 2}}]},
-         "classification applies to 'logits'"),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "shape": [1, 3, 28, 28],
+                        "datatype": "FP32",
+                        "data": [0.0] * (3 * 28 * 28),
+                    }
+                ]
+            },
+            "input 'image' must have shape [N, 1, 28, 28], got [1, 3, 28, 28]",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "shape": [1, 1, 28, 28],
+                        "datatype": "FP64",
+                        "data": [0.0] * 784,
+                    }
+                ]
+            },
+            "input 'image' must be FP32, got FP64",
+        ),
+        (
+            {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["x"]}]},
+            "encoded images go in 'image_bytes'",
+        ),
+        (
+            {"inputs": [{"name": "pixels", "shape": [1], "datatype": "FP32", "data": [0]}]},
+            "inputs ['pixels'] not understood: send exactly one input: 'image' (FP32, shape "
+            "[N, 1, 28, 28], preprocessed) or 'image_bytes' (BYTES, shape [N]",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "image_bytes",
+                        "shape": [1],
+                        "datatype": "BYTES",
+                        "data": ["not base64!"],
+                    }
+                ]
+            },
+            "image_bytes[0]: BYTES in JSON must be base64-encoded images",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "image_bytes",
+                        "shape": [1],
+                        "datatype": "BYTES",
+                        "data": [base64.b64encode(b"not an image").decode()],
+                    }
+                ]
+            },
+            "image_bytes[0]",
+        ),
+        (
+            {"inputs": [{"name": "image_bytes", "shape": [0], "datatype": "BYTES", "data": []}]},
+            "holds 0 images; send 1 to",
+        ),
+        (
+            {"inputs": [bytes_input(grey(1))], "outputs": [{"name": "scores"}]},
+            "unknown output 'scores'; outputs: logits, embedding",
+        ),
+        (
+            {
+                "inputs": [bytes_input(grey(1))],
+                "outputs": [{"name": "embedding", "parameters": {"classification": 2}}],
+            },
+            "classification applies to 'logits'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_get_the_protocols_400_saying_what_was_expected(make_client, body, expected):
     response = make_client().post(INFER, json=body)
     assert response.status_code == 400, response.text
@@ -159,14 +221,25 @@ def test_binary_request_and_response(make_client):
     client = make_client()
     image = np.full((2, 1, 28, 28), 0.5, np.float32)
     header = {
-        "inputs": [{"name": "image", "shape": [2, 1, 28, 28], "datatype": "FP32",
-                    "parameters": {"binary_data_size": image.nbytes}}],
-        "outputs": [{"name": "embedding", "parameters": {"binary_data": True}},
-                    {"name": "logits", "parameters": {"classification": 1}}],
-    }  # fmt: skip
+        "inputs": [
+            {
+                "name": "image",
+                "shape": [2, 1, 28, 28],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": image.nbytes},
+            }
+        ],
+        "outputs": [
+            {"name": "embedding", "parameters": {"binary_data": True}},
+            {"name": "logits", "parameters": {"classification": 1}},
+        ],
+    }
     text = json.dumps(header).encode()
-    response = client.post(INFER, content=text + image.tobytes(),
-                           headers={"Inference-Header-Content-Length": str(len(text))})  # fmt: skip
+    response = client.post(
+        INFER,
+        content=text + image.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(text))},
+    )
     assert response.status_code == 200, response.text
     length = int(response.headers["Inference-Header-Content-Length"])
     answer = json.loads(response.content[:length])
@@ -193,8 +266,9 @@ def test_api_key_guards_inference_metadata_and_model_readiness_but_not_health(ma
     assert refused.status_code == 401
     assert "API key" in refused.json()["error"]
     assert client.get(f"/v2/models/{NAME}").status_code == 401
-    ok = client.post(INFER, json={"inputs": [bytes_input(grey(1))]},
-                     headers={"Authorization": "Bearer s3cret"})  # fmt: skip
+    ok = client.post(
+        INFER, json={"inputs": [bytes_input(grey(1))]}, headers={"Authorization": "Bearer s3cret"}
+    )
     assert ok.status_code == 200
     assert client.get(f"/v2/models/{NAME}", headers={"X-API-Key": "s3cret"}).status_code == 200
 
@@ -205,18 +279,26 @@ def test_metrics_count_inference_by_route_template_but_not_health(make_client):
     client.get(f"/v2/models/{NAME}/ready")
     client.post(INFER, json={"inputs": [bytes_input(grey(1), grey(2))]})
     text = client.get("/metrics").text
-    assert ('smso_http_requests_total{method="POST",route="/v2/models/{model_name}/infer",'
-            'status="200"} 1.0') in text  # fmt: skip
-    assert ('smso_images_total{model="fake-small_cnn-smso",route="/v2/models/{model_name}/infer",'
-            'version="0123456789ab"} 2.0') in text  # fmt: skip
+    assert (
+        'smso_http_requests_total{method="POST",route="/v2/models/{model_name}/infer",'
+        'status="200"} 1.0'
+    ) in text
+    assert (
+        'smso_images_total{model="fake-small_cnn-smso",route="/v2/models/{model_name}/infer",'
+        'version="0123456789ab"} 2.0'
+    ) in text
     assert "/v2/health" not in text
     assert "/ready" not in text
 
 
 def test_the_openapi_document_lists_the_protocol(make_client):
     paths = make_client().get("/openapi.json").json()["paths"]
-    assert {"/v2", "/v2/health/ready", "/v2/models/{model_name}/infer",
-            "/v2/models/{model_name}/versions/{model_version}/infer"} <= set(paths)  # fmt: skip
+    assert {
+        "/v2",
+        "/v2/health/ready",
+        "/v2/models/{model_name}/infer",
+        "/v2/models/{model_name}/versions/{model_version}/infer",
+    } <= set(paths)
     assert (
         "application/json"
         in paths["/v2/models/{model_name}/infer"]["post"]["requestBody"]["content"]
@@ -233,8 +315,12 @@ def test_large_json_tensors_are_parsed_off_the_event_loop_and_answered(make_clie
     response = client.post(INFER, content=body)
     assert response.status_code == 200, response.text
     (embedding,) = response.json()["outputs"]
-    np.testing.assert_allclose(np.reshape(embedding["data"], (48, 4))[:, 0],
-                               images.reshape(48, -1).mean(1), rtol=1e-4, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        np.reshape(embedding["data"], (48, 4))[:, 0],
+        images.reshape(48, -1).mean(1),
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
 
 def test_non_finite_tensors_are_refused(make_client):
@@ -255,8 +341,9 @@ def test_odd_headers_and_parameters_are_not_500s(make_client):
     client = make_client()
     body = json.dumps({"inputs": [bytes_input(grey(3))]}).encode()
     for value in ("\u00b2".encode("latin-1"), b"9" * 5000):
-        response = client.post(INFER, content=body, headers=[(b"Inference-Header-Content-Length",
-                                                              value)])  # fmt: skip
+        response = client.post(
+            INFER, content=body, headers=[(b"Inference-Header-Content-Length", value)]
+        )
         assert response.status_code == 400
         assert "must be a number of bytes" in response.json()["error"]
     huge_timeout = {"inputs": [bytes_input(grey(3))], "parameters": {"timeout": 10**400}}

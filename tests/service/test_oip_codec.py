@@ -29,8 +29,14 @@ def binary_body(header: dict, *chunks: bytes) -> tuple[bytes, int]:
 def test_json_tensors_flat_or_nested_become_arrays_of_their_shape():
     values = np.arange(12, dtype=np.float32).reshape(2, 1, 2, 3)
     for data in (values.reshape(-1).tolist(), values.tolist()):
-        body = json.dumps({"id": "r1", "inputs": [
-            {"name": "image", "shape": [2, 1, 2, 3], "datatype": "FP32", "data": data}]})  # fmt: skip
+        body = json.dumps(
+            {
+                "id": "r1",
+                "inputs": [
+                    {"name": "image", "shape": [2, 1, 2, 3], "datatype": "FP32", "data": data}
+                ],
+            }
+        )
         request = parse_request(body.encode(), None)
         (tensor,) = request.inputs
         assert request.id == "r1"
@@ -47,14 +53,22 @@ def test_binary_tensors_follow_the_json_header_in_input_order():
     packed = pack_bytes(images)
     header = {
         "inputs": [
-            {"name": "a", "shape": [1, 1, 2, 3], "datatype": "FP32",
-             "parameters": {"binary_data_size": floats.nbytes}},
-            {"name": "b", "shape": [3], "datatype": "BYTES",
-             "parameters": {"binary_data_size": len(packed)}},
+            {
+                "name": "a",
+                "shape": [1, 1, 2, 3],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": floats.nbytes},
+            },
+            {
+                "name": "b",
+                "shape": [3],
+                "datatype": "BYTES",
+                "parameters": {"binary_data_size": len(packed)},
+            },
         ],
         "outputs": [{"name": "logits", "parameters": {"binary_data": True, "classification": 2}}],
         "parameters": {"binary_data_output": True, "timeout": 5},
-    }  # fmt: skip
+    }
     body, length = binary_body(header, floats.astype("<f4").tobytes(), packed)
     request = parse_request(body, length)
     a, b = request.inputs
@@ -77,41 +91,131 @@ def test_bytes_elements_round_trip():
     ("header", "tail", "expected"),
     [
         ({"inputs": []}, b"", "non-empty 'inputs'"),
-        ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP33", "data": [1, 2]}]}, b"",
-         "datatype 'FP33' is not one of"),
-        ({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3]}]}, b"",
-         "shape [2, 2] needs 4 elements, 'data' has 3"),
-        ({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}, b"",
-         "shape must be a list of at most 8 integers in [0, 2147483648)"),
-        ({"inputs": [{"name": "x", "shape": [0, 3, 2**31 - 1, 2**31 - 1], "datatype": "BOOL",
-                      "parameters": {"binary_data_size": 0}}]}, b"",
-         "describes more elements than an array holds"),
-        ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]}, b"",
-         "FP32 'data' must be JSON numbers"),
-        ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32"}]}, b"",
-         "neither 'data' nor parameters.binary_data_size"),
-        ({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
-                      "parameters": {"binary_data_size": 8}}]}, b"\0" * 4,
-         "does not fit the 4 binary bytes left"),
-        ({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32",
-                      "parameters": {"binary_data_size": 8}}]}, b"\0" * 8,
-         "shape [3] of FP32 is 12 bytes, binary_data_size says 8"),
-        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-                      "parameters": {"binary_data_size": 4}}]}, b"\0" * 6,
-         "2 bytes after the JSON header belong to no input"),
-        ({"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES",
-                      "parameters": {"binary_data_size": 9}}]}, pack_bytes([b"abcde"]),
-         "binary BYTES data ends before element 1"),
-        ({"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [3]}]}, b"",
-         "BYTES data in JSON must be strings"),
-        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
-                      "parameters": {"shared_memory_region": "r"}}]}, b"",
-         "shared-memory extension is not supported"),
-        ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
-          "outputs": [{"name": "logits", "parameters": {"classification": -1}}]}, b"",
-         "classification must be a non-negative integer"),
+        (
+            {"inputs": [{"name": "x", "shape": [2], "datatype": "FP33", "data": [1, 2]}]},
+            b"",
+            "datatype 'FP33' is not one of",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3]}]},
+            b"",
+            "shape [2, 2] needs 4 elements, 'data' has 3",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]},
+            b"",
+            "shape must be a list of at most 8 integers in [0, 2147483648)",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [0, 3, 2**31 - 1, 2**31 - 1],
+                        "datatype": "BOOL",
+                        "parameters": {"binary_data_size": 0},
+                    }
+                ]
+            },
+            b"",
+            "describes more elements than an array holds",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": ["a", "b"]}]},
+            b"",
+            "FP32 'data' must be JSON numbers",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32"}]},
+            b"",
+            "neither 'data' nor parameters.binary_data_size",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [2],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 8},
+                    }
+                ]
+            },
+            b"\0" * 4,
+            "does not fit the 4 binary bytes left",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [3],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 8},
+                    }
+                ]
+            },
+            b"\0" * 8,
+            "shape [3] of FP32 is 12 bytes, binary_data_size says 8",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 4},
+                    }
+                ]
+            },
+            b"\0" * 6,
+            "2 bytes after the JSON header belong to no input",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [2],
+                        "datatype": "BYTES",
+                        "parameters": {"binary_data_size": 9},
+                    }
+                ]
+            },
+            pack_bytes([b"abcde"]),
+            "binary BYTES data ends before element 1",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [3]}]},
+            b"",
+            "BYTES data in JSON must be strings",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1],
+                        "datatype": "FP32",
+                        "data": [1],
+                        "parameters": {"shared_memory_region": "r"},
+                    }
+                ]
+            },
+            b"",
+            "shared-memory extension is not supported",
+        ),
+        (
+            {
+                "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+                "outputs": [{"name": "logits", "parameters": {"classification": -1}}],
+            },
+            b"",
+            "classification must be a non-negative integer",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_malformed_request_says_what_is_wrong(header, tail, expected):
     body, length = binary_body(header, tail)
     with pytest.raises(ProtocolError) as caught:
@@ -177,32 +281,59 @@ def test_responses_are_json_or_binary_per_output():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": [], "data": [1]}]}',
-         "datatype [] is not one of"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [[[[1]]]]}]}',
-         "nested deeper than its shape"),
-        ('{"inputs": [{"name": "x", "shape": [' + ",".join(["1"] * 9) + '], "datatype": "FP32", '
-         '"data": [1]}]}', "at most 8 integers"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [' + "9" * 5000
-         + "]}]}", "not valid JSON"),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": [], "data": [1]}]}',
+            "datatype [] is not one of",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [[[[1]]]]}]}',
+            "nested deeper than its shape",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [' + ",".join(["1"] * 9) + '], "datatype": "FP32", '
+            '"data": [1]}]}',
+            "at most 8 integers",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ['
+            + "9" * 5000
+            + "]}]}",
+            "not valid JSON",
+        ),
         ('{"inputs": [' * 100_000, "not valid JSON"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["\\ud800"]}]}',
-         "not valid UTF-8"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ["1.5"]}]}',
-         "FP32 'data' must be JSON numbers"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "BOOL", "data": [1]}]}',
-         "BOOL 'data' must be JSON true or false"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8", "data": [300]}]}',
-         "'data' does not fit UINT8"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
-         '"outputs": [{"name": "y", "parameters": {"binary_data": "false"}}]}',
-         "binary_data must be true or false, got 'false'"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
-         '"outputs": [{"name": "y"}, {"name": "y"}]}', "output 'y' is requested twice"),
-        ('{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
-         '"parameters": {"binary_data_output": 1}}', "binary_data_output must be true or false"),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["\\ud800"]}]}',
+            "not valid UTF-8",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ["1.5"]}]}',
+            "FP32 'data' must be JSON numbers",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "BOOL", "data": [1]}]}',
+            "BOOL 'data' must be JSON true or false",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8", "data": [300]}]}',
+            "'data' does not fit UINT8",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+            '"outputs": [{"name": "y", "parameters": {"binary_data": "false"}}]}',
+            "binary_data must be true or false, got 'false'",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+            '"outputs": [{"name": "y"}, {"name": "y"}]}',
+            "output 'y' is requested twice",
+        ),
+        (
+            '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], '
+            '"parameters": {"binary_data_output": 1}}',
+            "binary_data_output must be true or false",
+        ),
     ],
-)  # fmt: skip
+)
 def test_hostile_or_sloppy_json_is_a_400_that_says_why(text, expected):
     with pytest.raises(ProtocolError) as caught:
         parse_request(text.encode(), None)
@@ -211,31 +342,55 @@ def test_hostile_or_sloppy_json_is_a_400_that_says_why(text, expected):
 
 
 def test_a_boolean_is_not_a_binary_size():
-    body, length = binary_body({"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8",
-                                            "parameters": {"binary_data_size": True}}]}, b"\x07")  # fmt: skip
+    body, length = binary_body(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [1],
+                    "datatype": "UINT8",
+                    "parameters": {"binary_data_size": True},
+                }
+            ]
+        },
+        b"\x07",
+    )
     with pytest.raises(ProtocolError, match="binary_data_size True does not fit"):
         parse_request(body, length)
 
 
 def test_size_limits_are_413_before_the_work():
-    big = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES",
-                                  "data": ["a" * 5000]}]}).encode()  # fmt: skip
+    big = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["a" * 5000]}]}
+    ).encode()
     with pytest.raises(ProtocolError, match="more than 4,096; send large tensors as binary") as e:
         parse_request(big, None, max_json_bytes=4096)
     assert e.value.status == 413
     packed = pack_bytes([b""] * 100_000)  # a cheap body, a costly unpacking
-    body, length = binary_body({"inputs": [{"name": "x", "shape": [100_000], "datatype": "BYTES",
-                                            "parameters": {"binary_data_size": len(packed)}}]},
-                               packed)  # fmt: skip
+    body, length = binary_body(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [100_000],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(packed)},
+                }
+            ]
+        },
+        packed,
+    )
     with pytest.raises(ProtocolError, match="100000 BYTES elements; at most 64 per request") as e:
         parse_request(body, length, max_elements=64)
     assert e.value.status == 413
 
 
 def test_binary_data_output_is_the_default_of_listed_outputs():
-    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
-            "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
-            "parameters": {"binary_data_output": True}}  # fmt: skip
+    body = {
+        "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+        "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
+        "parameters": {"binary_data_output": True},
+    }
     a, b = parse_request(json.dumps(body).encode(), None).outputs
     assert a.binary
     assert not b.binary

@@ -110,13 +110,15 @@ def test_image_bytes_give_what_classify_and_embed_give(client, model, server, im
         tritonclient.InferRequestedOutput("logits", binary_data=binary, class_count=3),
         tritonclient.InferRequestedOutput("embedding", binary_data=binary),
     ]
-    result = client.infer(model["name"], [_bytes_input(images, binary)], outputs=outputs,
-                          headers=auth())  # fmt: skip
+    result = client.infer(
+        model["name"], [_bytes_input(images, binary)], outputs=outputs, headers=auth()
+    )
     labels = result.as_numpy("logits")  # (3, 3) of b"score:index:label"
     embedding = result.as_numpy("embedding")  # (3, 64)
     files = [("file", (f"{i}.jpg", f, "image/jpeg")) for i, f in enumerate(images)]
-    classify = httpx.post(f"http://{server}/classify", files=files, params={"top_k": 3},
-                          headers=AUTH).json()["results"]  # fmt: skip
+    classify = httpx.post(
+        f"http://{server}/classify", files=files, params={"top_k": 3}, headers=AUTH
+    ).json()["results"]
     embed = httpx.post(f"http://{server}/embed", files=files, headers=AUTH).json()["results"]
     assert labels.shape == (3, 3)
     assert embedding.shape == (3, 64)
@@ -142,8 +144,9 @@ def test_a_preprocessed_tensor_gives_what_the_images_give(client, model, server,
     by_tensor = client.infer(model["name"], [image], headers=auth())  # every output, binary
     by_bytes = client.infer(model["name"], [_bytes_input(images, True)], headers=auth())
     for name in ("logits", "embedding"):
-        np.testing.assert_allclose(by_tensor.as_numpy(name), by_bytes.as_numpy(name),
-                                   rtol=1e-4, atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            by_tensor.as_numpy(name), by_bytes.as_numpy(name), rtol=1e-4, atol=1e-5
+        )
     assert by_tensor.as_numpy("logits").dtype == np.float32
 
 

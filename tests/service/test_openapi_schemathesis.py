@@ -58,8 +58,13 @@ def api(shipped_model: str) -> Iterator[tuple[schemathesis.BaseSchema, dict[str,
 def run(operation: Any, mode: GenerationMode, excluded: list[Any], **fixed: Any) -> None:
     """``EXAMPLES`` generated requests to ``operation``, each checked."""
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode, **fixed))
     def check(case: Any) -> None:
         case.call_and_validate(excluded_checks=excluded)
@@ -68,8 +73,9 @@ def run(operation: Any, mode: GenerationMode, excluded: list[Any], **fixed: Any)
 
 
 @pytest.mark.parametrize("model_named", [False, True], ids=["any-model", "served-model"])
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-                         ids=["valid", "invalid"])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"]
+)
 def test_every_operation_answers_within_its_schema(api, mode, model_named):
     schema, model = api
     failures = []

@@ -159,8 +159,13 @@ def test_an_engine_cache_folder_that_cannot_be_made_is_named(
 
 
 def test_settings_give_the_backend_its_options(shipped_model, tmp_path):
-    settings = Settings(model_path=shipped_model, max_batch_size=32, engine_cache_dir=tmp_path,
-                        trt_fp16=True, cuda_graphs=True)  # fmt: skip
+    settings = Settings(
+        model_path=shipped_model,
+        max_batch_size=32,
+        engine_cache_dir=tmp_path,
+        trt_fp16=True,
+        cuda_graphs=True,
+    )
     options = settings.backend_options
     assert options == BackendOptions("auto", 0, False, 32, tmp_path, True, False, True)
     default = Settings(model_path=shipped_model).backend_options

@@ -66,8 +66,15 @@ def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
 
 
 def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):
-    runner = BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu",
-                         extra=[("features", (128,)), ("typicality", ())])  # fmt: skip
+    runner = BoundRunner(
+        session,
+        (1, 28, 28),
+        10,
+        64,
+        buckets(8),
+        device="cpu",
+        extra=[("features", (128,)), ("typicality", ())],
+    )
     for n in (2, 7, 8, 1, 7):  # a bucket reused with other data must not leak old rows
         batch = images(n, seed=10 + n)
         got = runner(batch)
@@ -84,10 +91,11 @@ def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_sessio
     dimension fixed (no shape arithmetic left to run), and a batch goes to its bucket's."""
     sizes = buckets(8)
     per_bucket = {
-        size: shaped_session(Path(shipped_model), [CPU], 1, False, None,
-                             {"batch": size, "height": 28, "width": 28})
+        size: shaped_session(
+            Path(shipped_model), [CPU], 1, False, None, {"batch": size, "height": 28, "width": 28}
+        )
         for size in sizes
-    }  # fmt: skip
+    }
     assert [per_bucket[size].get_inputs()[0].shape for size in sizes] == [
         [size, 1, 28, 28] for size in sizes
     ]
@@ -103,8 +111,9 @@ def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_sessio
 
 
 def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
-    backend = OnnxBackend(shipped_model, BackendOptions(providers="CPUExecutionProvider",
-                                                        max_batch=16))  # fmt: skip
+    backend = OnnxBackend(
+        shipped_model, BackendOptions(providers="CPUExecutionProvider", max_batch=16)
+    )
     assert backend.providers == ["CPUExecutionProvider"]
     assert backend.mode == "plain"
     assert backend.warmup_batches == [1, 2, 4, 8, 16]
@@ -126,9 +135,11 @@ cuda = pytest.mark.skipif(
 @pytest.mark.parametrize("mode", ["buckets", "io-binding", "cuda-graphs"])
 def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
     options = BackendOptions(
-        providers=f"{CUDA},CPUExecutionProvider", max_batch=8,
-        io_binding=mode == "io-binding", cuda_graphs=mode == "cuda-graphs",
-    )  # fmt: skip
+        providers=f"{CUDA},CPUExecutionProvider",
+        max_batch=8,
+        io_binding=mode == "io-binding",
+        cuda_graphs=mode == "cuda-graphs",
+    )
     backend = OnnxBackend(shipped_model, options)
     assert backend.providers[0] == CUDA
     assert backend.mode == mode

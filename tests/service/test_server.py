@@ -32,14 +32,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def real_server(model: str, *args: str, env: dict[str, str] | None = None
-                ) -> Iterator[tuple[str, subprocess.Popen[str]]]:  # fmt: skip
+def real_server(
+    model: str, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """``smso-serve`` on a free port, ready: ``(base URL, process)``; killed if still running."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port), *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
@@ -107,8 +112,12 @@ def test_bad_settings_are_one_line_and_exit_2(args, message, shipped_model):
         args = ["--model-path", shipped_model, *args]
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("smso-serve: error:")
     assert message in proc.stderr
@@ -120,8 +129,12 @@ def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
     bogus.write_bytes(b"not onnx")
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", "--model-path", str(bogus)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "not a loadable ONNX model" in proc.stderr
 
@@ -141,13 +154,23 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
             streak = streak + 1 if ok else 0
             time.sleep(0.02)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            statuses = list(pool.map(lambda i: httpx.post(
-                f"{base}/classify", files=[("file", (f"{i}.png", image, "image/png"))],
-                timeout=30).status_code, range(20)))  # fmt: skip
+            statuses = list(
+                pool.map(
+                    lambda i: (
+                        httpx.post(
+                            f"{base}/classify",
+                            files=[("file", (f"{i}.png", image, "image/png"))],
+                            timeout=30,
+                        ).status_code
+                    ),
+                    range(20),
+                )
+            )
         assert statuses == [200] * 20
         metrics = httpx.get(f"{base}/metrics").text
-        assert re.search(r'smso_images_total\{model="[^"]+",route="/classify",version="[^"]+"\} 20.0',
-                         metrics)  # fmt: skip
+        assert re.search(
+            r'smso_images_total\{model="[^"]+",route="/classify",version="[^"]+"\} 20.0', metrics
+        )
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
 
@@ -164,8 +187,12 @@ def serve_on_a_taken_port(
         ports = [flag, port] if flag == "--port" else ["--port", str(free_port()), flag, port]
         proc = subprocess.run(
             [sys.executable, "-m", "service.cli", "--model-path", model, *ports, *args],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     return port, proc
 
 
@@ -272,8 +299,10 @@ def test_slow_headers_slow_bodies_and_too_many_connections_are_bounded(shipped_m
             sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n")
         bodies = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
         for sock in bodies:
-            sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
-                         b"Content-Length: 100000\r\n\r\n" + b"\x89PNG")  # fmt: skip
+            sock.sendall(
+                b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                b"Content-Length: 100000\r\n\r\n" + b"\x89PNG"
+            )
         others = [socket.create_connection(("127.0.0.1", port)) for _ in range(15)]
         # 45 connections open: beyond the limit of 40
         assert httpx.get(f"{base}/healthz").status_code == 503

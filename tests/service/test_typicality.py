@@ -93,10 +93,12 @@ def test_a_large_embedding_gets_a_low_rank_precision(monkeypatch):
     want = np.array([[(v - c) @ dense @ (v - c) for c in centres] for v in x])
     np.testing.assert_allclose(precision.distances(x, centres), want, rtol=1e-9)
     # the kept directions are the covariance's top four, with their own variances
-    values = np.linalg.eigvalsh(np.cov(z, rowvar=False) + 1e-3 * np.trace(np.cov(z, rowvar=False))
-                                / 10 * np.eye(10))  # fmt: skip
-    np.testing.assert_allclose(np.sort(1 / (precision.weights + precision.alpha)), values[-4:],
-                               rtol=1e-9)  # fmt: skip
+    values = np.linalg.eigvalsh(
+        np.cov(z, rowvar=False) + 1e-3 * np.trace(np.cov(z, rowvar=False)) / 10 * np.eye(10)
+    )
+    np.testing.assert_allclose(
+        np.sort(1 / (precision.weights + precision.alpha)), values[-4:], rtol=1e-9
+    )
 
 
 def test_distances_match_the_quadratic_form():
@@ -192,8 +194,10 @@ def test_the_shipped_model_carries_a_reference_from_its_validation_images(backen
 
 def test_classify_and_embed_answer_each_images_typicality(make_client, backend):
     client = make_client(backend)
-    files = [("file", ("boot.png", fmnist_png(0), "image/png")),
-             ("file", ("noise.png", noise_png(0), "image/png"))]  # fmt: skip
+    files = [
+        ("file", ("boot.png", fmnist_png(0), "image/png")),
+        ("file", ("noise.png", noise_png(0), "image/png")),
+    ]
     classify = client.post("/classify", files=files).json()["results"]
     embed = client.post("/embed", files=files).json()["results"]
     for results in (classify, embed):
@@ -213,11 +217,16 @@ def test_the_protocol_answers_typicality_outputs_asked_for_by_name(make_client, 
     client = make_client(backend)
     name = client.get("/metadata").json()["model"]["name"]
     body = {
-        "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [2],
-                    "data": [base64.b64encode(f).decode()
-                             for f in (fmnist_png(1), noise_png(1))]}],
+        "inputs": [
+            {
+                "name": "image_bytes",
+                "datatype": "BYTES",
+                "shape": [2],
+                "data": [base64.b64encode(f).decode() for f in (fmnist_png(1), noise_png(1))],
+            }
+        ],
         "outputs": [{"name": "typicality"}, {"name": "typicality_p_value"}],
-    }  # fmt: skip
+    }
     answer = client.post(f"/v2/models/{name}/infer", json=body).json()
     scores, p_values = (o["data"] for o in answer["outputs"])
     assert [o["name"] for o in answer["outputs"]] == ["typicality", "typicality_p_value"]
@@ -233,8 +242,10 @@ def test_without_a_reference_or_with_scoring_off_there_is_no_typicality(make_cli
     files = [("file", ("a.png", fmnist_png(2), "image/png"))]
     assert "typicality" not in fake.post("/classify", files=files).json()["results"][0]
     name = fake.get("/metadata").json()["model"]["name"]
-    body = {"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1],
-                        "data": ["AA=="]}], "outputs": [{"name": "typicality"}]}  # fmt: skip
+    body = {
+        "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}],
+        "outputs": [{"name": "typicality"}],
+    }
     refused = fake.post(f"/v2/models/{name}/infer", json=body)
     assert refused.status_code == 400
     assert "unknown output 'typicality'; outputs: logits, embedding" in refused.json()["error"]
@@ -261,8 +272,10 @@ def test_out_of_distribution_traffic_raises_the_drift_alarm(make_client, backend
         client.post("/classify", files=noisy)
     metrics = client.get("/metrics").text
     assert alarm(metrics) == 1.0
-    assert any(r.getMessage().startswith("drift: model fashion_mnist-small_cnn-smso")
-               for r in caplog.records)  # fmt: skip
+    assert any(
+        r.getMessage().startswith("drift: model fashion_mnist-small_cnn-smso")
+        for r in caplog.records
+    )
     assert "smso_typicality_score_count{" in metrics
 
 
@@ -271,8 +284,9 @@ def test_a_features_term_is_a_fourth_class_conditional_distance():
     class-conditional Mahalanobis term, standardised like the others; it needs them."""
     logits, z, labels = outputs(400)
     features = np.random.default_rng(7).normal(size=(400, 5)) + 2.0 * np.eye(5)[labels % 5]
-    reference = Typicality.from_card(json.loads(json.dumps(fit(logits, z, labels,
-                                                               features).to_card())))  # fmt: skip
+    reference = Typicality.from_card(
+        json.loads(json.dumps(fit(logits, z, labels, features).to_card()))
+    )
     assert reference.uses_features
     assert reference.standardise.shape == (4, 2)
     three = fit(logits, z, labels)
@@ -294,13 +308,16 @@ def test_the_service_serves_the_files_own_score_as_its_numpy_score(backend, ship
     assert backend.outputs == ["logits", "embedding", "typicality"]
     file = ort.InferenceSession(shipped_model, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    images = np.concatenate([rng.random((6, 1, 28, 28)), np.zeros((2, 1, 28, 28))]
-                            ).astype(np.float32)  # fmt: skip
+    images = np.concatenate([rng.random((6, 1, 28, 28)), np.zeros((2, 1, 28, 28))]).astype(
+        np.float32
+    )
     names = ["logits", "embedding", "typicality"]
     in_graph = scored(lambda x: tuple(file.run(names, {"image": x})), typicality, names)
-    in_numpy = scored(lambda x: tuple(file.run(["logits", "embedding", "features"],
-                                                {"image": x})), typicality,
-                      ["logits", "embedding", "features"])  # fmt: skip
+    in_numpy = scored(
+        lambda x: tuple(file.run(["logits", "embedding", "features"], {"image": x})),
+        typicality,
+        ["logits", "embedding", "features"],
+    )
     got, want = in_graph(images)[2], in_numpy(images)[2]
     np.testing.assert_allclose(got[:, 0], want[:, 0], rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(got[:, 1], want[:, 1])
