@@ -23,11 +23,11 @@ Everything goes through the real server (``smso-serve`` in a subprocess on the s
   ``--id-requests`` purely in-distribution requests (test images in ``--id-streams`` orders),
   each on a fresh server, that must raise no alarm (the gauge and the ``drift`` log line).
 * **Cost.** Requests per second of a server with typicality against one with
-  ``SMSO_TYPICALITY=false`` on the file without the score in its graph, in interleaved rounds whose order alternates; the ratio is the
-  median of the rounds' ratios (target >= 0.95), for ``/classify`` with one PNG and for a
-  64-image binary ``FP32`` infer request. Beside it the server's CPU time per request (user +
-  system, all its threads, from ``/proc``), whose ratio off/on is steadier than requests/s
-  when the clients share the cores with the server.
+  ``SMSO_TYPICALITY=false`` on the file without the score in its graph, in interleaved rounds whose
+  order alternates; the ratio is the median of the rounds' ratios (target >= 0.95), for
+  ``/classify`` with one PNG and for a 64-image binary ``FP32`` infer request. Beside it the
+  server's CPU time per request (user + system, all its threads, from ``/proc``), whose ratio off/on
+  is steadier than requests/s when the clients share the cores with the server.
 
 While the server does not serve typicality yet (an older checkout), the score and p-value are
 computed here with :mod:`service.typicality` from the served logits and embedding and the card's

@@ -4,11 +4,11 @@ In eval mode SMSO's running covariance ``Sigma`` is a constant, so the per-outpu
 :class:`FoldedSMSO` keeps only ``1 / (w_j^T Sigma w_j)`` (``p`` numbers) and never holds or builds a
 ``c x c`` matrix in its default 1x1-conv + l2-pool form (paper Sec. 3.2, Eq. 8-11)::
 
-    x_c  = x - mean_i x_i                                  # (B, c, h, w), per-channel spatial mean
-    u    = Conv1x1(x_c; W, no bias)                        # (B, p, h, w), centred: W x_c = u - mean u
-    s_j  = sum_i u_ij^2 = n * mean_i u_ij^2                # (B, p), the l2 pool
-    q_j  = s_j / (w_j^T Sigma w_j)                         # = (n - 1) z_j / (w_j^T Sigma w_j)
-    z''  = beta + gamma * T(q, n - 1)                      # T: sqrt(2q) - sqrt(2(n-1) - 1) by default
+    x_c  = x - mean_i x_i                    # (B, c, h, w), per-channel spatial mean
+    u    = Conv1x1(x_c; W, no bias)          # (B, p, h, w), centred: W x_c = u - mean u
+    s_j  = sum_i u_ij^2 = n * mean_i u_ij^2  # (B, p), the l2 pool
+    q_j  = s_j / (w_j^T Sigma w_j)           # = (n - 1) z_j / (w_j^T Sigma w_j)
+    z''  = beta + gamma * T(q, n - 1)        # T: sqrt(2q) - sqrt(2(n-1) - 1) by default
 
 so ``alpha_j = 2 (n-1) / (w_j^T Sigma w_j)`` of Eq. 6 appears as the folded constant times the
 ``n`` the graph reads from its input's shape. ``form="covariance"`` computes ``s`` through the

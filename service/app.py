@@ -1,11 +1,11 @@
 """The FastAPI app, assembled: ``create_app(settings, backend=None)``.
 
-The state (``service.pipeline.ServiceState``), the lifespan that loads the models (one file, or
-a repository followed by ``service.repository``) and stops them, the middleware (request id
-and access line, metrics, client gone, body budget, drain), and the routes: ``service.routes`` (health, metrics, and each
-model's ``/classify``, ``/embed`` and ``/metadata``), ``service.oip`` (the Open Inference
-Protocol under ``/v2``) and ``service.docs`` (the OpenAPI docs, offline). The lifespan also
-runs the protocol's gRPC side (``service.grpc_server``) on ``settings.grpc_port``, unless 0.
+The state (``service.pipeline.ServiceState``), the lifespan that loads the models (one file, or a
+repository followed by ``service.repository``) and stops them, the middleware (request id and access
+line, metrics, client gone, body budget, drain), and the routes: ``service.routes`` (health,
+metrics, and each model's ``/classify``, ``/embed`` and ``/metadata``), ``service.oip`` (the Open
+Inference Protocol under ``/v2``) and ``service.docs`` (the OpenAPI docs, offline). The lifespan
+also runs the protocol's gRPC side (``service.grpc_server``) on ``settings.grpc_port``, unless 0.
 """
 
 from __future__ import annotations

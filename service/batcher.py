@@ -7,14 +7,14 @@ with its row of the outputs.
 
 Callers may :meth:`~MicroBatcher.announce` images before they are ready (while they are being
 decoded) and :meth:`~MicroBatcher.withdraw` them once submitted or failed. With
-``wait_for_announced``, the consumer waits for more images only while announced ones are on
-their way: a lone request is not held for ``max_wait``, and a burst is still gathered. For
-announced images the wait may stretch to a quarter (``patience``) of the last batch's
-inference time: with a model that takes seconds per batch, running the one image at hand and
-leaving the dozen being decoded for the next batch costs far more than waiting for them. A batch's exception is delivered to every job in it. No polling:
-the consumer sleeps on the queue. A full queue raises :class:`QueueFullError` at once (the app
-answers 503 with ``Retry-After``); jobs whose caller has gone (deadline passed) are dropped
-before they reach the model.
+``wait_for_announced``, the consumer waits for more images only while announced ones are on their
+way: a lone request is not held for ``max_wait``, and a burst is still gathered. For announced
+images the wait may stretch to a quarter (``patience``) of the last batch's inference time: with a
+model that takes seconds per batch, running the one image at hand and leaving the dozen being
+decoded for the next batch costs far more than waiting for them. A batch's exception is delivered to
+every job in it. No polling: the consumer sleeps on the queue. A full queue raises
+:class:`QueueFullError` at once (the app answers 503 with ``Retry-After``); jobs whose caller has
+gone (deadline passed) are dropped before they reach the model.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ byte order) stays written out here, where its bounds are checked.
 Every problem raises :class:`ProtocolError` with a message that says what was expected.
 The per-tensor steps (:func:`check_input`, :func:`binary_tensor`, :func:`requested_output`,
 :func:`tensor_bytes`) serve the gRPC side too (``service.grpc_server``): its raw tensor contents
-are in the same binary form. Nothing here knows about the model: ``service.oip`` checks names, shapes and datatypes.
+are in the same binary form. Nothing here knows about the model: ``service.oip`` checks names,
+shapes and datatypes.
 """
 
 from __future__ import annotations

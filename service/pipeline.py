@@ -222,7 +222,8 @@ async def run_batched(
     """Each ``(C, H, W)`` image through ``model``'s micro-batcher; its outputs, in order.
 
     413 when there are more images than the queue can ever hold, 503 when it is full, 504 once
-    ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in failed (the backend's fault, not the client's).
+    ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in
+    failed (the backend's fault, not the client's).
     """
     capacity = state.settings.queue_size
     if len(images) > capacity:  # never admitted, however long the client retries

@@ -1,6 +1,6 @@
 """bench/observability.py's smoke run: five real servers (off, off again as a control, JSON
-logs, tracing, sampled tracing) under a short load; the JSON has every setting's ratio and the collector received
-spans."""
+logs, tracing, sampled tracing) under a short load; the JSON has every setting's ratio and the
+collector received spans."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ class PretrainedWeightsError(RuntimeError):
 
 
 class Backbone(nn.Module):
-    """A convolutional trunk: ``(B, in_channels, H, W)`` -> ``(B, out_channels, H/stride, W/stride)``."""
+    """A CNN trunk: ``(B, in_channels, H, W)`` -> ``(B, out_channels, H/stride, W/stride)``."""
 
     def __init__(self, body: nn.Module, in_channels: int, out_channels: int, stride: int) -> None:
         super().__init__()

@@ -40,7 +40,7 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(path: str | os.PathLike[str], model: SecondOrderNet, **extra: Any) -> Path:
-    """Write ``model`` (config and weights) and ``extra`` to ``path`` atomically; returns the path."""
+    """Write ``model`` (config, weights) and ``extra`` to ``path`` atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()

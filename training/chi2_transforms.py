@@ -5,14 +5,14 @@ SMSO's PV layer outputs ``z_j = w_j^T Y w_j``. Under the Gaussian assumption the
 Each transform below takes ``q`` (any shape) and ``k`` and returns a value that is close to
 ``N(0, 1)`` when ``q ~ chi2_k`` (paper Sec. 3.1 and Table 3):
 
-======== ===================================================== ================================
-name     formula                                               approximation
-======== ===================================================== ================================
-sqrt     ``sqrt(2 q) - sqrt(2 k - 1)``                         Fisher: ``sqrt(2q) ~ N(sqrt(2k-1), 1)``
-cuberoot ``((q / k)^(1/3) - (1 - 2/(9k))) / sqrt(2/(9k))``     Wilson-Hilferty
-log      ``(log(q / k) + 1/k) / sqrt(2 / k)``                  delta method, mean to second order
-none     ``(q - k) / sqrt(2 k)``                               exact mean and variance of chi2_k
-======== ===================================================== ================================
+======== ================================================== =======================================
+name     formula                                            approximation
+======== ================================================== =======================================
+sqrt     ``sqrt(2 q) - sqrt(2 k - 1)``                      Fisher: ``sqrt(2q) ~ N(sqrt(2k-1), 1)``
+cuberoot ``((q / k)^(1/3) - (1 - 2/(9k))) / sqrt(2/(9k))``  Wilson-Hilferty
+log      ``(log(q / k) + 1/k) / sqrt(2 / k)``               delta method, mean to second order
+none     ``(q - k) / sqrt(2 k)``                            exact mean and variance of chi2_k
+======== ================================================== =======================================
 
 ``q`` is clamped at ``eps`` first, so a constant input (``q = 0``) gives finite values and finite
 gradients for every transform.

@@ -36,6 +36,6 @@ def covariance(x: Tensor, ddof: int = 1) -> Tensor:
 
 
 def gram(x: Tensor) -> Tensor:
-    """Bilinear (uncentred) second moment ``1/n sum_i x_i x_i^T``: ``(B, c, h, w)`` -> ``(B, c, c)``."""
+    """Bilinear (uncentred) second moment ``1/n sum_i x_i x_i^T``: ``(B, c, h, w) -> (B, c, c)``."""
     xs = x.flatten(2)  # (B, c, n)
     return xs @ xs.transpose(1, 2) / xs.shape[-1]

@@ -333,7 +333,7 @@ class _Run:
 
 
 def fit(cfg: TrainConfig) -> RunResult:
-    """Train (or resume) the run ``cfg`` describes; returns its best validation and test accuracy."""
+    """Train or resume the run ``cfg`` describes; returns its best validation and test accuracy."""
     runtime = setup_runtime(cfg.device, cfg.amp)
     try:
         return _fit(cfg, runtime)

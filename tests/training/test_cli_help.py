@@ -1,5 +1,5 @@
-"""``smso-train --help`` and ``smso-eval --help``: every flag described, the valid values listed from the registries, each
-default shown once and never as None."""
+"""``smso-train --help`` and ``smso-eval --help``: every flag described, the valid values listed
+from the registries, each default shown once and never as None."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ DTD_CLASSES = ["banded", "dotted", "zigzagged"]
 
 
 def make_dtd(base: Path) -> Path:
-    """``base/{images,labels}``: 3 images per class; partition k puts one in each split, rotating."""
+    """``base/{images,labels}``: 3 images per class; partition k puts one per split, rotating."""
     for c in DTD_CLASSES:
         for i in range(1, 4):
             _image(base / "images" / c / f"{c}_{i:04d}.jpg", 40 * i)

@@ -1,4 +1,4 @@
-"""Sigma re-estimated after training: z' is N(0, 1) in eval mode, in smso-train and for a checkpoint.
+"""Sigma re-estimated after training: z' ~ N(0, 1) in eval mode, in smso-train and for a checkpoint.
 
 The running average with the default ``momentum = 0.1`` leaves every output of ``z'`` a constant
 offset; the cumulative average over the training images (``training.recalibrate``) removes it.

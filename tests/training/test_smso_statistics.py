@@ -1,8 +1,8 @@
 """The statistical claim of paper Sec. 3.1, checked on synthetic Gaussian features.
 
 With ``x_i ~ N(0, Sigma)`` for a known, non-diagonal ``Sigma``: the running estimate converges to
-``Sigma``; ``(n-1) z_j / (w_j^T Sigma w_j)`` follows ``chi2_{n-1}``; and the pre-affine output ``z'``
-is close to ``N(0, 1)``. All draws are seeded, so the outcome is deterministic.
+``Sigma``; ``(n-1) z_j / (w_j^T Sigma w_j)`` follows ``chi2_{n-1}``; and the pre-affine output
+``z'`` is close to ``N(0, 1)``. All draws are seeded, so the outcome is deterministic.
 """
 
 from __future__ import annotations

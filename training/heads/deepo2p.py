@@ -47,9 +47,9 @@ class SymmetricLog(torch.autograd.Function):
 class DeepO2P(Head):
     """DeepO2P: ``vec( log(Y + eps I) )`` with ``Y`` the covariance of Eq. 1.
 
-    ``(B, c, h, w)`` -> ``(B, c^2)``; 262,144-d for the paper's c = 512. The eigen-decomposition runs
-    in ``eig_dtype`` (float64 by default: with n < c the covariance is singular and most eigenvalues
-    sit at ``eps``, where float32's rounding is a visible fraction of the value).
+    ``(B, c, h, w)`` -> ``(B, c^2)``; 262,144-d for the paper's c = 512. The eigen-decomposition
+    runs in ``eig_dtype`` (float64 by default: with n < c the covariance is singular and most
+    eigenvalues sit at ``eps``, where float32's rounding is a visible fraction of the value).
     ONNX has no eigen-decomposition, so this head cannot be exported.
     """
 

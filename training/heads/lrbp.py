@@ -44,7 +44,7 @@ __all__ = ["LowRankBilinear"]
 
 
 class LowRankBilinear(Head):
-    """LRBP: a low-rank bilinear classifier on ``Y = 1/n sum_i x_i x_i^T``; it scores classes itself.
+    """LRBP: a low-rank bilinear classifier on ``Y = 1/n sum_i x_i x_i^T``, scoring classes itself.
 
     A projection ``P`` (c x m) reduces the features, ``x^_i = P^T x_i``. Class k has a bilinear
     weight of rank r, ``W_k = U_k+ U_k+^T - U_k- U_k-^T`` with ``U_k+-`` in ``R^(m x r/2)``, and

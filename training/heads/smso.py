@@ -10,8 +10,8 @@ positions ``x_i`` in ``R^c`` with mean ``mu``; ``x~_i = x_i - mu``.
 4. Scale and bias (Eq. 7): ``z''_j = beta_j + gamma_j z'_j``, ``gamma_j > 0``       ``(B, p)``
 
 The 1x1-conv + l2-pool form (Eq. 8-11) computes the same ``z`` without the ``c x c`` matrix:
-``u_ij = w_j^T x_i`` is a bias-free 1x1 convolution and ``z_j = 1/(n-1) sum_i (u_ij - mean_i u_ij)^2``
-is the per-channel spatial variance of its output.
+``u_ij = w_j^T x_i`` is a bias-free 1x1 convolution and
+``z_j = 1/(n-1) sum_i (u_ij - mean_i u_ij)^2`` is the per-channel spatial variance of its output.
 
 ``Sigma`` is the covariance of the PV input. It is a running buffer (``running_cov``, no gradient),
 updated like BatchNorm's running statistics: in training mode each batch moves it towards the pooled

@@ -14,7 +14,7 @@ __all__ = ["VGGClassifierHead"]
 
 
 class VGGClassifierHead(Head):
-    """The paper's first-order VGG-D baseline: everything of VGG-16 after conv5_3 but the classifier.
+    """The paper's first-order VGG-D baseline: all of VGG-16 after conv5_3 but the classifier.
 
     ``max-pool 2x2 -> adaptive average pool to pool x pool -> fc6 -> ReLU -> dropout -> fc7 -> ReLU
     -> dropout``: ``(B, 512, h, w)`` -> ``(B, hidden)``, 4,096-d for the paper. With ImageNet (or
