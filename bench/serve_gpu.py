@@ -6,11 +6,11 @@ would overrun ``--budget-s`` are skipped and say so):
 1. the machine: GPU, driver, CPU cores, versions;
 2. ResNet-50 SMSO, p = 2,048, 1,000 classes, random weights, the ``image_folder`` preset (resize
    256, crop 224), exported in parallel: float32 with the 1x1-conv form, float32 with the
-   covariance form, float16 with the 1x1-conv form, both float32 forms at 448 px (the ``dtd``
-   preset), and the 1x1 form at a fixed size (``--static-size``) (``export_checkpoint``, parity
-   checked; ``--models-dir`` keeps and reuses them, ``--exports`` picks);
+   covariance form, float16 with the 1x1-conv form, and both float32 forms at 448 px (the ``dtd``
+   preset) (``export_checkpoint``, parity checked; ``--models-dir`` keeps and reuses them,
+   ``--exports`` picks);
 3. the raw session by batch size (1, 8, 32, 64, 128; at 448 px up to 64) for each export, the
-   float32 1x1 form also through IO binding and the fixed-size one with a CUDA graph per bucket
+   float32 1x1 form also through IO binding and with a CUDA graph per bucket
    (``service.runner``): images/s and ms per call, the same numpy input each call, no server
    (``--raw`` picks the runs);
 4. onnxruntime's own profiler on the float32 session at batch 64: the time by operator type,
@@ -196,7 +196,7 @@ def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[st
     already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is."""
     if smoke:
         return {
-            "paths": {"fp32-conv": str(SHIPPED), "fp32-conv-static": str(SHIPPED)},
+            "paths": {"fp32-conv": str(SHIPPED)},
             "export_s": {},
         }
     variants = [
@@ -205,7 +205,6 @@ def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[st
         ("fp16-conv", "conv", True, 224),
         ("fp32-conv-448", "conv", False, 448),
         ("fp32-covariance-448", "covariance", False, 448),
-        ("fp32-conv-static", "conv", False, 224, True),
     ]
     if only:
         variants = [v for v in variants if v[0] in only]
@@ -681,7 +680,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--export-only", action="store_true", help="export the models, then stop")
     parser.add_argument(
-        "--exports", nargs="*", default=None, help="export only these (default: all six)"
+        "--exports", nargs="*", default=None, help="export only these (default: all five)"
     )
     parser.add_argument(
         "--raw",
@@ -689,7 +688,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         metavar="EXPORT/MODE",
         help="raw-session runs (default: every export plainly, fp32-conv with "
-        "io-binding, fp32-conv-static with cuda-graphs)",
+        "io-binding and with cuda-graphs)",
     )
     parser.add_argument(
         "--stages",
@@ -711,7 +710,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=[
             "cuda",
             "cuda-2-in-flight",
-            "cuda-static",
             "cuda-graphs",
             "workers",
             "workers-graphs",
@@ -750,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         raw_plan = [(name, "plain") for name in paths] + [
             ("fp32-conv", "io-binding"),
-            ("fp32-conv-static", "cuda-graphs"),
+            ("fp32-conv", "cuda-graphs"),
         ]
         if args.raw is not None:
             raw_plan = [tuple(item.split("/", 1)) for item in args.raw]
@@ -793,8 +791,9 @@ def main(argv: list[str] | None = None) -> int:
         variants = {
             "cuda": ("fp32-conv", {}),
             "cuda-2-in-flight": ("fp32-conv", {"SMSO_BATCHES_IN_FLIGHT": "2"}),
-            "cuda-static": ("fp32-conv-static", {}),
-            "cuda-graphs": ("fp32-conv-static", {"SMSO_CUDA_GRAPHS": "true"}),
+            # the per-bucket CUDA sessions fix every dimension: CUDA graphs need no
+            # fixed-size export (--static-size)
+            "cuda-graphs": ("fp32-conv", {"SMSO_CUDA_GRAPHS": "true"}),
             "workers": ("fp32-conv", {"SMSO_WORKERS": workers}),
             "workers-graphs": ("fp32-conv", {"SMSO_WORKERS": workers, "SMSO_CUDA_GRAPHS": "true"}),
         }

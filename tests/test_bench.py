@@ -224,7 +224,7 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "serve_gpu.json").read_text())
     assert report["skipped"] == []
-    assert {"fp32-conv/plain", "fp32-conv/io-binding", "fp32-conv-static/cuda-graphs"} <= set(
+    assert {"fp32-conv/plain", "fp32-conv/io-binding", "fp32-conv/cuda-graphs"} <= set(
         report["raw"]
     )
     assert all("by_batch" in run for run in report["raw"].values())
