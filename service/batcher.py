@@ -233,17 +233,28 @@ class MicroBatcher:
                 self._queue.task_done()
 
     def _trace(self, jobs: list[_Job], start_ns: int, end_ns: int) -> None:
-        """Each traced job's ``queue`` (queued to its batch's start) and ``inference`` (its
-        batch, with the batch's size) spans, children of the request that submitted it."""
-        attributes = {**self._span_attributes, "smso.batch_size": len(jobs)}
+        """For each traced request with images in this batch, a ``queue`` span (from its first
+        image queued to the batch's start) and an ``inference`` span (the batch, with its size
+        and the request's images in it), children of the request's span: two spans per request
+        and batch, not per image (a 64-image request in one batch makes two, not 128)."""
+        # request (trace and span id) -> (its span, earliest queued, images in this batch)
+        first: dict[tuple[int, int], tuple[SpanContext, int, int]] = {}
         for job in jobs:
-            if not (job.span.is_valid and job.span.trace_flags.sampled):  # not traced (the
-                continue  # default) or not sampled: nothing to record
-            parent = trace.set_span_in_context(trace.NonRecordingSpan(job.span))
-            queue = self._tracer.start_span("queue", parent, start_time=job.enqueued_ns)
+            span = job.span
+            if span.is_valid and span.trace_flags.sampled:  # else not traced (the default)
+                key = (span.trace_id, span.span_id)
+                _, queued, images = first.get(key, (span, job.enqueued_ns, 0))
+                first[key] = (span, min(queued, job.enqueued_ns), images + 1)
+        attributes = {**self._span_attributes, "smso.batch_size": len(jobs)}
+        for span, queued, images in first.values():
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(span))
+            queue = self._tracer.start_span("queue", parent, start_time=queued)
             queue.end(end_time=start_ns)
             inference = self._tracer.start_span(
-                "inference", parent, attributes=attributes, start_time=start_ns
+                "inference",
+                parent,
+                attributes={**attributes, "smso.images": images},
+                start_time=start_ns,
             )
             inference.end(end_time=end_ns)
 
@@ -268,7 +279,10 @@ class MicroBatcher:
             return
         round_trip = time.perf_counter() - start
         self._last_inference_s = inference
-        self._trace(jobs, start_ns, time.time_ns())
+        try:
+            self._trace(jobs, start_ns, time.time_ns())
+        except Exception:  # a tracing fault must not fail the batch's requests
+            log.exception("recording the batch's spans failed")
         for i, job in enumerate(jobs):
             if not job.future.done():
                 job.future.set_result(tuple(output[i] for output in outputs))

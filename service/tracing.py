@@ -1,6 +1,7 @@
 """OpenTelemetry tracing, when configured: a span per request (FastAPI's own telemetry), and the
-service's spans inside it: ``decode`` (the request's images), ``queue`` (each image's wait in
-its model's batcher) and ``inference`` (the batch it ran in, with its size).
+service's spans inside it: ``decode`` (the request's images), and per batch its images ran in
+``queue`` (their wait in the model's batcher) and ``inference`` (the batch, with its size and the
+request's images in it).
 
 Tracing is on when the standard variables name an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``
 or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER`` and the

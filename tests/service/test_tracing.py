@@ -1,5 +1,6 @@
 """OpenTelemetry tracing: a request's spans (FastAPI's request span; the service's decode, and
-each image's queue wait and inference with the batch size) exported to an in-memory exporter."""
+per batch its images ran in, their queue wait and the inference with the batch size) exported to
+an in-memory exporter."""
 
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ def test_a_request_has_decode_queue_and_inference_spans_under_its_own(traced):
     spans = exporter.get_finished_spans()
     names = sorted(span.name for span in spans)
     assert names.count("decode") == 1
-    assert names.count("queue") == 2
-    assert names.count("inference") == 2
+    assert names.count("queue") == 1  # per request and batch, not per image
+    assert names.count("inference") == 1
     (request,) = [s for s in spans if s.parent is None]
     assert "/classify" in request.name
     by_id = {span.context.span_id: span for span in spans}
@@ -53,10 +54,25 @@ def test_a_request_has_decode_queue_and_inference_spans_under_its_own(traced):
     assert {root(span).context.span_id for span in spans} == {request.context.span_id}
     inference = [s for s in spans if s.name == "inference"]
     assert {s.attributes["smso.batch_size"] for s in inference} == {2}  # one batch of two
+    assert {s.attributes["smso.images"] for s in inference} == {2}  # both the request's
     assert {s.attributes["smso.model"] for s in inference} == {"fake-small_cnn-smso"}
     assert next(s for s in spans if s.name == "decode").attributes["smso.images"] == 2
     for queue in (s for s in spans if s.name == "queue"):
         assert queue.end_time >= queue.start_time
+
+
+def test_a_request_split_over_batches_has_queue_and_inference_spans_for_each(traced):
+    """Five images with batches of at most four: two batches, so two queue and two inference
+    spans, their images adding up to the request's."""
+    client, exporter = traced
+    files = [("file", (f"{i}.png", grey(i), "image/png")) for i in range(5)]
+    assert client.post("/classify", files=files).status_code == 200
+    spans = exporter.get_finished_spans()
+    inference = [s for s in spans if s.name == "inference"]
+    assert len(inference) == 2
+    assert len([s for s in spans if s.name == "queue"]) == 2
+    assert sorted(s.attributes["smso.images"] for s in inference) == [1, 4]
+    assert all(s.attributes["smso.images"] <= s.attributes["smso.batch_size"] for s in inference)
 
 
 def test_health_checks_are_not_traced_by_the_service(traced):
