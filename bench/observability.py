@@ -81,6 +81,18 @@ def collector() -> Iterator[str]:
         server.server_close()
 
 
+def upload(url: str, image: bytes, images: int) -> Any:
+    """``images`` copies of ``image`` per request, as multipart parts named ``file``."""
+    if images == 1:
+        return multipart(url, [image])
+    parts = [("file", (f"{i}.png", image, "image/png")) for i in range(images)]
+
+    def send(client: Any, i: int) -> Any:
+        return client.post(url, files=parts)
+
+    return send
+
+
 def png() -> bytes:
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8))
     buffer = io.BytesIO()
@@ -128,14 +140,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     s: stack.enter_context(server(s, endpoint, Path(tmp), number)) for s in starting
                 }
                 for base in bases.values():  # warm each once: connection set-up, first requests
-                    drive(multipart(f"{base}/classify", [image]), args.clients, 50)
+                    drive(upload(f"{base}/classify", image, args.images), args.clients, 50)
                 these = []
                 for r in range(args.rounds):
                     k = (number + r) % len(SETTINGS)
                     runs = {}
                     for setting in SETTINGS[k:] + SETTINGS[:k]:
                         run = drive(
-                            multipart(f"{bases[setting]}/classify", [image]),
+                            upload(f"{bases[setting]}/classify", image, args.images),
                             args.clients,
                             args.requests,
                         )
@@ -183,6 +195,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "clients": args.clients,
             "route": "/classify",
             "image": "28x28 PNG",
+            "images_per_request": args.images,
         },
         "settings": summary,
         "otlp": {"exports": exports, "bytes": exported},
@@ -217,6 +230,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the settings a set")
     parser.add_argument("--requests", type=int, default=1000, help="requests per setting a round")
     parser.add_argument("--clients", type=int, default=4, help="concurrent client threads")
+    parser.add_argument("--images", type=int, default=1, help="PNG files per request")
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args(argv)
