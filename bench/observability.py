@@ -234,6 +234,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args(argv)
+    if not 1 <= args.images <= 16:  # one batch (SMSO_MAX_BATCH_SIZE=16 here) per request
+        parser.error(f"--images must be between 1 and 16, not {args.images}")
     if args.smoke:
         args.sets, args.rounds, args.requests, args.clients = 1, 1, 60, 2
     return args

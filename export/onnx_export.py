@@ -54,9 +54,15 @@ from export.graph import (
     exportable,
     form_costs,
 )
-from export.parity import ParityError, ParityReport, check_parity
+from export.parity import ParityReport, check_parity
 from export.typicality import reference_section
-from export.typicality_graph import OUTPUT, SCORE_TOLERANCE, append_score, score_parity
+from export.typicality_graph import (
+    OUTPUT,
+    SCORE_TOLERANCE,
+    append_score,
+    score_parity,
+    strip_score,
+)
 from service.typicality import Typicality
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
@@ -334,10 +340,11 @@ def export_checkpoint(
             section = _score_in_graph(proto, section, [*inputs.values()])
             card["typicality"] = section
             log.info(
-                "typicality reference from %d validation images; the file computes the "
-                "score (output %r)",
+                "typicality reference from %d validation images; %s",
                 section["images"],
-                section["output"],
+                f"the file computes the score (output {section['output']!r})"
+                if "output" in section
+                else "the service computes the score",
             )
         else:
             log.warning("no typicality reference: %s", why_not)
@@ -358,17 +365,22 @@ def _score_in_graph(
     proto: onnx.ModelProto, section: dict[str, Any], inputs: list[np.ndarray]
 ) -> dict[str, Any]:
     """Append the typicality score to ``proto`` (``export.typicality_graph``), checked against
-    numpy's on ``inputs``; the section, saying which output holds it and how close it came.
-    Raises ``ParityError`` if the graph's score differs by more than ``SCORE_TOLERANCE``."""
+    numpy's on ``inputs``; the section, saying which output holds it and how close it came. A
+    graph whose score differs by more than ``SCORE_TOLERANCE`` is left without it (warned):
+    the service computes the score from the other outputs instead."""
     typicality = Typicality.from_card(section)  # the numbers as stored: what the service reads
     append_score(proto, typicality)
     session = _session(proto)
     difference = max(score_parity(session, typicality, images) for images in inputs)
     if difference > SCORE_TOLERANCE:
-        raise ParityError(
-            f"the graph's typicality score differs from numpy's by {difference:.2g} "
-            f"of the reference scores' spread (at most {SCORE_TOLERANCE:g})"
+        strip_score(proto)  # the service then scores the file in numpy, as older files
+        log.warning(
+            "typicality score left out of the graph: it differs from numpy's by %.2g of the "
+            "reference scores' spread (at most %g); the service will compute it",
+            difference,
+            SCORE_TOLERANCE,
         )
+        return section
     return section | {"output": OUTPUT, "output_max_difference": difference}
 
 

@@ -292,7 +292,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
         name, version = request.model_name, request.model_version or None
         # the message counts against max_buffered_bytes with the REST bodies, from here (grpcio
-        # has received it whole) to the answer: UNAVAILABLE when the server holds enough
+        # has received it whole) to the answer: RESOURCE_EXHAUSTED when the server holds enough
         size = request.ByteSize()
         state.buffered.take(size)
         try:

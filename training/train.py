@@ -309,7 +309,8 @@ class _Run:
         """Give every rank rank 0's running statistics (BatchNorm, SMSO's Sigma), the
         average's too."""
         if self.runtime.distributed:
-            for buffer in [*self.model.buffers(), *self.evaluated.buffers()]:
+            averaged = [] if self.averaged is None else list(self.averaged.module.buffers())
+            for buffer in [*self.model.buffers(), *averaged]:
                 dist.broadcast(buffer, 0)
 
     def save(self, epoch: int, val: EvalResult, is_best: bool) -> None:

@@ -390,3 +390,20 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(
         == 0
     )
     assert "typicality" not in card_of(tmp_path / "n.onnx")
+
+
+def test_a_graph_score_off_numpys_is_left_out_and_the_file_scored_by_the_service(
+    trained_run, tmp_path, monkeypatch, caplog
+):
+    """The exported graph's score must match numpy's: where it does not (here: a tolerance no
+    float32 result meets), the file is written without the output, with its reference, and
+    a warning says the service will compute the score."""
+    import export.onnx_export as onnx_export
+
+    monkeypatch.setattr(onnx_export, "SCORE_TOLERANCE", -1.0)
+    result = export_checkpoint(trained_run / "best.pt", tmp_path / "s.onnx")
+    assert "typicality" not in [o.name for o in onnx.load(result.path).graph.output]
+    section = card_of(result.path)["typicality"]
+    assert "output" not in section
+    assert section["images"] == 40
+    assert "typicality score left out of the graph" in caplog.text

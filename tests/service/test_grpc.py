@@ -322,8 +322,8 @@ def test_a_grpc_call_has_a_request_id_echoed_an_access_line_and_metrics(shipped_
 
 def test_grpc_messages_count_against_max_buffered_bytes_with_rest_bodies(shipped_model):
     """With room for one 200 KB message at a time, concurrent ModelInfer calls beyond it are
-    RESOURCE_EXHAUSTED (REST's 503 overloaded) naming max_buffered_bytes, not held in memory,
-    and the budget is given back: a call alone afterwards is answered."""
+    RESOURCE_EXHAUSTED (REST's 503 overloaded) naming max_buffered_bytes, not processed, and
+    the budget is given back: a call alone afterwards is answered."""
     grpc_port = free_port()
     env = os.environ | {"SMSO_MAX_REQUEST_BYTES": "300000", "SMSO_MAX_BUFFERED_BYTES": "300000"}
     args = ("--grpc-port", str(grpc_port), "--log-level", "warning")
