@@ -589,7 +589,6 @@ def resnet_model(
     classes: int = 47,
     form: str = "conv",
     fp16: bool = False,
-    static: bool = False,
 ) -> Path:
     """ResNet-50 SMSO (p = 2,048), random weights (seed 0), at ``preset``'s size (``dtd``:
     448 px, resize 512; ``image_folder``: 224 px, resize 256; ImageNet mean and std), exported
@@ -616,7 +615,6 @@ def resnet_model(
         form=form,  # type: ignore[arg-type]
         fp16=fp16,
         batch_sizes=(1, 2),
-        dynamic_size=not static,
     ).path
 
 

@@ -178,7 +178,7 @@ class GpuSampler:
 
 
 def export_one(
-    workdir: str, name: str, form: str, fp16: bool, side: int = 224, static: bool = False
+    workdir: str, name: str, form: str, fp16: bool, side: int = 224
 ) -> tuple[str, str, float]:
     """One export of ResNet-50 SMSO p = 2,048, 1,000 classes, at 224 px (the ``image_folder``
     preset) or 448 px (the ``dtd`` preset: resize 512): ``bench/serve.py``'s model."""
@@ -187,7 +187,7 @@ def export_one(
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 3))
     start = time.perf_counter()
     preset = {224: "image_folder", 448: "dtd"}[side]
-    path = resnet_model(Path(workdir), name, preset, 1000, form, fp16, static)
+    path = resnet_model(Path(workdir), name, preset, 1000, form, fp16)
     return name, str(path), time.perf_counter() - start
 
 

@@ -62,6 +62,19 @@ def tensor_input(array: np.ndarray, name: str = "image") -> grpcclient.InferInpu
     return tensor
 
 
+def raw_fp32_request(name: str, count: int) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest of ``count`` random images as one FP32 tensor in raw contents,
+    built directly from the protocol's messages (as a client other than tritonclient would)."""
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        name="image", datatype="FP32", shape=[count, 1, 28, 28]
+    )
+    return service_pb2.ModelInferRequest(
+        model_name=name,
+        inputs=[tensor],
+        raw_input_contents=[images(count).astype(np.float32).tobytes()],
+    )
+
+
 def outputs(k: int) -> list[grpcclient.InferRequestedOutput]:
     return [
         grpcclient.InferRequestedOutput("logits", class_count=k),
@@ -282,19 +295,12 @@ def test_a_grpc_call_has_a_request_id_echoed_an_access_line_and_metrics(shipped_
     args = ("--grpc-port", str(grpc_port), "--log-level", "info")
     with real_server(shipped_model, *args, env=env) as (base, server):
         name = httpx.get(f"{base}/metadata").json()["model"]["name"]
-        tensor = service_pb2.ModelInferRequest.InferInputTensor(
-            name="image", datatype="FP32", shape=[2, 1, 28, 28]
-        )
-        request = service_pb2.ModelInferRequest(
-            model_name=name,
-            inputs=[tensor],
-            raw_input_contents=[images(2).astype(np.float32).tobytes()],
-        )
+        request = raw_fp32_request(name, 2)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
             _, call = stub.ModelInfer.with_call(request, metadata=[("x-request-id", "g-1")])
             assert ("x-request-id", "g-1") in call.initial_metadata()
-            missing = service_pb2.ModelInferRequest(model_name="nope", inputs=[tensor])
+            missing = service_pb2.ModelInferRequest(model_name="nope", inputs=request.inputs)
             with pytest.raises(grpc.RpcError) as failed:
                 stub.ModelInfer(missing, metadata=[("x-request-id", "x" * 200)])
             assert failed.value.code() == grpc.StatusCode.NOT_FOUND
@@ -329,14 +335,7 @@ def test_grpc_messages_count_against_max_buffered_bytes_with_rest_bodies(shipped
     args = ("--grpc-port", str(grpc_port), "--log-level", "warning")
     with real_server(shipped_model, *args, env=env) as (base, _):
         name = httpx.get(f"{base}/metadata").json()["model"]["name"]
-        tensor = service_pb2.ModelInferRequest.InferInputTensor(
-            name="image", datatype="FP32", shape=[64, 1, 28, 28]
-        )
-        request = service_pb2.ModelInferRequest(
-            model_name=name,
-            inputs=[tensor],
-            raw_input_contents=[images(64).astype(np.float32).tobytes()],  # 200,704 bytes
-        )
+        request = raw_fp32_request(name, 64)  # 200,704 bytes of tensor
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
