@@ -525,23 +525,17 @@ def _compare(
     for pair in range(args.pairs):
         with contextlib.ExitStack() as stack:
             names = ["a", "b"] if pair % 2 == 0 else ["b", "a"]  # which starts first
-            servers = {
-                n: stack.enter_context(process(env | {"SMSO_MAX_BATCH_SIZE": "64"}, model=model))
-                for n, (env, model) in zip(
-                    names, (a, b) if names[0] == "a" else (b, a), strict=True
-                )
-            }
+            settings = {"a": a, "b": b}
+            servers = {}
+            for n in names:
+                env, model = settings[n]
+                env = env | {"SMSO_MAX_BATCH_SIZE": "64"}
+                servers[n] = stack.enter_context(process(env, model=model))
             sends = {
-                n: dict(
-                    zip(
-                        LOADS,
-                        (
-                            multipart(f"{base}/classify", files),
-                            _raw(f"{base}/v2/models/{card.name}/infer", body),
-                        ),
-                        strict=True,
-                    )
-                )
+                n: {
+                    LOADS[0]: multipart(f"{base}/classify", files),
+                    LOADS[1]: _raw(f"{base}/v2/models/{card.name}/infer", body),
+                }
                 for n, (base, _) in servers.items()
             }
             for n in servers:  # warm-up
