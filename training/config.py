@@ -83,6 +83,7 @@ class TrainConfig:
     plateau_factor: float = 0.1
     loss: str = "auto"  # "cross_entropy", "hinge" (LRBP's), or "auto": the head's own
     label_smoothing: float = 0.0
+    random_erasing: float = 0.0  # probability of erasing a random rectangle of a training image
     ema: float | None = None  # decay of an exponential moving average of the weights; None: off
     # runtime
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
@@ -108,6 +109,7 @@ class TrainConfig:
             (self.amp in AMP_MODES, f"amp must be one of {', '.join(AMP_MODES)}"),
             (self.workers >= 0, "workers must be >= 0"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+            (0 <= self.random_erasing <= 1, "random_erasing must be in [0, 1]"),
             (self.ema is None or 0 <= self.ema < 1, "ema must be in [0, 1) or null"),
             (
                 self.reduce_dim is None
@@ -275,6 +277,8 @@ _HELP = {
     "plateau_factor": "what the lr is multiplied by when it drops",
     "loss": "the training loss; auto: the head's own (hinge for LRBP, else cross_entropy)",
     "label_smoothing": "cross-entropy label smoothing in [0, 1)",
+    "random_erasing": "probability in [0, 1] of setting a random rectangle (2-33 %% of the crop, "
+    "aspect 0.3-3.3) of a training image to the mean (Zhong et al., 2020); 0: off",
     "ema": "decay d in [0, 1) of an exponential moving average of the weights and buffers, "
     "updated after every step (w_ema = d w_ema + (1 - d) w): validation, best.pt and the test "
     "use the average (default: off, the trained weights)",

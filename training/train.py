@@ -19,6 +19,7 @@ average is what is validated, saved as ``best.pt`` and tested (``last.pt`` holds
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -155,6 +156,8 @@ class _Run:
         preset = PRESETS.get(cfg.dataset)
         if preset is not None and cfg.image_size is not None:
             preset = preset.with_size(cfg.image_size)
+        if preset is not None and cfg.random_erasing:
+            preset = dataclasses.replace(preset, erase=cfg.random_erasing)
         if cfg.val_size is not None and cfg.dataset != "fashion_mnist":
             log.warning(
                 "val_size is read by fashion_mnist only; %s's validation split is below",

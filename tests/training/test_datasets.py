@@ -3,6 +3,7 @@ seeded validation hold-out, the root variants each accepts, and the errors a wro
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -12,11 +13,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.transforms import v2
 
 from tests.training.conftest import write_idx
 from training.datasets import DATASETS, PRESETS, DatasetLayoutError, Preset, Splits, load_splits
 from training.datasets.base import ImageList, stratified_holdout
 from training.datasets.fashion_mnist import CLASSES, TensorImages, fashion_mnist
+from training.datasets.presets import SmallImageTransform, erase_mask
 
 # --- tiny trees in each dataset's published layout ------------------------------------------
 
@@ -199,6 +202,41 @@ def test_with_size_scales_the_resize() -> None:
     assert (small("dtd").image_size, small("dtd").resize) == (8, 9)  # 512 * 8 / 448
     assert (small("minc2500").image_size, small("minc2500").resize) == (8, 9)  # 256 * 8 / 224
     assert PRESETS["fashion_mnist"].with_size(32).resize is None
+
+
+def test_random_erasing_rectangles_follow_torchvision_bounds() -> None:
+    """Erasing rate, rectangle shape, area and aspect within the published ranges; off: none."""
+    torch.manual_seed(0)
+    preset = dataclasses.replace(PRESETS["fashion_mnist"], erase=0.5)
+    mask = erase_mask(4000, 28, preset)[:, 0]  # (B, S, S)
+    erased = mask.flatten(1).any(1)
+    assert abs(erased.float().mean().item() - 0.5) < 0.03
+    for m in mask[erased][:200]:
+        rows, cols = m.any(1).nonzero()[:, 0], m.any(0).nonzero()[:, 0]
+        h, w = len(rows), len(cols)
+        assert int(m.sum()) == h * w  # one solid rectangle
+        assert rows[-1] - rows[0] + 1 == h
+        assert cols[-1] - cols[0] + 1 == w
+        assert 0.02 * 784 - 2 * 28 <= h * w <= 0.33 * 784 + 2 * 28  # area after rounding
+        assert h < 28
+        assert w < 28
+    assert not erase_mask(100, 28, PRESETS["fashion_mnist"]).any()
+
+
+def test_random_erasing_sets_the_mean_in_training_only() -> None:
+    """Erased pixels are 0 after normalisation (the mean); evaluation never erases."""
+    preset = dataclasses.replace(PRESETS["fashion_mnist"], erase=1.0, pad=0, flip=False)
+    images = torch.full((64, 1, 28, 28), 255, dtype=torch.uint8)
+    torch.manual_seed(0)
+    train = SmallImageTransform(preset, train=True).batch(images)
+    evaluation = SmallImageTransform(preset, train=False).batch(images)
+    top = (255 / 255 - 0.2860) / 0.3530
+    assert ((train == 0) | torch.isclose(train, torch.tensor(top))).all()
+    assert (train == 0).flatten(1).any(1).float().mean() > 0.9
+    assert torch.allclose(evaluation, torch.tensor(top))
+    folder = dataclasses.replace(small("dtd"), erase=0.5).train_transform()
+    assert isinstance(folder, v2.Compose)
+    assert any(isinstance(op, v2.RandomErasing) for op in folder.transforms)
 
 
 # --- DTD ---------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 Training follows Lin et al. (B-CNN), as the paper does: resize the shorter side, take a random
 crop of the input size and flip horizontally. Evaluation resizes the same way and takes the centre
-crop. The same policy is written into the exported model card so the service preprocesses alike.
+crop. Random erasing (Zhong et al., AAAI 2020) is off unless a recipe asks for it. The same policy
+is written into the exported model card so the service preprocesses alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,10 @@ __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Preset"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: Random erasing's rectangle: area fraction of the crop and log-uniform aspect ratio h / w,
+#: torchvision's defaults; the rectangle is set to 0, the mean after normalisation.
+ERASE_SCALE = (0.02, 0.33)
+ERASE_RATIO = (0.3, 3.3)
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class Preset:
     std: tuple[float, ...]  # per-channel standard deviation
     pad: int = 0  # zero padding before the random crop (small images)
     flip: bool = True  # random horizontal flip in training
+    erase: float = 0.0  # probability of random erasing in training (0: off)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for checkpoints and the model card."""
@@ -72,7 +79,10 @@ class Preset:
         ops.append(v2.RandomCrop(self.image_size, padding=self.pad or None, pad_if_needed=True))
         if self.flip:
             ops.append(v2.RandomHorizontalFlip())
-        return v2.Compose(ops + self._finish())
+        ops += self._finish()
+        if self.erase > 0:
+            ops.append(v2.RandomErasing(self.erase, ERASE_SCALE, ERASE_RATIO, value=0))
+        return v2.Compose(ops)
 
     def eval_transform(self) -> v2.Compose | SmallImageTransform:
         """PIL image or uint8 tensor -> normalised float tensor ``(C, S, S)``, centre crop."""
@@ -83,7 +93,7 @@ class Preset:
 
 
 class SmallImageTransform:
-    """Pad, random crop and random flip (training) or centre crop (eval), then normalise.
+    """Pad, random crop and random flip (training) or centre crop (eval), normalise, and erase.
 
     For small images without a resize step, written on whole batches: ``batch`` maps
     ``(B, C, H, W)`` uint8 -> ``(B, C, S, S)`` float32 in a few tensor operations, and a single
@@ -122,7 +132,36 @@ class SmallImageTransform:
             cols = torch.where(flip, 2 * left + size - 1 - cols, cols)
         x = x[torch.arange(b).view(-1, 1, 1), :, rows, cols]  # (B, S, S, C)
         x = x.permute(0, 3, 1, 2).float() / 255.0  # (B, C, S, S)
-        return (x - self.mean) / self.std
+        x = (x - self.mean) / self.std
+        if self.train and self.preset.erase > 0:
+            x = x.masked_fill(erase_mask(b, size, self.preset), 0.0)
+        return x
+
+
+def erase_mask(batch: int, size: int, preset: Preset, attempts: int = 10) -> torch.Tensor:
+    """Random erasing's rectangles for a batch of ``size`` x ``size`` crops: ``(B, 1, S, S)`` bool.
+
+    Each image is erased with probability ``preset.erase``. As torchvision's ``RandomErasing``,
+    a rectangle has area ``a ~ U(scale) * S^2`` and aspect ``r = h / w`` log-uniform in ``ratio``,
+    ``h = round(sqrt(a r))``, ``w = round(sqrt(a / r))``; of ``attempts`` draws the first with
+    ``h, w < S`` is used (none fits: no erasing), placed uniformly inside the crop.
+    """
+    low, high = ERASE_SCALE
+    area = size * size * (low + (high - low) * torch.rand(batch, attempts))
+    log_low, log_high = math.log(ERASE_RATIO[0]), math.log(ERASE_RATIO[1])
+    ratio = torch.exp(log_low + (log_high - log_low) * torch.rand(batch, attempts))
+    h = torch.sqrt(area * ratio).round().long()  # (B, A)
+    w = torch.sqrt(area / ratio).round().long()
+    fits = (h < size) & (w < size)
+    first = fits.float().argmax(dim=1, keepdim=True)  # the first fitting draw (0 if none)
+    h, w = h.gather(1, first), w.gather(1, first)  # (B, 1)
+    apply = fits.any(dim=1, keepdim=True) & (torch.rand(batch, 1) < preset.erase)
+    top = (torch.rand(batch, 1) * (size - h + 1)).long().clamp(max=size - 1)  # (B, 1)
+    left = (torch.rand(batch, 1) * (size - w + 1)).long().clamp(max=size - 1)
+    span = torch.arange(size).view(1, -1)  # (1, S)
+    rows = (span >= top) & (span < top + h) & apply  # (B, S)
+    cols = (span >= left) & (span < left + w)
+    return (rows[:, :, None] & cols[:, None, :])[:, None]  # (B, 1, S, S)
 
 
 PRESETS: dict[str, Preset] = {
