@@ -8,15 +8,16 @@ Real servers on the shipped model, one per setting, each in its own process:
 * ``json``: ``SMSO_LOG_FORMAT=json`` at info, every record and one access line per request,
   written to a file as a log collector would read them;
 * ``tracing``: an OTLP endpoint set, so FastAPI's request span and the service's decode, queue
-  and inference spans are exported in batches over http/protobuf to a collector in this process
-  that counts what it receives;
+  and inference spans are exported (by the server's exporter process) in batches over
+  http/protobuf to a collector in this process that counts what it receives;
 * ``tracing-10%``: the same with one request in ten sampled.
 
 The same load, ``/classify`` with one small PNG, runs against each in turn, in rounds whose order
 rotates; each round gives each setting's requests per second as a ratio against ``off`` in that
 round. ``--sets`` sets of fresh servers (their start order rotating) run ``--rounds`` rounds each,
-and the median ratio over all rounds is the result (target: at least 0.95 each). Prints a
-markdown table and writes JSON.
+and the median ratio over all rounds is the result (target: at least 0.95 each). Each round also
+reads from ``/proc`` the CPU time per request of the server process and of its children (the
+span exporter). Prints a markdown table and writes JSON.
 
     python -m bench.observability [--sets 5] [--rounds 3] [--requests 1000] [--clients 4] [--smoke]
 """
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bench.serve import ROOT, drive, multipart, running
+from bench.serve import ROOT, children_cpu_seconds, cpu_seconds, drive, multipart, running
 
 MODEL = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
 SETTINGS = ("off", "off-control", "json", "tracing", "tracing-10%")
@@ -117,13 +118,13 @@ def environment(setting: str, endpoint: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def server(setting: str, endpoint: str, folder: Path, number: int = 0) -> Iterator[str]:
-    """``setting``'s server, its output (the logs) going to a file: the base URL."""
+def server(setting: str, endpoint: str, folder: Path, number: int = 0) -> Iterator[tuple[str, int]]:
+    """``setting``'s server, its output (the logs) going to a file: its base URL and pid."""
     command = [sys.executable, "-m", "service.cli", "--model-path", str(MODEL), "--port", "{port}"]
     with (folder / f"{setting}-{number}.log").open("w") as logs:
         env = environment(setting, endpoint)
-        with running(command, "/readyz", ROOT, env, output=logs) as (base, _):
-            yield base
+        with running(command, "/readyz", ROOT, env, output=logs) as (base, process):
+            yield base, process.pid
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -136,21 +137,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             k = number % len(SETTINGS)  # which server starts first rotates too
             starting = SETTINGS[k:] + SETTINGS[:k]
             with contextlib.ExitStack() as stack:
-                bases = {
+                servers = {
                     s: stack.enter_context(server(s, endpoint, Path(tmp), number)) for s in starting
                 }
-                for base in bases.values():  # warm each once: connection set-up, first requests
+                for base, _ in servers.values():  # warm each: connection set-up, first requests
                     drive(upload(f"{base}/classify", image, args.images), args.clients, 50)
                 these = []
                 for r in range(args.rounds):
                     k = (number + r) % len(SETTINGS)
                     runs = {}
                     for setting in SETTINGS[k:] + SETTINGS[:k]:
+                        base, pid = servers[setting]
+                        before = cpu_seconds(pid), children_cpu_seconds(pid)
                         run = drive(
-                            upload(f"{bases[setting]}/classify", image, args.images),
+                            upload(f"{base}/classify", image, args.images),
                             args.clients,
                             args.requests,
                         )
+                        # the exporter process's last batch may come after; close enough
+                        server_s = cpu_seconds(pid) - before[0]
+                        children_s = children_cpu_seconds(pid) - before[1]
+                        run["server_cpu_ms"] = server_s / args.requests * 1e3
+                        run["exporter_cpu_ms"] = children_s / args.requests * 1e3
                         run.pop("latencies_ms")
                         runs[setting] = run
                     these.append(runs)
@@ -176,6 +184,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ),
             "p50_ms": statistics.median(r[setting]["p50_ms"] for r in rounds),
             "p99_ms": statistics.median(r[setting]["p99_ms"] for r in rounds),
+            "server_cpu_ms_per_request": statistics.median(
+                r[setting]["server_cpu_ms"] for r in rounds
+            ),
+            "exporter_cpu_ms_per_request": statistics.median(
+                r[setting]["exporter_cpu_ms"] for r in rounds
+            ),
             "ratio_to_off": statistics.median(ratios),
             "round_ratios": ratios,
             "set_ratios": set_ratios[setting],
@@ -205,14 +219,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     rows = [
-        "| setting | req/s (median) | p50 ms | p99 ms | ratio to off (median) | server sets |",
-        "|---|--:|--:|--:|--:|---|",
+        "| setting | req/s (median) | p50 ms | p99 ms | ratio to off (median) | server sets "
+        "| server CPU ms/request | exporter CPU ms/request |",
+        "|---|--:|--:|--:|--:|---|--:|--:|",
     ]
     for setting, row in result["settings"].items():
         spread = ", ".join(f"{r:.2f}" for r in row["set_ratios"])
         rows.append(
             f"| {setting} | {row['requests_per_second']:,.0f} | {row['p50_ms']:.1f} | "
-            f"{row['p99_ms']:.1f} | {row['ratio_to_off']:.3f} | {spread} |"
+            f"{row['p99_ms']:.1f} | {row['ratio_to_off']:.3f} | {spread} | "
+            f"{row['server_cpu_ms_per_request']:.3f} | {row['exporter_cpu_ms_per_request']:.3f} |"
         )
     otlp = result["otlp"]
     rows.append(

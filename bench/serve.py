@@ -321,6 +321,22 @@ def raw_session(
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process ``pid`` has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The CPU time the live child processes of ``pid`` have used so far (Linux)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += cpu_seconds(int(child))
+    return total
+
+
 @contextlib.contextmanager
 def running(
     command: list[str], ready: str, cwd: Path, env: dict[str, str] | None = None, output: Any = None

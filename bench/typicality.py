@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/typicality.py` as well as `python -m`
     sys.path.insert(0, str(ROOT))
 
-from bench.serve import FMNIST, drive, multipart, running  # noqa: E402
+from bench.serve import FMNIST, cpu_seconds, drive, multipart, running  # noqa: E402
 
 MODEL = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
 CONFIG = ROOT / "models" / "fashion-mnist-smso" / "config.json"
@@ -302,12 +302,6 @@ def process(
         output = stack.enter_context(log.open("w")) if log else None
         base, popen = stack.enter_context(running(command, "/readyz", ROOT, env, output=output))
         yield base, popen.pid
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system, all threads) process ``pid`` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 # --- separation ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
@@ -35,7 +36,10 @@ from service.pipeline import ServiceState
 from service.repository import Repository
 from service.routes import build_routes
 from service.settings import Settings
-from service.tracing import telemetry_config, tracer
+from service.tracing import Spans, piped_provider, telemetry_config, tracer, tracing_requested
+
+if TYPE_CHECKING:  # the SDK is the tracing extra's
+    from service.span_export import SpanPipe
 
 __all__ = ["app_from_environment", "create_app"]
 
@@ -54,11 +58,17 @@ def create_app(
     settings: Settings,
     backend: Backend | None = None,
     tracer_provider: TracerProvider | None = None,
+    span_pipe: SpanPipe | None = None,
 ) -> FastAPI:
-    """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake); its
-    spans go to ``tracer_provider`` (a test's) or, when the environment names an OTLP
-    endpoint, there (``service.tracing``)."""
-    state = ServiceState(settings, tracer=tracer(tracer_provider))
+    """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake).
+
+    Spans go to ``tracer_provider`` (a test's), the service's own through ``span_pipe`` when
+    one is given (it must be among the provider's processors); with neither, when the
+    environment names an OTLP endpoint, to an exporter process (``service.tracing``).
+    """
+    if tracer_provider is None and tracing_requested():
+        tracer_provider, span_pipe = piped_provider()
+    state = ServiceState(settings, spans=Spans(tracer(tracer_provider), span_pipe))
     state.registry.default = settings.default_model
 
     @contextlib.asynccontextmanager
@@ -88,6 +98,8 @@ def create_app(
                 load_model(state, source, backend=backend), name="load-model"
             )
         grpc_server = None
+        if span_pipe is not None:
+            span_pipe.start()
         try:
             if settings.grpc_port:  # the same state, registry and batchers as HTTP
                 # imported here: with --grpc-port 0 neither grpcio nor tritonclient is loaded
@@ -105,6 +117,8 @@ def create_app(
             for model in state.registry.serving():
                 await model.batcher.stop()  # every queued image is answered first
             state.decoder.shutdown(wait=True)
+            if span_pipe is not None:  # the last spans exported, then the exporter stops
+                await asyncio.to_thread(span_pipe.shutdown)
 
     # with an API key the docs (model routes, limits) are for key holders unless opened
     docs = settings.api_key is None or settings.docs_public

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from opentelemetry import trace
-from opentelemetry.trace import SpanContext, Tracer
+from opentelemetry.trace import SpanContext
+
+from service.tracing import Spans
 
 __all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "QueueFullError"]
 
@@ -85,7 +87,7 @@ class MicroBatcher:
         wait_for_announced: bool = False,
         patience: float = PATIENCE,
         on_depth: Callable[[int], None] | None = None,
-        tracer: Tracer | None = None,
+        spans: Spans | None = None,
         span_attributes: dict[str, str] | None = None,
         in_flight: int = 1,
     ) -> None:
@@ -102,7 +104,7 @@ class MicroBatcher:
         self._arrived = asyncio.Event()  # set on every submit and when nothing is on its way
         self._on_batch = on_batch
         self._on_depth = on_depth  # told the images waiting after a request's and a batch's turn
-        self._tracer = tracer or trace.get_tracer(__name__)
+        self._spans = spans or Spans(trace.get_tracer(__name__))
         self._span_attributes = span_attributes or {}
         #: batches dispatched before the last one's results are back: with 2, the next batch
         #: waits in the inference thread's queue and starts the moment the thread is free,
@@ -247,16 +249,10 @@ class MicroBatcher:
                 first[key] = (span, min(queued, job.enqueued_ns), images + 1)
         attributes = {**self._span_attributes, "smso.batch_size": len(jobs)}
         for span, queued, images in first.values():
-            parent = trace.set_span_in_context(trace.NonRecordingSpan(span))
-            queue = self._tracer.start_span("queue", parent, start_time=queued)
-            queue.end(end_time=start_ns)
-            inference = self._tracer.start_span(
-                "inference",
-                parent,
-                attributes={**attributes, "smso.images": images},
-                start_time=start_ns,
+            self._spans.finished("queue", span, queued, start_ns)
+            self._spans.finished(
+                "inference", span, start_ns, end_ns, {**attributes, "smso.images": images}
             )
-            inference.end(end_time=end_ns)
 
     def _stack_run(self, images: list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], float]:
         """Stack and run, in the worker thread: a batch of 64 ImageNet-sized images is 38 MB

@@ -63,7 +63,7 @@ async def load_model(
             wait_for_announced=True,
             patience=settings.batch_patience,
             on_depth=_depth_reporter(state, name, version),
-            tracer=state.tracer,
+            spans=state.spans,
             span_attributes={"smso.model": name, "smso.model_version": version},
             in_flight=settings.batches_in_flight,
         )

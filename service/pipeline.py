@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from opentelemetry.trace import Tracer
 
 from service import access
 from service.admission import Admission
@@ -31,7 +30,7 @@ from service.inputs import Upload
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
 from service.settings import Settings
-from service.tracing import tracer as default_tracer
+from service.tracing import Spans, tracer
 
 if TYPE_CHECKING:
     from service.repository import Repository
@@ -65,8 +64,8 @@ class ServiceState:
     draining: bool = False
     #: the model repository being followed, when the server serves one
     repository: Repository | None = None
-    #: the service's OpenTelemetry spans (a no-op unless tracing is configured)
-    tracer: Tracer = field(default_factory=default_tracer)
+    #: the service's own OpenTelemetry spans (a no-op unless tracing is configured)
+    spans: Spans = field(default_factory=lambda: Spans(tracer()))
     admission: Admission = field(init=False)
     buffered: BufferedBytes = field(init=False)
     #: the threads that decode images (and parse large protocol requests)
@@ -177,7 +176,7 @@ async def decode_all(
     if deadline is None:
         deadline = time.perf_counter() + state.settings.request_timeout_s
     with (
-        state.tracer.start_as_current_span("decode", attributes={"smso.images": len(uploads)}),
+        state.spans.timed("decode", {"smso.images": len(uploads)}),
         _timed("decode_s", len(uploads)),
         state.admission.admit(len(uploads)),
     ):

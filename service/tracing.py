@@ -4,22 +4,47 @@ service's spans inside it: ``decode`` (the request's images), and per batch its 
 request's images in it).
 
 Tracing is on when the standard variables name an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``
-or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER`` and the
-rest as usual); it then needs the ``tracing`` extra (the OpenTelemetry SDK and OTLP exporter,
-``fastapi[opentelemetry]``). Without it every span is OpenTelemetry's no-op: the default install
-pays nothing but a function call.
+or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
+``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*`` and the exporter's as usual; the protocol is
+http/protobuf); it then needs the ``tracing`` extra (the OpenTelemetry SDK and OTLP exporter,
+``fastapi[opentelemetry]``). The spans are then encoded and sent by a child process
+(``service.span_export``), and the service's own spans are made without the SDK's span objects
+(``Spans``): together that takes tracing's cost off the serving process. Without an endpoint
+every span is OpenTelemetry's no-op: the default install pays nothing but a function call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from typing import Any
+import random
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Tracer, TracerProvider
+from opentelemetry.trace import (
+    INVALID_SPAN_ID,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 
-__all__ = ["TRACER_NAME", "check_tracing", "telemetry_config", "tracer", "tracing_requested"]
+if TYPE_CHECKING:  # the SDK is the tracing extra's
+    from service.span_export import SpanPipe
+
+__all__ = [
+    "TRACER_NAME",
+    "Spans",
+    "check_tracing",
+    "piped_provider",
+    "telemetry_config",
+    "tracer",
+    "tracing_requested",
+]
 
 TRACER_NAME = "smso.service"
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -34,25 +59,51 @@ def tracing_requested() -> bool:
 
 
 def check_tracing() -> None:
-    """``ValueError`` saying what to install when traces are asked for and the SDK is missing."""
-    if tracing_requested() and importlib.util.find_spec("opentelemetry.sdk") is None:
+    """``ValueError`` saying what is wrong when traces are asked for and cannot be exported: the
+    SDK is missing, or another protocol than http/protobuf is asked for."""
+    if not tracing_requested():
+        return
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
         raise ValueError(
             "an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but the OpenTelemetry SDK is "
             "not installed: install the tracing extra (pip install 'smso[tracing]') or unset it"
         )
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = os.environ.get(name)
+        if protocol:
+            if protocol != "http/protobuf":
+                raise ValueError(
+                    f"{name}={protocol!r}: the service exports traces over OTLP http/protobuf "
+                    "only; set it to http/protobuf (the default) or unset it"
+                )
+            break
+
+
+def piped_provider() -> tuple[TracerProvider, SpanPipe]:
+    """An SDK tracer provider (resource and sampler from the standard variables) whose spans go
+    to an exporter process (``SpanPipe``; started by the app's lifespan)."""
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+    from service.span_export import SpanPipe
+
+    provider = SdkTracerProvider(shutdown_on_exit=False)
+    pipe = SpanPipe(provider.resource)
+    provider.add_span_processor(pipe)
+    return provider, pipe
 
 
 def telemetry_config(provider: TracerProvider | None = None) -> dict[str, Any]:
     """FastAPI's ``telemetry`` setting: request spans only (metrics are Prometheus's and logs
-    the service's own), exported to the environment's OTLP endpoint when one is set, or to
-    ``provider`` (a test's)."""
+    the service's own), to ``provider``; None: the global provider (a no-op unless the
+    embedding application sets one). FastAPI's own OTLP set-up stays off: ``create_app``
+    builds the service's (``piped_provider``) when the environment names an endpoint."""
     return {
         "tracer_provider": provider,
         "tracing": True,
         "metrics": False,
         "logs": False,
         "operation_spans": False,
-        "auto_configure": provider is None and tracing_requested(),
+        "auto_configure": False,
     }
 
 
@@ -62,3 +113,106 @@ def tracer(provider: TracerProvider | None = None) -> Tracer:
     if provider is not None:
         return provider.get_tracer(TRACER_NAME)
     return trace.get_tracer(TRACER_NAME)
+
+
+#: the instrumentation scope of the service's own spans, as ``SpanPipe`` records carry it
+_SCOPE = (TRACER_NAME, None, None)
+_INTERNAL = SpanKind.INTERNAL.value
+_UNSET, _ERROR = StatusCode.UNSET.value, StatusCode.ERROR.value
+
+
+def _span_id() -> int:
+    """A random non-zero 64-bit span id, as the SDK's ``RandomIdGenerator`` makes them."""
+    while (span_id := random.getrandbits(64)) == INVALID_SPAN_ID:
+        pass
+    return span_id
+
+
+def _record(
+    name: str,
+    parent: SpanContext,
+    start_ns: int,
+    end_ns: int,
+    attributes: dict[str, Any] | None,
+    status: int = _UNSET,
+    description: str | None = None,
+    events: tuple[tuple[str, int, dict[str, Any]], ...] = (),
+) -> tuple[Any, ...]:
+    """An internal span of the service under ``parent``, as a ``service.span_export.Record``."""
+    return (
+        name,
+        parent.trace_id,
+        _span_id(),
+        parent.span_id,
+        parent.is_remote,
+        int(parent.trace_flags),
+        tuple(parent.trace_state.items()),
+        _INTERNAL,
+        start_ns,
+        end_ns,
+        attributes or {},
+        status,
+        description,
+        _SCOPE,
+        events,
+        (),
+    )
+
+
+class Spans:
+    """The service's own spans, children of a request's span (only when that one is sampled).
+
+    With ``pipe`` None they are made with ``tracer`` (the SDK's spans when a provider is given,
+    the no-op's otherwise). With a ``SpanPipe`` each is one tuple handed to it, about 1 µs
+    instead of the SDK's 11 µs, and no encoding in this process.
+    """
+
+    def __init__(self, tracer: Tracer, pipe: SpanPipe | None = None) -> None:
+        self.tracer = tracer
+        self.pipe = pipe
+
+    def finished(
+        self,
+        name: str,
+        parent: SpanContext,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a span that ran from ``start_ns`` to ``end_ns`` (``time.time_ns()``) under
+        ``parent``; nothing when the parent is not sampled."""
+        if not (parent.is_valid and parent.trace_flags.sampled):
+            return
+        if self.pipe is None:
+            context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            span = self.tracer.start_span(name, context, attributes=attributes, start_time=start_ns)
+            span.end(end_time=end_ns)
+            return
+        self.pipe.record(_record(name, parent, start_ns, end_ns, attributes))
+
+    @contextlib.contextmanager
+    def timed(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[None]:
+        """A span over the ``with`` block, under the current span; an exception raised in it
+        marks the span as an error (with an ``exception`` event) and goes on."""
+        if self.pipe is None:
+            with self.tracer.start_as_current_span(name, attributes=attributes):
+                yield
+            return
+        parent = trace.get_current_span().get_span_context()
+        if not (parent.is_valid and parent.trace_flags.sampled):
+            yield
+            return
+        start = time.time_ns()
+        status, description, events = _UNSET, None, ()
+        try:
+            yield
+        except BaseException as error:
+            status, description = _ERROR, f"{type(error).__name__}: {error}"
+            exception = {"exception.type": type(error).__name__, "exception.message": str(error)}
+            events = (("exception", time.time_ns(), exception),)
+            raise
+        finally:
+            end = time.time_ns()
+            self.pipe.record(
+                _record(name, parent, start, end, attributes, status, description, events)
+            )

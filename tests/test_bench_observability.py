@@ -22,6 +22,9 @@ def test_the_smoke_run_measures_every_setting_and_exports_spans(tmp_path, capsys
         assert row["failures"] == 0, setting
         assert math.isfinite(row["ratio_to_off"])
         assert row["ratio_to_off"] > 0
+        assert row["server_cpu_ms_per_request"] > 0
+    assert result["settings"]["off"]["exporter_cpu_ms_per_request"] == 0  # no exporter process
+    assert result["settings"]["tracing"]["exporter_cpu_ms_per_request"] >= 0  # clock ticks
     assert result["settings"]["off"]["ratio_to_off"] == 1.0
     assert len(result["settings"]["off-control"]["set_ratios"]) == 1  # --smoke: one set
     assert result["otlp"]["exports"] > 0  # the traced servers sent their spans

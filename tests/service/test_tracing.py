@@ -1,43 +1,70 @@
 """OpenTelemetry tracing: a request's spans (FastAPI's request span; the service's decode, and
-per batch its images ran in, their queue wait and the inference with the batch size) exported to
-an in-memory exporter."""
+per batch its images ran in, their queue wait and the inference with the batch size), made with
+the SDK's spans or as records through ``SpanPipe`` (the way the service exports them), exported
+to an in-memory exporter; and end to end through the exporter process to an OTLP collector."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import pytest
 from fastapi.testclient import TestClient
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from service.app import create_app
 from service.settings import Settings
+from service.span_export import SpanPipe
 from service.tracing import check_tracing, telemetry_config
 
 from .conftest import FakeBackend, grey, wait_ready
 
+Collect = Callable[[int], tuple[ReadableSpan, ...]]
 
-@pytest.fixture
-def traced() -> tuple[TestClient, InMemorySpanExporter]:
+
+@pytest.fixture(params=["sdk", "piped"])
+def traced(request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Collect]]:
+    """A traced app and ``collect(n)``: the spans finished since it started (at least ``n``,
+    waiting for the exporter thread when piped)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    pipe = None
+    if request.param == "sdk":
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        pipe = SpanPipe(provider.resource, exporter, schedule_delay_ms=5)
+        provider.add_span_processor(pipe)
     backend = FakeBackend()
     backend.warmups = 3  # buckets 1, 2, 4
-    app = create_app(Settings(max_batch_size=4, max_wait_ms=50), backend, tracer_provider=provider)
+    settings = Settings(max_batch_size=4, max_wait_ms=50)
+    app = create_app(settings, backend, tracer_provider=provider, span_pipe=pipe)
+
+    def collect(n: int) -> tuple[ReadableSpan, ...]:
+        deadline = time.monotonic() + 10
+        while len(exporter.get_finished_spans()) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05 if pipe is not None else 0)  # nothing more on its way
+        return exporter.get_finished_spans()
+
     with TestClient(app) as client:
         wait_ready(client)
+        collect(0)
         exporter.clear()
-        yield client, exporter
+        yield client, collect
 
 
 def test_a_request_has_decode_queue_and_inference_spans_under_its_own(traced):
-    client, exporter = traced
+    client, collect = traced
     files = [("file", (f"{i}.png", grey(i), "image/png")) for i in range(2)]
     assert client.post("/classify", files=files).status_code == 200
-    spans = exporter.get_finished_spans()
+    spans = collect(4)
     names = sorted(span.name for span in spans)
     assert names.count("decode") == 1
     assert names.count("queue") == 1  # per request and batch, not per image
@@ -64,10 +91,10 @@ def test_a_request_has_decode_queue_and_inference_spans_under_its_own(traced):
 def test_a_request_split_over_batches_has_queue_and_inference_spans_for_each(traced):
     """Five images with batches of at most four: two batches, so two queue and two inference
     spans, their images adding up to the request's."""
-    client, exporter = traced
+    client, collect = traced
     files = [("file", (f"{i}.png", grey(i), "image/png")) for i in range(5)]
     assert client.post("/classify", files=files).status_code == 200
-    spans = exporter.get_finished_spans()
+    spans = collect(6)
     inference = [s for s in spans if s.name == "inference"]
     assert len(inference) == 2
     assert len([s for s in spans if s.name == "queue"]) == 2
@@ -76,19 +103,95 @@ def test_a_request_split_over_batches_has_queue_and_inference_spans_for_each(tra
 
 
 def test_health_checks_are_not_traced_by_the_service(traced):
-    client, exporter = traced
+    client, collect = traced
     client.get("/healthz")
-    assert not [s for s in exporter.get_finished_spans() if s.name in ("decode", "queue")]
+    assert not [s for s in collect(1) if s.name in ("decode", "queue")]
 
 
 def test_tracing_is_asked_for_by_the_standard_variables(monkeypatch):
+    """An endpoint gives the app a provider whose spans go to an exporter process (started
+    with the app); without one, or with the SDK disabled, spans are OpenTelemetry's no-op."""
+
+    def pipe() -> SpanPipe | None:
+        return create_app(Settings(), FakeBackend()).state.smso.spans.pipe
+
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
-    assert telemetry_config()["auto_configure"] is False
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    assert telemetry_config()["auto_configure"] is True
+    assert pipe() is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4318/v1/traces")
+    assert isinstance(pipe(), SpanPipe)
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert telemetry_config()["auto_configure"] is False
+    assert pipe() is None
+    assert telemetry_config()["auto_configure"] is False  # never FastAPI's in-process export
+
+
+def test_another_otlp_protocol_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(ValueError, match="http/protobuf only"):
+        check_tracing()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")  # wins
+    check_tracing()
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/http endpoint keeping every export request it gets."""
+
+    requests: ClassVar[list[ExportTraceServiceRequest]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).requests.append(ExportTraceServiceRequest.FromString(body))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_spans_reach_an_otlp_collector_through_the_exporter_process(monkeypatch):
+    """End to end, as deployed: the standard variables, the exporter process, OTLP/http. All
+    of a request's spans arrive, under one trace, with the resource and their scopes; leaving
+    the app flushes them."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Collector.requests = []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "smso-test")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    try:
+        with TestClient(create_app(Settings(), FakeBackend())) as client:
+            wait_ready(client)
+            parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            response = client.post(
+                "/classify",
+                files=[("file", ("0.png", grey(0), "image/png"))],
+                headers={"traceparent": parent},
+            )
+            assert response.status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = {}
+    for export in _Collector.requests:
+        for resource_spans in export.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            assert attributes["service.name"] == "smso-test"
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    if span.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c":
+                        spans[span.name] = (span, scope_spans.scope.name)
+    assert {"decode", "queue", "inference"} <= set(spans)
+    (request,) = [s for s, _ in spans.values() if s.parent_span_id.hex() == "b7ad6b7169203331"]
+    assert request.kind == request.SPAN_KIND_SERVER
+    for name in ("decode", "queue", "inference"):
+        span, scope = spans[name]
+        assert span.parent_span_id == request.span_id
+        assert scope == "smso.service"
+        assert span.end_time_unix_nano >= span.start_time_unix_nano > 0
+    batch = {a.key: a.value.int_value for a in spans["inference"][0].attributes}
+    assert batch["smso.batch_size"] == 1
 
 
 def test_an_endpoint_without_the_sdk_is_a_one_line_error(monkeypatch):

@@ -1,0 +1,130 @@
+"""``SpanPipe``: a span survives the trip as a record unchanged; a full queue and a dead exporter
+drop spans (counted), never a request; the service's own spans mark errors as the SDK does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.span import TraceState
+
+from service.span_export import SpanPipe, from_record, to_record
+from service.tracing import Spans
+
+
+def _sdk_span():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource({"service.name": "t"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("scope", "1.2", schema_url="https://example.org/s")
+    remote = trace.SpanContext(7, 9, True, trace.TraceFlags(1), TraceState([("k", "v")]))
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    span = tracer.start_span(
+        "POST /x",
+        parent,
+        kind=SpanKind.SERVER,
+        attributes={"a": 1, "b": "two", "c": [1.5, 2.5]},
+        links=[Link(trace.SpanContext(3, 4, True, trace.TraceFlags(1)), {"l": True})],
+    )
+    span.add_event("e", {"x": 2})
+    span.set_status(Status(StatusCode.ERROR, "boom"))
+    span.end()
+    (finished,) = exporter.get_finished_spans()
+    return finished, provider.resource
+
+
+def test_a_record_rebuilds_the_same_span():
+    span, resource = _sdk_span()
+    again = from_record(to_record(span), resource, {})
+    assert again.to_json() == span.to_json()
+    assert again.instrumentation_scope == span.instrumentation_scope
+    assert again.parent.is_remote
+    assert again.context.trace_state == span.context.trace_state
+
+
+def test_a_full_queue_drops_and_counts(caplog):
+    exporter = InMemorySpanExporter()
+    pipe = SpanPipe(Resource({}), exporter, schedule_delay_ms=60_000, max_queue_size=3)
+    span, _ = _sdk_span()
+    for _ in range(5):
+        pipe.on_end(span)
+    assert pipe.dropped == 2
+    pipe.start()
+    pipe.shutdown()
+    assert len(exporter.get_finished_spans()) == 3
+    assert "2 spans were dropped" in caplog.text
+
+
+def test_a_dead_exporter_process_drops_spans_without_failing(caplog):
+    pipe = SpanPipe(Resource({}), schedule_delay_ms=60_000)
+    pipe.start()  # the real child process (no endpoint: it would export to localhost)
+    pipe._process.kill()
+    pipe._process.wait(10)
+    span, _ = _sdk_span()
+    deadline = time.monotonic() + 10
+    while pipe.dropped == 0 and time.monotonic() < deadline:  # the pipe may take a message
+        pipe.on_end(span)
+        pipe.force_flush()
+    assert pipe.dropped > 0
+    assert "span exporter gone" in caplog.text
+    pipe.shutdown()
+
+
+@pytest.mark.parametrize("piped", [False, True])
+def test_the_service_spans_mark_an_error_and_skip_unsampled_parents(piped):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    pipe = SpanPipe(provider.resource, exporter, schedule_delay_ms=5) if piped else None
+    provider.add_span_processor(pipe or SimpleSpanProcessor(exporter))
+    spans = Spans(provider.get_tracer("smso.service"), pipe)
+    if pipe is not None:
+        pipe.start()
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("request") as request:
+        with pytest.raises(KeyError), spans.timed("decode", {"smso.images": 1}):
+            raise KeyError("x")
+        spans.finished("queue", request.get_span_context(), 10, 20)
+    unsampled = trace.SpanContext(1, 2, False, trace.TraceFlags(0))
+    spans.finished("queue", unsampled, 10, 20)
+    if pipe is not None:
+        pipe.shutdown()
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(by_name) == {"request", "decode", "queue"}
+    decode = by_name["decode"]
+    assert decode.status.status_code is StatusCode.ERROR
+    assert [e.name for e in decode.events] == ["exception"]
+    assert decode.parent.span_id == by_name["request"].context.span_id
+    assert (by_name["queue"].start_time, by_name["queue"].end_time) == (10, 20)
+    assert by_name["queue"].instrumentation_scope.name == "smso.service"
+
+
+def test_the_exporter_process_exits_when_the_server_dies_abruptly():
+    """A killed server leaves no exporter behind: its pipe closes and the exporter exits."""
+    script = (
+        "from opentelemetry.sdk.resources import Resource\n"
+        "from service.span_export import SpanPipe\n"
+        "pipe = SpanPipe(Resource({}))\n"
+        "pipe.start()\n"
+        "print(pipe._process.pid, flush=True)\n"
+        "import os; os._exit(0)\n"
+    )
+    server = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    exporter = int(server.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{exporter}").exists() and time.monotonic() < deadline:
+        status = Path(f"/proc/{exporter}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if status == "Z":  # exited; its parent (gone) never reaped it
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{exporter}").exists() or status == "Z"
