@@ -66,9 +66,10 @@ def create_app(
     one is given (it must be among the provider's processors); with neither, when the
     environment names an OTLP endpoint, to an exporter process (``service.tracing``).
     """
+    state = ServiceState(settings)
     if tracer_provider is None and tracing_requested():
-        tracer_provider, span_pipe = piped_provider()
-    state = ServiceState(settings, spans=Spans(tracer(tracer_provider), span_pipe))
+        tracer_provider, span_pipe = piped_provider(state.metrics.spans_dropped.inc)
+    state.spans = Spans(tracer(tracer_provider), span_pipe)
     state.registry.default = settings.default_model
 
     @contextlib.asynccontextmanager

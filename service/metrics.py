@@ -110,6 +110,11 @@ class Metrics:
             "Images not decoded because their request had passed its deadline or its client left",
             registry=r,
         )
+        self.spans_dropped = Counter(
+            "smso_spans_dropped_total",
+            "Trace spans not exported: the exporter's queue was full, or its process had gone",
+            registry=r,
+        )
         self.decode = Histogram(
             "smso_decode_seconds",
             "Decoding and preprocessing one image",

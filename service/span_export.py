@@ -226,10 +226,13 @@ class SpanPipe(SpanProcessor):
         schedule_delay_ms: int | None = None,
         max_queue_size: int | None = None,
         max_export_batch_size: int | None = None,
+        on_drop: Callable[[int], None] | None = None,
     ) -> None:
         """``exporter`` given: rebuilt and exported by a thread of this process (tests); None:
-        by a child process with the OTLP exporter of the standard variables."""
+        by a child process with the OTLP exporter of the standard variables. ``on_drop(n)`` is
+        told of every ``n`` spans dropped (the service's metric)."""
         self.resource = resource
+        self._on_drop = on_drop
         self._exporter = exporter
         self.schedule_delay_ms = schedule_delay_ms or _env_int(
             "OTEL_BSP_SCHEDULE_DELAY", _SCHEDULE_DELAY_MS
@@ -256,13 +259,20 @@ class SpanPipe(SpanProcessor):
     def record(self, record: Record) -> None:
         """Queue one finished span (dropped, and counted, when the queue is full)."""
         with self._lock:
-            if len(self._records) >= self.max_queue_size or self._stopping:
-                self.dropped += 1
-                return
-            self._records.append(record)
+            dropped = len(self._records) >= self.max_queue_size or self._stopping
+            if not dropped:
+                self._records.append(record)
             full = len(self._records) >= self.max_export_batch_size
-        if full:
+        if dropped:
+            self._drop(1)
+        elif full:
             self._wake.set()
+
+    def _drop(self, spans: int) -> None:
+        with self._lock:
+            self.dropped += spans
+        if self._on_drop is not None and spans:
+            self._on_drop(spans)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
@@ -327,14 +337,14 @@ class SpanPipe(SpanProcessor):
         """Send one message to the exporter; once it is gone, count the spans as dropped."""
         with self._send_lock:  # a Connection is not safe for two writers at once
             if self._send is None:
-                self.dropped += spans
+                self._drop(spans)
                 return
             try:
                 self._send(data)
             except (OSError, ValueError) as error:  # the exporter process is gone
                 log.warning("span exporter gone (%s): spans are dropped from now on", error)
                 self._send = None
-                self.dropped += spans
+                self._drop(spans)
 
     def _flush(self) -> None:
         records = self._take()

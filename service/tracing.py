@@ -20,7 +20,7 @@ import importlib.util
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -79,15 +79,18 @@ def check_tracing() -> None:
             break
 
 
-def piped_provider() -> tuple[TracerProvider, SpanPipe]:
+def piped_provider(
+    on_drop: Callable[[int], None] | None = None,
+) -> tuple[TracerProvider, SpanPipe]:
     """An SDK tracer provider (resource and sampler from the standard variables) whose spans go
-    to an exporter process (``SpanPipe``; started by the app's lifespan)."""
+    to an exporter process (``SpanPipe``, told of dropped spans by ``on_drop``; started by the
+    app's lifespan)."""
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
     from service.span_export import SpanPipe
 
     provider = SdkTracerProvider(shutdown_on_exit=False)
-    pipe = SpanPipe(provider.resource)
+    pipe = SpanPipe(provider.resource, on_drop=on_drop)
     provider.add_span_processor(pipe)
     return provider, pipe
 

@@ -53,11 +53,15 @@ def test_a_record_rebuilds_the_same_span():
 
 def test_a_full_queue_drops_and_counts(caplog):
     exporter = InMemorySpanExporter()
-    pipe = SpanPipe(Resource({}), exporter, schedule_delay_ms=60_000, max_queue_size=3)
+    told = []
+    pipe = SpanPipe(
+        Resource({}), exporter, schedule_delay_ms=60_000, max_queue_size=3, on_drop=told.append
+    )
     span, _ = _sdk_span()
     for _ in range(5):
         pipe.on_end(span)
     assert pipe.dropped == 2
+    assert told == [1, 1]  # the service's smso_spans_dropped_total
     pipe.start()
     pipe.shutdown()
     assert len(exporter.get_finished_spans()) == 3
