@@ -16,8 +16,8 @@ about 1.1 ms of CPU and makes four spans, so the in-process pipeline costs it 10
   the standard variables (endpoint, headers, timeout, compression, certificates). When the pipe
   closes (shutdown, or the serving process died) it flushes and exits.
 
-With ``in_process=True`` the same records are rebuilt by a thread of the serving process and
-exported by the exporter given: tests use it with an in-memory exporter.
+Given an exporter, ``SpanPipe`` rebuilds the same records in a thread of the serving process and
+exports them there instead: tests use it with an in-memory exporter.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
@@ -151,7 +152,8 @@ def _consume(
     until it raises ``EOFError`` or returns ``b""``; then flush and shut the exporter down."""
     processor = BatchSpanProcessor(
         exporter,
-        max_queue_size=max_queue_size,
+        # room for one full message from the server beyond a queue still being exported
+        max_queue_size=2 * max_queue_size,
         schedule_delay_millis=schedule_delay_ms,
         max_export_batch_size=max_export_batch_size,
     )
@@ -289,26 +291,14 @@ class SpanPipe(SpanProcessor):
             return
         settings = (self.schedule_delay_ms, self.max_queue_size, self.max_export_batch_size)
         if self._exporter is not None:
-            pending: list[bytes] = []
-            ready = threading.Condition()
-
-            def receive() -> bytes:
-                with ready:
-                    ready.wait_for(lambda: bool(pending))
-                    return pending.pop(0)
-
-            def send(data: bytes) -> None:
-                with ready:
-                    pending.append(data)
-                    ready.notify()
-
+            messages: queue.SimpleQueue[bytes] = queue.SimpleQueue()
             self._consumer = threading.Thread(
                 target=_consume,
-                args=(receive, self.resource, self._exporter, *settings),
+                args=(messages.get, self.resource, self._exporter, *settings),
                 name="smso-span-export",
                 daemon=True,
             )
-            self._send = send
+            self._send = messages.put
             self._consumer.start()
         else:
             try:
@@ -335,7 +325,7 @@ class SpanPipe(SpanProcessor):
 
     def _ship(self, data: bytes, spans: int) -> None:
         """Send one message to the exporter; once it is gone, count the spans as dropped."""
-        with self._send_lock:  # a Connection is not safe for two writers at once
+        with self._send_lock:  # one writer at a time: messages must not interleave
             if self._send is None:
                 self._drop(spans)
                 return
