@@ -3,6 +3,7 @@ drop spans (counted), never a request; the service's own spans mark errors as th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.span import TraceState
 
-from service.span_export import SpanPipe, from_record, to_record
+from service.span_export import EXPORTER_NICENESS, SpanPipe, from_record, to_record
 from service.tracing import Spans
 
 
@@ -69,8 +70,15 @@ def test_a_full_queue_drops_and_counts(caplog):
 
 
 def test_a_dead_exporter_process_drops_spans_without_failing(caplog):
+    """The exporter runs at a lower priority; once it is gone, spans are dropped and counted."""
     pipe = SpanPipe(Resource({}), schedule_delay_ms=60_000)
     pipe.start()  # the real child process (no endpoint: it would export to localhost)
+    stat = Path(f"/proc/{pipe._process.pid}/stat")
+    expected = min(os.nice(0) + EXPORTER_NICENESS, 19)  # ours plus its own
+    deadline = time.monotonic() + 20
+    while int(stat.read_text().rsplit(")", 1)[1].split()[16]) != expected:  # field 19: nice
+        assert time.monotonic() < deadline, "the exporter never lowered its priority"
+        time.sleep(0.02)
     pipe._process.kill()
     pipe._process.wait(10)
     span, _ = _sdk_span()
