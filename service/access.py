@@ -30,6 +30,7 @@ from service.metrics import counted, labels
 
 if TYPE_CHECKING:
     from service.registry import LoadedModel
+    from service.tracing import Spans
 
 __all__ = [
     "HEADER",
@@ -146,11 +147,13 @@ def _ms(seconds: float | None) -> float | None:
 
 
 class AccessLog:
-    """Pure ASGI middleware: the request's id (accepted or generated, echoed in the response)
-    and one access line when it ends."""
+    """Pure ASGI middleware: the request's id (accepted or generated, echoed in the response),
+    its trace span when tracing is on (health checks and scrapes have none), and one access
+    line when it ends."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, spans: Spans | None = None) -> None:
         self.app = app
+        self.spans = spans
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -161,9 +164,19 @@ class AccessLog:
         # by Starlette's and uvicorn's error handlers, outside this middleware) keeps the id
         record = begin(_client_id(scope))
         exchange = Exchange(receive, send, [(_RAW_HEADER, record.request_id.encode())])
+        spans = self.spans if self.spans is not None and counted(scope["path"]) else None
+        span = spans.start_request(scope) if spans is not None else None
+        error: BaseException | None = None
         try:
             await self.app(scope, exchange.receive, exchange.send)
+        except BaseException as raised:
+            error = raised
+            raise
         finally:
+            if spans is not None and span is not None:
+                _, route, _ = labels(scope, exchange.status)
+                route = None if route == "unmatched" else route
+                spans.end_request(span, scope, route, exchange.status, error)
             self._log(scope, exchange.status, record, time.perf_counter() - start)
 
     @staticmethod

@@ -36,7 +36,7 @@ from service.pipeline import ServiceState
 from service.repository import Repository
 from service.routes import build_routes
 from service.settings import Settings
-from service.tracing import Spans, piped_provider, telemetry_config, tracer, tracing_requested
+from service.tracing import TELEMETRY_OFF, Spans, piped_provider, tracer, tracing_requested
 
 if TYPE_CHECKING:  # the SDK is the tracing extra's
     from service.span_export import SpanPipe
@@ -51,7 +51,8 @@ class _App(FastAPI):
     that a last-resort 500 too carries the request's id (``add_middleware`` nests inside it)."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return AccessLog(super().build_middleware_stack())
+        state = getattr(self.state, "smso", None)
+        return AccessLog(super().build_middleware_stack(), None if state is None else state.spans)
 
 
 def create_app(
@@ -69,7 +70,8 @@ def create_app(
     state = ServiceState(settings)
     if tracer_provider is None and tracing_requested():
         tracer_provider, span_pipe = piped_provider(state.metrics.spans_dropped.inc)
-    state.spans = Spans(tracer(tracer_provider), span_pipe)
+    sampler = getattr(tracer_provider, "sampler", None)  # the SDK's; None: the API's no-op
+    state.spans = Spans(tracer(tracer_provider), span_pipe, sampler)
     state.registry.default = settings.default_model
 
     @contextlib.asynccontextmanager
@@ -125,7 +127,7 @@ def create_app(
     docs = settings.api_key is None or settings.docs_public
     app = _App(
         title="SMSO inference service",
-        telemetry=telemetry_config(tracer_provider),  # type: ignore[arg-type]
+        telemetry=TELEMETRY_OFF,  # type: ignore[arg-type]
         description="Class predictions and compact second-order (SMSO) embeddings of images.",
         version="1",
         lifespan=lifespan,

@@ -21,27 +21,35 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 from opentelemetry.trace import (
     INVALID_SPAN_ID,
+    INVALID_TRACE_ID,
     SpanContext,
     SpanKind,
     StatusCode,
+    TraceFlags,
     Tracer,
     TracerProvider,
 )
+from starlette.types import Scope
 
 if TYPE_CHECKING:  # the SDK is the tracing extra's
+    from opentelemetry.sdk.trace.sampling import Sampler
+
     from service.span_export import SpanPipe
 
 __all__ = [
+    "TELEMETRY_OFF",
     "TRACER_NAME",
+    "RequestSpan",
     "Spans",
     "check_tracing",
     "piped_provider",
-    "telemetry_config",
     "tracer",
     "tracing_requested",
 ]
@@ -95,19 +103,15 @@ def piped_provider(
     return provider, pipe
 
 
-def telemetry_config(provider: TracerProvider | None = None) -> dict[str, Any]:
-    """FastAPI's ``telemetry`` setting: request spans only (metrics are Prometheus's and logs
-    the service's own), to ``provider``; None: the global provider (a no-op unless the
-    embedding application sets one). FastAPI's own OTLP set-up stays off: ``create_app``
-    builds the service's (``piped_provider``) when the environment names an endpoint."""
-    return {
-        "tracer_provider": provider,
-        "tracing": True,
-        "metrics": False,
-        "logs": False,
-        "operation_spans": False,
-        "auto_configure": False,
-    }
+#: FastAPI's ``telemetry`` setting: all off. The request's span is the service's own
+#: (``Spans.start_request``, from ``service.access.AccessLog``), metrics are Prometheus's and
+#: logs the service's; ``create_app`` sets up the export itself (``piped_provider``).
+TELEMETRY_OFF: dict[str, Any] = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "auto_configure": False,
+}
 
 
 def tracer(provider: TracerProvider | None = None) -> Tracer:
@@ -120,8 +124,15 @@ def tracer(provider: TracerProvider | None = None) -> Tracer:
 
 #: the instrumentation scope of the service's own spans, as ``SpanPipe`` records carry it
 _SCOPE = (TRACER_NAME, None, None)
-_INTERNAL = SpanKind.INTERNAL.value
+_INTERNAL, _SERVER = SpanKind.INTERNAL.value, SpanKind.SERVER.value
 _UNSET, _ERROR = StatusCode.UNSET.value, StatusCode.ERROR.value
+
+
+def _trace_id() -> int:
+    """A random non-zero 128-bit trace id, as the SDK's ``RandomIdGenerator`` makes them."""
+    while (trace_id := random.getrandbits(128)) == INVALID_TRACE_ID:
+        pass
+    return trace_id
 
 
 def _span_id() -> int:
@@ -162,6 +173,23 @@ def _record(
     )
 
 
+def _error(error: BaseException) -> tuple[str, tuple[tuple[str, int, dict[str, Any]], ...]]:
+    """A span's status description and its ``exception`` event, as the SDK records them."""
+    attributes = {"exception.type": type(error).__name__, "exception.message": str(error)}
+    return f"{type(error).__name__}: {error}", (("exception", time.time_ns(), attributes),)
+
+
+@dataclass(frozen=True)
+class RequestSpan:
+    """A request's open span: its context, made current for the request (``token``)."""
+
+    context: SpanContext
+    parent: SpanContext  # the caller's (from ``traceparent``), invalid for a new trace
+    start_ns: int
+    token: object
+    sdk_span: trace.Span | None  # the SDK's span, when spans are not piped
+
+
 class Spans:
     """The service's own spans, children of a request's span (only when that one is sampled).
 
@@ -170,9 +198,112 @@ class Spans:
     instead of the SDK's 11 µs, and no encoding in this process.
     """
 
-    def __init__(self, tracer: Tracer, pipe: SpanPipe | None = None) -> None:
+    def __init__(
+        self, tracer: Tracer, pipe: SpanPipe | None = None, sampler: Sampler | None = None
+    ) -> None:
+        """``sampler``: the provider's, which decides for the request spans made as records."""
         self.tracer = tracer
         self.pipe = pipe
+        self.sampler = sampler
+        #: whether requests get spans at all: a real provider, not OpenTelemetry's no-op
+        self.enabled = pipe is not None or not isinstance(
+            tracer, (trace.NoOpTracer, trace.ProxyTracer)
+        )
+
+    def start_request(self, scope: Scope) -> RequestSpan | None:
+        """Open an HTTP request's span (kind SERVER), child of the caller's span when the
+        request carries one (``traceparent``, through the configured propagators), and make it
+        the current span for the request; ``None`` when nothing is traced."""
+        if not self.enabled:
+            return None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        caller = propagate.extract(headers)
+        parent = trace.get_current_span(caller).get_span_context()
+        method = scope["method"]
+        sdk_span = None
+        if self.pipe is None:
+            sdk_span = self.tracer.start_span(method, caller, kind=SpanKind.SERVER)
+            span = sdk_span.get_span_context()
+        else:
+            trace_id = parent.trace_id if parent.is_valid else _trace_id()
+            assert self.sampler is not None
+            decision = self.sampler.should_sample(caller, trace_id, method, SpanKind.SERVER)
+            sampled = decision.decision.is_sampled()
+            flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+            span = SpanContext(trace_id, _span_id(), False, flags, decision.trace_state)
+        current = trace.set_span_in_context(sdk_span or trace.NonRecordingSpan(span), caller)
+        token = otel_context.attach(current)
+        return RequestSpan(span, parent, time.time_ns(), token, sdk_span)
+
+    def end_request(
+        self,
+        request: RequestSpan,
+        scope: Scope,
+        route: str | None,
+        status: int,
+        error: BaseException | None = None,
+    ) -> None:
+        """Close the request's span, named ``"{method} {route}"``, with the HTTP server
+        span's attributes of OpenTelemetry's semantic conventions; a 5xx status or an
+        exception makes it an error."""
+        otel_context.detach(request.token)
+        method = scope["method"]
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "url.scheme": scope.get("scheme", "http"),
+            "url.path": scope["path"],
+        }
+        if scope.get("query_string"):
+            attributes["url.query"] = scope["query_string"].decode("latin-1")
+        if route is not None:
+            attributes["http.route"] = route
+        if 100 <= status <= 599:
+            attributes["http.response.status_code"] = status
+        if scope.get("http_version"):
+            attributes["network.protocol.version"] = scope["http_version"]
+        if scope.get("server"):
+            attributes["server.address"], attributes["server.port"] = scope["server"]
+        if scope.get("client"):
+            attributes["client.address"] = scope["client"][0]
+        failed = error is not None or not 100 <= status < 500
+        if failed:
+            attributes["error.type"] = type(error).__qualname__ if error else str(status)
+        name = f"{method} {route}" if route is not None else method
+        span = request.sdk_span
+        if span is not None:
+            span.update_name(name)
+            span.set_attributes(attributes)
+            if error is not None:
+                span.record_exception(error)
+            if failed:
+                span.set_status(StatusCode.ERROR)
+            span.end()
+            return
+        context = request.context
+        if not context.trace_flags.sampled or self.pipe is None:
+            return
+        description, events = _error(error) if error is not None else (None, ())
+        parent = request.parent
+        self.pipe.record(
+            (
+                name,
+                context.trace_id,
+                context.span_id,
+                parent.span_id if parent.is_valid else 0,
+                parent.is_remote,
+                int(context.trace_flags),
+                tuple(context.trace_state.items()),
+                _SERVER,
+                request.start_ns,
+                time.time_ns(),
+                attributes,
+                _ERROR if failed else _UNSET,
+                description,
+                _SCOPE,
+                events,
+                (),
+            )
+        )
 
     def finished(
         self,
@@ -210,9 +341,7 @@ class Spans:
         try:
             yield
         except BaseException as error:
-            status, description = _ERROR, f"{type(error).__name__}: {error}"
-            exception = {"exception.type": type(error).__name__, "exception.message": str(error)}
-            events = (("exception", time.time_ns(), exception),)
+            status, (description, events) = _ERROR, _error(error)
             raise
         finally:
             end = time.time_ns()

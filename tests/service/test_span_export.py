@@ -140,3 +140,29 @@ def test_the_exporter_process_exits_when_the_server_dies_abruptly():
             break
         time.sleep(0.05)
     assert not Path(f"/proc/{exporter}").exists() or status == "Z"
+
+
+@pytest.mark.parametrize("piped", [False, True])
+def test_a_server_error_or_an_exception_marks_the_request_span(piped):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    pipe = SpanPipe(provider.resource, exporter, schedule_delay_ms=5) if piped else None
+    provider.add_span_processor(pipe or SimpleSpanProcessor(exporter))
+    spans = Spans(provider.get_tracer("smso.service"), pipe, provider.sampler)
+    if pipe is not None:
+        pipe.start()
+    scope = {"type": "http", "method": "GET", "path": "/x", "headers": [], "server": ("h", 80)}
+    spans.end_request(spans.start_request(scope), scope, "/x", 503)
+    spans.end_request(spans.start_request(scope), scope, None, 500, RuntimeError("boom"))
+    assert trace.get_current_span() is trace.INVALID_SPAN  # each request's context was left
+    if pipe is not None:
+        pipe.shutdown()
+    unavailable, crashed = exporter.get_finished_spans()
+    assert unavailable.name == "GET /x"
+    assert unavailable.status.status_code is StatusCode.ERROR
+    assert unavailable.attributes["error.type"] == "503"
+    assert crashed.name == "GET"  # no route matched
+    assert crashed.attributes["error.type"] == "RuntimeError"
+    assert [e.name for e in crashed.events] == ["exception"]
+    assert unavailable.kind is SpanKind.SERVER
+    assert unavailable.parent is None

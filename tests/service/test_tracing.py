@@ -18,11 +18,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 
 from service.app import create_app
 from service.settings import Settings
 from service.span_export import SpanPipe
-from service.tracing import check_tracing, telemetry_config
+from service.tracing import check_tracing
 
 from .conftest import FakeBackend, grey, wait_ready
 
@@ -102,10 +103,35 @@ def test_a_request_split_over_batches_has_queue_and_inference_spans_for_each(tra
     assert all(s.attributes["smso.images"] <= s.attributes["smso.batch_size"] for s in inference)
 
 
-def test_health_checks_are_not_traced_by_the_service(traced):
+def test_the_request_span_follows_the_http_server_conventions(traced):
+    """Name ``"{method} {route}"``, kind SERVER, the conventions' attributes; a client's error
+    (400) is not the server's: the span's status stays unset."""
+    client, collect = traced
+    files = [("file", ("0.png", b"not an image", "image/png"))]
+    assert client.post("/classify?top_k=2", files=files).status_code == 400
+    (request,) = [s for s in collect(1) if s.kind is SpanKind.SERVER]
+    assert request.name == "POST /classify"
+    attributes = dict(request.attributes)
+    assert attributes["http.request.method"] == "POST"
+    assert attributes["http.route"] == "/classify"
+    assert attributes["url.path"] == "/classify"
+    assert attributes["url.query"] == "top_k=2"
+    assert attributes["http.response.status_code"] == 400
+    assert "error.type" not in attributes
+    assert request.status.status_code is StatusCode.UNSET
+
+
+def test_health_checks_and_scrapes_are_not_traced(traced):
+    """Probes and metric scrapes make no spans; the request after them makes its four."""
     client, collect = traced
     client.get("/healthz")
-    assert not [s for s in collect(1) if s.name in ("decode", "queue")]
+    client.get("/metrics")
+    files = [("file", ("0.png", grey(0), "image/png"))]
+    assert client.post("/classify", files=files).status_code == 200
+    spans = collect(4)
+    (request,) = [s for s in spans if s.kind is SpanKind.SERVER]
+    assert request.attributes["url.path"] == "/classify"
+    assert len(spans) == 4
 
 
 def test_tracing_is_asked_for_by_the_standard_variables(monkeypatch):
@@ -122,7 +148,6 @@ def test_tracing_is_asked_for_by_the_standard_variables(monkeypatch):
     assert isinstance(pipe(), SpanPipe)
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert pipe() is None
-    assert telemetry_config()["auto_configure"] is False  # never FastAPI's in-process export
 
 
 def test_another_otlp_protocol_is_a_one_line_error(monkeypatch):
