@@ -151,9 +151,10 @@ def test_rows_use_the_paper_recipe(tmp_path: Path) -> None:
     assert (fmnist.dataset, fmnist.backbone, fmnist.epochs, fmnist.seed) == (
         "fashion_mnist",
         "small_cnn",
-        18,
+        30,
         2,
     )
+    assert fmnist.random_erasing == 0.5
     assert fmnist.out == str(tmp_path / "fashion_mnist-smso-64" / "seed2")
 
 
