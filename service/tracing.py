@@ -1,16 +1,17 @@
-"""OpenTelemetry tracing, when configured: a span per request (FastAPI's own telemetry), and the
-service's spans inside it: ``decode`` (the request's images), and per batch its images ran in
-``queue`` (their wait in the model's batcher) and ``inference`` (the batch, with its size and the
+"""OpenTelemetry tracing, when configured: a span per HTTP request (``Spans.start_request``,
+opened by ``service.access.AccessLog``; health checks and scrapes have none), and the service's
+spans inside it: ``decode`` (the request's images), and per batch its images ran in ``queue``
+(their wait in the model's batcher) and ``inference`` (the batch, with its size and the
 request's images in it).
 
 Tracing is on when the standard variables name an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``
 or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
-``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*`` and the exporter's as usual; the protocol is
-http/protobuf); it then needs the ``tracing`` extra (the OpenTelemetry SDK and OTLP exporter,
-``fastapi[opentelemetry]``). The spans are then encoded and sent by a child process
-(``service.span_export``), and the service's own spans are made without the SDK's span objects
-(``Spans``): together that takes tracing's cost off the serving process. Without an endpoint
-every span is OpenTelemetry's no-op: the default install pays nothing but a function call.
+``OTEL_TRACES_SAMPLER``, ``OTEL_PROPAGATORS``, ``OTEL_BSP_*`` and the exporter's as usual; the
+protocol is http/protobuf); it then needs the ``tracing`` extra (the OpenTelemetry SDK and OTLP
+exporter, ``fastapi[opentelemetry]``). Every span is then a plain record, not an SDK span
+object, encoded and sent by a child process (``service.span_export``): that takes most of
+tracing's cost off the serving process. A test's provider gets SDK spans instead. Without an
+endpoint nothing is traced: the default install pays an attribute check per request.
 """
 
 from __future__ import annotations
