@@ -29,18 +29,19 @@ import logging
 import os
 import pickle
 import queue
+import signal
 import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
@@ -138,6 +139,35 @@ def from_record(
     )
 
 
+class _Counted(SpanExporter):
+    """An exporter that counts the spans handed to its processor and not yet exported."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.pending = 0
+        self._changed = threading.Condition()
+
+    def reserve(self, spans: int, capacity: int) -> None:
+        """Wait until ``spans`` more fit within ``capacity`` (or nothing is pending)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.pending == 0 or self.pending + spans <= capacity)
+            self.pending += spans
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            return self.inner.export(spans)
+        finally:
+            with self._changed:
+                self.pending -= len(spans)
+                self._changed.notify_all()
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 def _otlp_exporter() -> SpanExporter:
     """OTLP over http/protobuf, configured by the standard variables."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -155,10 +185,11 @@ def _consume(
 ) -> None:
     """Rebuild the records ``receive`` returns (pickled lists) and export them in batches,
     until it raises ``EOFError`` or returns ``b""``; then flush and shut the exporter down."""
+    capacity = 2 * max_queue_size  # one full message from the server beyond a full queue
+    counted = _Counted(exporter)
     processor = BatchSpanProcessor(
-        exporter,
-        # room for one full message from the server beyond a queue still being exported
-        max_queue_size=2 * max_queue_size,
+        counted,
+        max_queue_size=capacity,
         schedule_delay_millis=schedule_delay_ms,
         max_export_batch_size=max_export_batch_size,
     )
@@ -171,7 +202,11 @@ def _consume(
                 break
             if not data:
                 break
-            for record in pickle.loads(data):
+            records = pickle.loads(data)
+            # Back-pressure instead of the processor's own drops: while the collector is slow
+            # or away, stop reading, so the server's queue fills and counts what it drops.
+            counted.reserve(len(records), capacity)
+            for record in records:
                 processor.on_end(from_record(record, resource, scopes))
     finally:
         processor.shutdown()  # exports what is left
@@ -200,6 +235,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="span exporter: %(levelname)s %(message)s")
     with contextlib.suppress(OSError):  # background work: the server keeps the CPU it needs
         os.nice(EXPORTER_NICENESS)
+    # Ctrl-C or a SIGTERM to the server's whole process group must not cut the last export
+    # short: the end of the input is this process's signal to export what it has and exit
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stdin = sys.stdin.buffer
     try:
         resource_attributes, settings = pickle.loads(_read_frame(stdin))
@@ -209,14 +248,17 @@ def main() -> None:
 
 
 def _start_process() -> subprocess.Popen[bytes]:
-    """``python -m service.span_export``, with this ``service`` package first on its path."""
-    package_root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-    return subprocess.Popen(
-        [sys.executable, "-m", "service.span_export"],
-        stdin=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": path},
+    """A Python running :func:`main` of this very module: ``-P`` keeps the working directory
+    off its path (a ``service`` folder there would shadow this package), and the folder this
+    package is in goes first when it is not on the path already (a checkout, not installed)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys\n"
+        f"if {root!r} not in sys.path: sys.path.insert(0, {root!r})\n"
+        "from service.span_export import main\n"
+        "main()\n"
     )
+    return subprocess.Popen([sys.executable, "-P", "-c", code], stdin=subprocess.PIPE)
 
 
 class SpanPipe(SpanProcessor):
@@ -352,7 +394,10 @@ class SpanPipe(SpanProcessor):
         while not self._stopping:
             self._wake.wait(self.schedule_delay_ms / 1000)
             self._wake.clear()
-            self._flush()
+            try:
+                self._flush()
+            except Exception:  # a record that does not pickle, say: drop it, keep sending
+                log.exception("sending spans to the exporter failed; they are dropped")
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Hand every waiting record to the exporter (which exports on its own schedule)."""
@@ -368,6 +413,10 @@ class SpanPipe(SpanProcessor):
         self._wake.set()
         if self._sender is not None:
             self._sender.join(timeout_s)
+            if self._sender.is_alive() and self._process is not None:
+                # stuck writing to an exporter that does not read: end it, which ends the write
+                log.warning("span exporter stopped reading; stopping it")
+                self._process.kill()
         self._flush()
         self._ship(b"", 0)  # end of stream
         if self._consumer is not None:

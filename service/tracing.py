@@ -16,6 +16,7 @@ endpoint nothing is traced: the default install pays an attribute check per requ
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -72,10 +73,14 @@ def check_tracing() -> None:
     SDK is missing, or another protocol than http/protobuf is asked for."""
     if not tracing_requested():
         return
-    if importlib.util.find_spec("opentelemetry.sdk") is None:
+    if (
+        importlib.util.find_spec("opentelemetry.sdk") is None
+        or importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is None
+    ):
         raise ValueError(
-            "an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but the OpenTelemetry SDK is "
-            "not installed: install the tracing extra (pip install 'smso[tracing]') or unset it"
+            "an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT) but the OpenTelemetry SDK or "
+            "its OTLP/http exporter is not installed: install the tracing extra "
+            "(pip install 'smso[tracing]') or unset it"
         )
     for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         protocol = os.environ.get(name)
@@ -217,7 +222,10 @@ class Spans:
         the current span for the request; ``None`` when nothing is traced."""
         if not self.enabled:
             return None
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in scope["headers"]:
+            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+            headers[name] = f"{headers[name]},{value}" if name in headers else value  # RFC 9110
         caller = propagate.extract(headers)
         parent = trace.get_current_span(caller).get_span_context()
         method = scope["method"]
@@ -266,6 +274,8 @@ class Spans:
             attributes["server.address"], attributes["server.port"] = scope["server"]
         if scope.get("client"):
             attributes["client.address"] = scope["client"][0]
+        if isinstance(error, asyncio.CancelledError):  # the client left: not the server's fault
+            error = None
         failed = error is not None or not 100 <= status < 500
         if failed:
             attributes["error.type"] = type(error).__qualname__ if error else str(status)

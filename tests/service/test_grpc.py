@@ -112,7 +112,8 @@ def _assert_same(strings: np.ndarray, embedding: np.ndarray, predictions: list, 
             score, index, label = item.decode().split(":", 2)
             assert (int(index), label) == (prediction["index"], prediction["label"])
             assert float(score) == pytest.approx(prediction["score"], abs=1e-6)
-    np.testing.assert_allclose(embedding, rest, rtol=1e-5, atol=1e-6)
+    # float32: batches of other sizes run other kernels; entries are up to about 5 in size
+    np.testing.assert_allclose(embedding, rest, rtol=1e-5, atol=1e-5)
 
 
 def test_encoded_images_give_what_classify_and_embed_give(client, server):

@@ -3,9 +3,13 @@ drop spans (counted), never a request; the service's own spans mark errors as th
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pickle
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.span import TraceState
 
-from service.span_export import EXPORTER_NICENESS, SpanPipe, from_record, to_record
+from service.span_export import EXPORTER_NICENESS, SpanPipe, _consume, from_record, to_record
 from service.tracing import Spans
 
 
@@ -79,6 +83,9 @@ def test_a_dead_exporter_process_drops_spans_without_failing(caplog):
     while int(stat.read_text().rsplit(")", 1)[1].split()[16]) != expected:  # field 19: nice
         assert time.monotonic() < deadline, "the exporter never lowered its priority"
         time.sleep(0.02)
+    pipe._process.send_signal(signal.SIGTERM)  # a group-wide SIGTERM: ignored, the pipe rules
+    time.sleep(0.3)
+    assert pipe._process.poll() is None
     pipe._process.kill()
     pipe._process.wait(10)
     span, _ = _sdk_span()
@@ -154,10 +161,13 @@ def test_a_server_error_or_an_exception_marks_the_request_span(piped):
     scope = {"type": "http", "method": "GET", "path": "/x", "headers": [], "server": ("h", 80)}
     spans.end_request(spans.start_request(scope), scope, "/x", 503)
     spans.end_request(spans.start_request(scope), scope, None, 500, RuntimeError("boom"))
+    spans.end_request(spans.start_request(scope), scope, "/x", 499, asyncio.CancelledError())
     assert trace.get_current_span() is trace.INVALID_SPAN  # each request's context was left
     if pipe is not None:
         pipe.shutdown()
-    unavailable, crashed = exporter.get_finished_spans()
+    unavailable, crashed, left = exporter.get_finished_spans()
+    assert left.status.status_code is StatusCode.UNSET  # the client left: not an error
+    assert left.attributes["http.response.status_code"] == 499
     assert unavailable.name == "GET /x"
     assert unavailable.status.status_code is StatusCode.ERROR
     assert unavailable.attributes["error.type"] == "503"
@@ -166,3 +176,48 @@ def test_a_server_error_or_an_exception_marks_the_request_span(piped):
     assert [e.name for e in crashed.events] == ["exception"]
     assert unavailable.kind is SpanKind.SERVER
     assert unavailable.parent is None
+
+
+def test_a_slow_collector_holds_the_exporter_back_instead_of_dropping_spans(caplog):
+    """The exporter stops reading while its queue is full: nothing is dropped there (the
+    server's bounded queue, which counts its drops, takes the pressure instead)."""
+
+    class Slow(InMemorySpanExporter):
+        def export(self, spans):
+            time.sleep(0.01)
+            return super().export(spans)
+
+    span, resource = _sdk_span()
+    messages = [pickle.dumps([to_record(span)] * 6) for _ in range(10)] + [b""]
+    exporter = Slow()
+    consumer = threading.Thread(
+        target=_consume, args=(iter(messages).__next__, resource, exporter, 5, 4, 2)
+    )
+    consumer.start()
+    consumer.join(30)
+    assert len(exporter.get_finished_spans()) == 60
+    assert "dropping" not in caplog.text.lower()
+
+
+def test_a_service_folder_in_the_working_directory_does_not_shadow_the_package(tmp_path):
+    """The exporter process does not put the working directory on its path."""
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "__init__.py").write_text("raise ImportError('the wrong service')\n")
+    root = str(Path(__file__).resolve().parents[2])
+    script = (
+        f"import sys; sys.path.insert(0, {root!r})\n"
+        "from opentelemetry.sdk.resources import Resource\n"
+        "from service.span_export import SpanPipe\n"
+        "pipe = SpanPipe(Resource({}))\n"
+        "pipe.start()\n"
+        "pipe.shutdown()\n"
+        "print(pipe._process.returncode)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.split() == ["0"], done.stderr
