@@ -150,7 +150,10 @@ def _span_id() -> int:
 
 def _record(
     name: str,
+    trace_of: SpanContext,
+    span_id: int,
     parent: SpanContext,
+    kind: int,
     start_ns: int,
     end_ns: int,
     attributes: dict[str, Any] | None,
@@ -158,16 +161,17 @@ def _record(
     description: str | None = None,
     events: tuple[tuple[str, int, dict[str, Any]], ...] = (),
 ) -> tuple[Any, ...]:
-    """An internal span of the service under ``parent``, as a ``service.span_export.Record``."""
+    """A span of the service as a ``service.span_export.Record``: span ``span_id`` of the trace
+    of ``trace_of`` (its id, flags and state), under ``parent`` (invalid: a root)."""
     return (
         name,
-        parent.trace_id,
-        _span_id(),
-        parent.span_id,
+        trace_of.trace_id,
+        span_id,
+        parent.span_id if parent.is_valid else 0,
         parent.is_remote,
-        int(parent.trace_flags),
-        tuple(parent.trace_state.items()),
-        _INTERNAL,
+        int(trace_of.trace_flags),
+        tuple(trace_of.trace_state.items()),
+        kind,
         start_ns,
         end_ns,
         attributes or {},
@@ -294,25 +298,20 @@ class Spans:
         if not context.trace_flags.sampled or self.pipe is None:
             return
         description, events = _error(error) if error is not None else (None, ())
-        parent = request.parent
+        span_status = _ERROR if failed else _UNSET
         self.pipe.record(
-            (
+            _record(
                 name,
-                context.trace_id,
+                context,
                 context.span_id,
-                parent.span_id if parent.is_valid else 0,
-                parent.is_remote,
-                int(context.trace_flags),
-                tuple(context.trace_state.items()),
+                request.parent,
                 _SERVER,
                 request.start_ns,
                 time.time_ns(),
                 attributes,
-                _ERROR if failed else _UNSET,
+                span_status,
                 description,
-                _SCOPE,
                 events,
-                (),
             )
         )
 
@@ -333,7 +332,9 @@ class Spans:
             span = self.tracer.start_span(name, context, attributes=attributes, start_time=start_ns)
             span.end(end_time=end_ns)
             return
-        self.pipe.record(_record(name, parent, start_ns, end_ns, attributes))
+        self.pipe.record(
+            _record(name, parent, _span_id(), parent, _INTERNAL, start_ns, end_ns, attributes)
+        )
 
     @contextlib.contextmanager
     def timed(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[None]:
@@ -357,5 +358,17 @@ class Spans:
         finally:
             end = time.time_ns()
             self.pipe.record(
-                _record(name, parent, start, end, attributes, status, description, events)
+                _record(
+                    name,
+                    parent,
+                    _span_id(),
+                    parent,
+                    _INTERNAL,
+                    start,
+                    end,
+                    attributes,
+                    status,
+                    description,
+                    events,
+                )
             )

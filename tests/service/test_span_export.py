@@ -98,15 +98,31 @@ def test_a_dead_exporter_process_drops_spans_without_failing(caplog):
     pipe.shutdown()
 
 
-@pytest.mark.parametrize("piped", [False, True])
-def test_the_service_spans_mark_an_error_and_skip_unsampled_parents(piped):
+@pytest.fixture(params=["sdk", "piped"])
+def service_spans(request: pytest.FixtureRequest):
+    """The service's ``Spans`` on an in-memory exporter (SDK spans, or records through a
+    ``SpanPipe``), its provider, and ``finish()``: the spans exported, the pipe shut first."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
+    piped = request.param == "piped"
     pipe = SpanPipe(provider.resource, exporter, schedule_delay_ms=5) if piped else None
     provider.add_span_processor(pipe or SimpleSpanProcessor(exporter))
-    spans = Spans(provider.get_tracer("smso.service"), pipe)
+    spans = Spans(provider.get_tracer("smso.service"), pipe, provider.sampler)
     if pipe is not None:
         pipe.start()
+
+    def finish():
+        if pipe is not None:
+            pipe.shutdown()
+        return exporter.get_finished_spans()
+
+    yield spans, provider, finish
+    if pipe is not None:
+        pipe.shutdown()
+
+
+def test_the_service_spans_mark_an_error_and_skip_unsampled_parents(service_spans):
+    spans, provider, finish = service_spans
     tracer = provider.get_tracer("test")
     with tracer.start_as_current_span("request") as request:
         with pytest.raises(KeyError), spans.timed("decode", {"smso.images": 1}):
@@ -114,9 +130,7 @@ def test_the_service_spans_mark_an_error_and_skip_unsampled_parents(piped):
         spans.finished("queue", request.get_span_context(), 10, 20)
     unsampled = trace.SpanContext(1, 2, False, trace.TraceFlags(0))
     spans.finished("queue", unsampled, 10, 20)
-    if pipe is not None:
-        pipe.shutdown()
-    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    by_name = {s.name: s for s in finish()}
     assert set(by_name) == {"request", "decode", "queue"}
     decode = by_name["decode"]
     assert decode.status.status_code is StatusCode.ERROR
@@ -149,23 +163,14 @@ def test_the_exporter_process_exits_when_the_server_dies_abruptly():
     assert not Path(f"/proc/{exporter}").exists() or status == "Z"
 
 
-@pytest.mark.parametrize("piped", [False, True])
-def test_a_server_error_or_an_exception_marks_the_request_span(piped):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    pipe = SpanPipe(provider.resource, exporter, schedule_delay_ms=5) if piped else None
-    provider.add_span_processor(pipe or SimpleSpanProcessor(exporter))
-    spans = Spans(provider.get_tracer("smso.service"), pipe, provider.sampler)
-    if pipe is not None:
-        pipe.start()
+def test_a_server_error_or_an_exception_marks_the_request_span(service_spans):
+    spans, _, finish = service_spans
     scope = {"type": "http", "method": "GET", "path": "/x", "headers": [], "server": ("h", 80)}
     spans.end_request(spans.start_request(scope), scope, "/x", 503)
     spans.end_request(spans.start_request(scope), scope, None, 500, RuntimeError("boom"))
     spans.end_request(spans.start_request(scope), scope, "/x", 499, asyncio.CancelledError())
     assert trace.get_current_span() is trace.INVALID_SPAN  # each request's context was left
-    if pipe is not None:
-        pipe.shutdown()
-    unavailable, crashed, left = exporter.get_finished_spans()
+    unavailable, crashed, left = finish()
     assert left.status.status_code is StatusCode.UNSET  # the client left: not an error
     assert left.attributes["http.response.status_code"] == 499
     assert unavailable.name == "GET /x"
