@@ -1,0 +1,107 @@
+"""``SpanEncoder`` writes, byte for byte, the OTLP request the SDK's encoder writes for the same
+spans; the exporter process sends it through the OTLP/http exporter's own client."""
+
+from __future__ import annotations
+
+import http.server
+import pickle
+import threading
+from typing import Any, ClassVar
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from service.span_encoding import SpanEncoder
+from service.span_export import _consume, _encoded_sender, from_record, to_record
+from tests.service.test_span_export import _sdk_span
+
+SERVICE = ("smso.service", None, None)
+
+
+def _records() -> tuple[list[tuple[Any, ...]], Resource]:
+    """An SDK span's record (remote parent, trace state, link, event, error status, a scope with
+    a version and schema) and the service's kinds: a root, its children, odd attribute values,
+    and scopes interleaved."""
+    span, resource = _sdk_span()
+    sdk = to_record(span)
+    root = ("POST /classify", 5, 6, 0, False, 1, (), 1, 10, 20, {"http.route": "/x"}, 0, None)
+    root += (SERVICE, (), ())
+    odd = {
+        "none": None,
+        "bytes": b"\x00\x01",
+        "nested": ((1, 2), ("a",)),
+        "mapping": {"k": 1.5, "m": {"deep": True}},
+        "bad": object(),  # left out, by both
+        "bad-inside": (1, object()),
+        "float": 0.25,
+        "big": 2**62,
+    }
+    child = ("decode", 5, 7, 6, False, 1, (), 0, 11, 12, odd, 2, "ValueError: x")
+    child += (SERVICE, (("exception", 12, {"exception.type": "ValueError"}),), ())
+    empty = ("queue", 5, 8, 6, False, 1, (), 0, 12, 13, {}, 0, None, SERVICE, (), ())
+    return [root, sdk, child, empty, (*sdk[:2], 99, *sdk[3:])], resource
+
+
+def test_the_encoder_writes_what_the_sdk_encoder_writes():
+    records, resource = _records()
+    scopes: dict[tuple[Any, ...], Any] = {}
+    spans = [from_record(record, resource, scopes) for record in records]
+    expected = encode_spans(spans).SerializeToString()
+    assert SpanEncoder(resource)(records) == expected
+    request = ExportTraceServiceRequest.FromString(expected)
+    (resource_spans,) = request.resource_spans
+    assert [len(s.spans) for s in resource_spans.scope_spans] == [3, 2]  # grouped by scope
+
+
+def test_the_otlp_exporter_is_sent_encoded_requests_and_others_get_sdk_spans():
+    assert _encoded_sender(OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")) is not None
+    assert _encoded_sender(InMemorySpanExporter()) is None
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    requests: ClassVar[list[ExportTraceServiceRequest]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        type(self).requests.append(ExportTraceServiceRequest.FromString(body))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def collector():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Collector.requests = []
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_exporter_sends_each_message_in_batches_of_the_batch_size(collector):
+    records, resource = _records()
+    messages = [pickle.dumps(records), pickle.dumps(records[:1]), b""]
+    _consume(iter(messages).__next__, resource, OTLPSpanExporter(endpoint=collector), 5, 9, 2)
+    sizes = [
+        sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        for request in _Collector.requests
+    ]
+    assert sizes == [2, 2, 1, 1]
+    names = [
+        span.name
+        for request in _Collector.requests
+        for r in request.resource_spans
+        for s in r.scope_spans
+        for span in s.spans
+    ]
+    assert names == [r[0] for r in records] + [records[0][0]]
