@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import os
 import random
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import (
     INVALID_SPAN_ID,
     INVALID_TRACE_ID,
@@ -189,6 +191,27 @@ def _error(error: BaseException) -> tuple[str, tuple[tuple[str, int, dict[str, A
     return f"{type(error).__name__}: {error}", (("exception", time.time_ns(), attributes),)
 
 
+@functools.lru_cache(maxsize=8)
+def _fields(propagator: TextMapPropagator) -> frozenset[str]:
+    """The header names ``propagator`` reads, lower-case as ASGI gives them."""
+    return frozenset(field.lower() for field in propagator.fields)
+
+
+def _caller(scope: Scope) -> otel_context.Context:
+    """The caller's context, extracted by the configured propagators from the request headers
+    they read (their ``fields``: ``traceparent``, ``tracestate``, ``baggage`` by default); an
+    empty context, without calling them, when the request has none of those headers."""
+    propagator = propagate.get_global_textmap()
+    fields = _fields(propagator)
+    carrier: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1")
+        if name in fields:
+            value = raw_value.decode("latin-1")
+            carrier[name] = f"{carrier[name]},{value}" if name in carrier else value  # RFC 9110
+    return propagator.extract(carrier) if carrier else otel_context.Context()
+
+
 @dataclass(frozen=True)
 class RequestSpan:
     """A request's open span: its context, made current for the request (``token``)."""
@@ -226,11 +249,7 @@ class Spans:
         the current span for the request; ``None`` when nothing is traced."""
         if not self.enabled:
             return None
-        headers: dict[str, str] = {}
-        for raw_name, raw_value in scope["headers"]:
-            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-            headers[name] = f"{headers[name]},{value}" if name in headers else value  # RFC 9110
-        caller = propagate.extract(headers)
+        caller = _caller(scope)
         parent = trace.get_current_span(caller).get_span_context()
         method = scope["method"]
         sdk_span = None

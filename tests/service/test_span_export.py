@@ -183,6 +183,25 @@ def test_a_server_error_or_an_exception_marks_the_request_span(service_spans):
     assert unavailable.parent is None
 
 
+def test_the_request_span_continues_the_callers_trace_from_its_headers(service_spans):
+    """``traceparent`` and ``tracestate`` (a repeated header joined, RFC 9110) make the request
+    span the caller's child in its trace; without them it is a root of a new trace."""
+    spans, _, finish = service_spans
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    headers = [(b"traceparent", parent), (b"tracestate", b"a=1"), (b"tracestate", b"b=2")]
+    headers += [(b"host", b"x"), (b"user-agent", b"t")]
+    for request_headers in (headers, headers[3:]):
+        scope = {"type": "http", "method": "GET", "path": "/x", "headers": request_headers}
+        spans.end_request(spans.start_request(scope), scope, "/x", 200)
+    child, root = finish()
+    assert child.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert child.parent.span_id == 0xB7AD6B7169203331
+    assert child.parent.is_remote
+    assert list(child.context.trace_state.items()) == [("a", "1"), ("b", "2")]
+    assert root.parent is None
+    assert root.context.trace_id != child.context.trace_id
+
+
 def test_a_slow_collector_holds_the_exporter_back_instead_of_dropping_spans(caplog):
     """The exporter stops reading while its queue is full: nothing is dropped there (the
     server's bounded queue, which counts its drops, takes the pressure instead)."""
