@@ -7,7 +7,7 @@ Real servers on the shipped model, one per setting, each in its own process:
   differ by up to 15 % for as long as they run, and this row shows how far;
 * ``json``: ``SMSO_LOG_FORMAT=json`` at info, every record and one access line per request,
   written to a file as a log collector would read them;
-* ``tracing``: an OTLP endpoint set, so FastAPI's request span and the service's decode, queue
+* ``tracing``: an OTLP endpoint set, so the request's span and the service's decode, queue
   and inference spans are exported (by the server's exporter process) in batches over
   http/protobuf to a collector in this process that counts what it receives;
 * ``tracing-10%``: the same with one request in ten sampled.
