@@ -404,6 +404,8 @@ def check_input(
 
 
 def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> list[InputTensor]:
+    for raw in header.inputs:  # every input well-formed (else 400) before any is too large (413)
+        check_input(raw.name, raw.datatype, raw.shape, raw.parameters or {}, _MAX_ELEMENTS)
     inputs, offset = [], 0
     for raw in header.inputs:
         name = raw.name

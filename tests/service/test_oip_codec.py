@@ -385,6 +385,18 @@ def test_size_limits_are_413_before_the_work():
     assert e.value.status == 413
 
 
+def test_a_malformed_input_is_400_even_after_a_too_large_one():
+    """Every input's datatype and shape are checked before any size limit: a request that
+    breaks the schema is a 400 whichever of its inputs breaks it (a fuzzer's finding)."""
+    inputs = [
+        {"name": "big", "shape": [9115, 290145], "datatype": "BYTES", "data": []},
+        {"name": "bad", "shape": [1, 2**31], "datatype": "FP32", "data": []},
+    ]
+    with pytest.raises(ProtocolError, match="'bad': shape must be") as e:
+        parse_request(json.dumps({"inputs": inputs}).encode(), None, max_elements=64)
+    assert e.value.status == 400
+
+
 def test_binary_data_output_is_the_default_of_listed_outputs():
     body = {
         "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
