@@ -9,8 +9,9 @@ through a context variable, attached to every log line emitted while the request
 the images and the latency with its split, each where the request had them. Health checks and
 scrapes are logged at DEBUG, every other request at INFO.
 
-The routes fill in what only they know (the model) and :mod:`service.pipeline` the timings, on
-the request's :class:`RequestRecord` (:func:`current`).
+The routes fill in what only they know (the model), :mod:`service.pipeline` the decoding time
+and the model's batcher the queue and inference times, on the request's :class:`RequestRecord`
+(:func:`current`).
 """
 
 from __future__ import annotations
@@ -61,11 +62,35 @@ class RequestRecord:
     version: str | None = None
     images: int | None = None
     decode_s: float | None = None  # in decode_all: admission, waiting for a thread, decoding
-    batch_s: float | None = None  # in run_batched: queue wait and inference, last image's
+    # in the model's batcher (time.perf_counter()): its first image queued, the first of the
+    # batches running its images started, the last of them ended
+    queued: float | None = None
+    started: float | None = None
+    ended: float | None = None
 
     def add(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` to the timing ``name`` (``decode_s`` or ``batch_s``)."""
+        """Add ``seconds`` to the timing ``name`` (``decode_s``)."""
         setattr(self, name, (getattr(self, name) or 0.0) + seconds)
+
+    def ran_in(self, queued: float, start: float, end: float) -> None:
+        """One of its images, queued at ``queued``, ran in a batch from ``start`` to ``end``."""
+        self.queued = queued if self.queued is None else min(self.queued, queued)
+        self.started = start if self.started is None else min(self.started, start)
+        self.ended = end if self.ended is None else max(self.ended, end)
+
+    @property
+    def queue_s(self) -> float | None:
+        """From its first image queued to the start of the first batch with any of its images."""
+        if self.queued is None or self.started is None:
+            return None
+        return self.started - self.queued
+
+    @property
+    def inference_s(self) -> float | None:
+        """From the start of the first batch with its images to the end of the last one."""
+        if self.started is None or self.ended is None:
+            return None
+        return self.ended - self.started
 
 
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("smso_request", default=None)
@@ -129,7 +154,8 @@ def log_access(
         "images": record.images,
         "latency_ms": _ms(seconds),
         "decode_ms": _ms(record.decode_s),
-        "batch_ms": _ms(record.batch_s),
+        "queue_ms": _ms(record.queue_s),
+        "inference_ms": _ms(record.inference_s),
     }
     access = {name: value for name, value in fields.items() if value is not None}
     log.log(level, "%s %s %s", method, route, status, extra={"access": access})

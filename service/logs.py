@@ -6,7 +6,7 @@ Every line emitted while a request is handled carries its id (:class:`RequestIdF
 ``logger``, ``message``, ``request_id`` within a request, ``process`` with several worker
 processes, ``exception`` (the traceback as one string) where there is one, and the access
 line's fields (``method``, ``route``, ``status``, ``model``, ``version``, ``images``,
-``latency_ms``, ``decode_ms``, ``batch_ms``). Standard library only.
+``latency_ms``, ``decode_ms``, ``queue_ms``, ``inference_ms``). Standard library only.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,7 +26,9 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.batcher import BatchStats
+if TYPE_CHECKING:  # annotations only: the batcher imports what imports this module
+    from service.batcher import BatchStats
+
 from service.errors import OIP_PREFIX
 from service.exchange import Exchange
 

@@ -224,6 +224,9 @@ async def run_batched(
     ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in
     failed (the backend's fault, not the client's).
     """
+    record = access.current()
+    if record is not None:  # its queue and inference times come from the batcher
+        record.images = len(images)
     capacity = state.settings.queue_size
     if len(images) > capacity:  # never admitted, however long the client retries
         message = f"{len(images)} images; the queue holds at most {capacity}"
@@ -239,8 +242,7 @@ async def run_batched(
         ) from None
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
-            with _timed("batch_s", len(images)):
-                outputs = await asyncio.gather(*futures)
+            outputs = await asyncio.gather(*futures)
     except TimeoutError:
         for future in futures:
             future.cancel()

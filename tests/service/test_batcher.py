@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
+from service import access
 from service.batcher import MicroBatcher, QueueFullError
 
 LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s timeout
@@ -222,3 +224,33 @@ def test_with_two_in_flight_the_next_batch_is_dispatched_while_one_runs():
 def test_in_flight_must_be_at_least_one():
     with pytest.raises(ValueError, match="in_flight"):
         MicroBatcher(recorder([]), 2, 0.0, 4, in_flight=0)
+
+
+def test_a_requests_queue_and_inference_times_span_all_its_batches():
+    """A request's access line: queue from its first image queued to its first batch's start,
+    inference from there to the end of its last batch (here three images, batches of two)."""
+
+    async def main() -> access.RequestRecord:
+        batches: list[int] = []
+        slow = recorder(batches)
+
+        def run_slowly(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            time.sleep(0.02)
+            return slow(images)
+
+        batcher = MicroBatcher(run_slowly, 2, 0.0, 16)
+        record = access.begin(None)
+        queued = time.perf_counter()
+        futures = batcher.submit_all([image(v) for v in range(3)])
+        await asyncio.sleep(0.03)  # queued before the consumer starts
+        batcher.start()
+        await asyncio.gather(*futures)
+        await batcher.stop()
+        assert batches == [2, 1]
+        assert record.queued is not None
+        assert record.queued >= queued
+        return record
+
+    record = run(main())
+    assert record.queue_s >= 0.03
+    assert record.inference_s >= 0.04  # both batches, one after the other
