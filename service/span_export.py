@@ -289,12 +289,13 @@ def main() -> None:
     """The exporter process (``python -m service.span_export``): its standard input carries the
     resource and the batching settings, then lists of records, to the OTLP endpoint."""
     logging.basicConfig(level=logging.WARNING, format="span exporter: %(levelname)s %(message)s")
-    with contextlib.suppress(OSError):  # background work: the server keeps the CPU it needs
-        os.nice(EXPORTER_NICENESS)
     # Ctrl-C or a SIGTERM to the server's whole process group must not cut the last export
-    # short: the end of the input is this process's signal to export what it has and exit
+    # short: the end of the input is this process's signal to export what it has and exit.
+    # First: at the lower priority below, on busy cores, the next line may be a while coming.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # background work: the server keeps the CPU it needs
+        os.nice(EXPORTER_NICENESS)
     stdin = sys.stdin.buffer
     try:
         resource_attributes, settings = pickle.loads(_read_frame(stdin))
