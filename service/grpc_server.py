@@ -24,6 +24,7 @@ listens there.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
@@ -178,14 +179,19 @@ def _rpc(
     echoed in the response's initial metadata, and one access line when it ends (liveness and
     readiness at DEBUG, as HTTP health checks)."""
     route = f"/inference.GRPCInferenceService/{handler.__name__}"
-    level = logging.DEBUG if handler.__name__ in ("ServerLive", "ServerReady") else logging.INFO
+    probe = handler.__name__ in ("ServerLive", "ServerReady")
+    level = logging.DEBUG if probe else logging.INFO
 
     async def rpc(self: InferenceService, request: Any, context: grpc.aio.ServicerContext) -> Reply:
         start = time.perf_counter()
-        metadata = dict(context.invocation_metadata() or ())
+        pairs = context.invocation_metadata() or ()
+        metadata = dict(pairs)
         record = access.begin(access.valid_id(metadata.get(access.HEADER)))
+        spans = None if probe else self.state.spans
+        span = spans.start_rpc(pairs, route) if spans is not None else None
         await context.send_initial_metadata(((access.HEADER, record.request_id),))
         code = grpc.StatusCode.OK
+        failure: BaseException | None = None
         try:
             if self.state.draining and handler.__name__ not in _WHILE_DRAINING:
                 raise ServiceError(
@@ -193,16 +199,21 @@ def _rpc(
                 )
             return await handler(self, request, context)
         except ServiceError as error:
-            code = _status(error)
+            code, failure = _status(error), error
             await context.abort(code, error.message)
         except ProtocolError as error:
-            code = STATUS_CODES[error.status]
+            code, failure = STATUS_CODES[error.status], error
             await context.abort(code, str(error))
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
+        except Exception as error:
+            code, failure = grpc.StatusCode.INTERNAL, error
             log.exception("unexpected error in gRPC %s", handler.__name__)
             await context.abort(code, "the server failed; see its log")
+        except asyncio.CancelledError:  # the client cancelled or its deadline passed
+            code = grpc.StatusCode.CANCELLED
+            raise
         finally:
+            if spans is not None and span is not None:
+                spans.end_rpc(span, route, code.value[0], code.name, failure)
             seconds = time.perf_counter() - start
             metrics = self.state.metrics
             metrics.grpc_requests.labels(handler.__name__, code.name).inc()

@@ -1,6 +1,7 @@
 """OpenTelemetry tracing, when configured: a span per HTTP request (``Spans.start_request``,
-opened by ``service.access.AccessLog``; health checks and scrapes have none), and the service's
-spans inside it: ``decode`` (the request's images), and per batch its images ran in ``queue``
+opened by ``service.access.AccessLog``; health checks and scrapes have none) and per gRPC call
+(``Spans.start_rpc``, by ``service.grpc_server``; not the probes), and the service's spans
+inside it: ``decode`` (the request's images), and per batch its images ran in ``queue``
 (their wait in the model's batcher) and ``inference`` (the batch, with its size and the
 request's images in it).
 
@@ -23,7 +24,7 @@ import importlib.util
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,10 @@ def tracer(provider: TracerProvider | None = None) -> Tracer:
 _SCOPE = (TRACER_NAME, None, None)
 _INTERNAL, _SERVER = SpanKind.INTERNAL.value, SpanKind.SERVER.value
 _UNSET, _ERROR = StatusCode.UNSET.value, StatusCode.ERROR.value
+#: gRPC status codes that are the server's failure (the RPC semantic conventions' list)
+_GRPC_SERVER_ERRORS = frozenset(
+    {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
+)
 
 
 def _trace_id() -> int:
@@ -197,17 +202,18 @@ def _fields(propagator: TextMapPropagator) -> frozenset[str]:
     return frozenset(field.lower() for field in propagator.fields)
 
 
-def _caller(scope: Scope) -> otel_context.Context:
+def _caller(headers: Iterable[tuple[bytes | str, bytes | str]]) -> otel_context.Context:
     """The caller's context, extracted by the configured propagators from the request headers
-    they read (their ``fields``: ``traceparent``, ``tracestate``, ``baggage`` by default); an
-    empty context, without calling them, when the request has none of those headers."""
+    (ASGI's, as bytes; or gRPC metadata, as strings) they read (their ``fields``:
+    ``traceparent``, ``tracestate``, ``baggage`` by default); an empty context, without calling
+    them, when the request has none of those headers."""
     propagator = propagate.get_global_textmap()
     fields = _fields(propagator)
     carrier: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
-        name = raw_name.decode("latin-1")
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1") if isinstance(raw_name, bytes) else raw_name.lower()
         if name in fields:
-            value = raw_value.decode("latin-1")
+            value = raw_value.decode("latin-1") if isinstance(raw_value, bytes) else raw_value
             carrier[name] = f"{carrier[name]},{value}" if name in carrier else value  # RFC 9110
     return propagator.extract(carrier) if carrier else otel_context.Context()
 
@@ -249,17 +255,28 @@ class Spans:
         the current span for the request; ``None`` when nothing is traced."""
         if not self.enabled:
             return None
-        caller = _caller(scope)
+        return self._start(_caller(scope["headers"]), scope["method"])
+
+    def start_rpc(
+        self, metadata: Iterable[tuple[str, str | bytes]], method: str
+    ) -> RequestSpan | None:
+        """Open a gRPC call's span (kind SERVER), child of the caller's span when its
+        ``metadata`` carries one, current for the call; ``None`` when nothing is traced.
+        ``method``: the full method name, ``/package.Service/Method``."""
+        if not self.enabled:
+            return None
+        return self._start(_caller(metadata), method.lstrip("/"))
+
+    def _start(self, caller: otel_context.Context, name: str) -> RequestSpan:
         parent = trace.get_current_span(caller).get_span_context()
-        method = scope["method"]
         sdk_span = None
         if self.pipe is None:
-            sdk_span = self.tracer.start_span(method, caller, kind=SpanKind.SERVER)
+            sdk_span = self.tracer.start_span(name, caller, kind=SpanKind.SERVER)
             span = sdk_span.get_span_context()
         else:
             trace_id = parent.trace_id if parent.is_valid else _trace_id()
             assert self.sampler is not None
-            decision = self.sampler.should_sample(caller, trace_id, method, SpanKind.SERVER)
+            decision = self.sampler.should_sample(caller, trace_id, name, SpanKind.SERVER)
             sampled = decision.decision.is_sampled()
             flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
             span = SpanContext(trace_id, _span_id(), False, flags, decision.trace_state)
@@ -302,7 +319,45 @@ class Spans:
         failed = error is not None or not 100 <= status < 500
         if failed:
             attributes["error.type"] = type(error).__qualname__ if error else str(status)
-        name = f"{method} {route}" if route is not None else method
+        self._end(
+            request, f"{method} {route}" if route is not None else method, attributes, failed, error
+        )
+
+    def end_rpc(
+        self,
+        request: RequestSpan,
+        method: str,
+        code: int,
+        code_name: str,
+        error: BaseException | None = None,
+    ) -> None:
+        """Close a gRPC call's span, named ``package.Service/Method``, with the RPC span's
+        attributes of OpenTelemetry's semantic conventions (``rpc.grpc.status_code``: ``code``,
+        grpc's ``StatusCode`` value); a server-side status (``UNKNOWN``, ``DEADLINE_EXCEEDED``,
+        ``UNIMPLEMENTED``, ``INTERNAL``, ``UNAVAILABLE``, ``DATA_LOSS``) makes it an error, with
+        ``error`` as its exception event when given."""
+        otel_context.detach(request.token)
+        name = method.lstrip("/")
+        service, _, rpc = name.rpartition("/")
+        attributes: dict[str, Any] = {
+            "rpc.system": "grpc",
+            "rpc.service": service,
+            "rpc.method": rpc,
+            "rpc.grpc.status_code": code,
+        }
+        failed = code_name in _GRPC_SERVER_ERRORS
+        if failed:
+            attributes["error.type"] = code_name
+        self._end(request, name, attributes, failed, error if failed else None)
+
+    def _end(
+        self,
+        request: RequestSpan,
+        name: str,
+        attributes: dict[str, Any],
+        failed: bool,
+        error: BaseException | None,
+    ) -> None:
         span = request.sdk_span
         if span is not None:
             span.update_name(name)
@@ -317,7 +372,6 @@ class Spans:
         if not context.trace_flags.sampled or self.pipe is None:
             return
         description, events = _error(error) if error is not None else (None, ())
-        span_status = _ERROR if failed else _UNSET
         self.pipe.record(
             _record(
                 name,
@@ -328,7 +382,7 @@ class Spans:
                 request.start_ns,
                 time.time_ns(),
                 attributes,
-                span_status,
+                _ERROR if failed else _UNSET,
                 description,
                 events,
             )

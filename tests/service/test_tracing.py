@@ -1,10 +1,11 @@
-"""OpenTelemetry tracing: a request's spans (FastAPI's request span; the service's decode, and
-per batch its images ran in, their queue wait and the inference with the batch size), made with
-the SDK's spans or as records through ``SpanPipe`` (the way the service exports them), exported
-to an in-memory exporter; and end to end through the exporter process to an OTLP collector."""
+"""OpenTelemetry tracing: a request's spans (its own, HTTP or gRPC; the service's decode, and per
+batch its images ran in, their queue wait and the inference with the batch size), made with the
+SDK's spans or as records through ``SpanPipe`` (the way the service exports them), exported to an
+in-memory exporter; and end to end through the exporter process to an OTLP collector."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib.util
 import threading
@@ -25,26 +26,26 @@ from service.settings import Settings
 from service.span_export import SpanPipe
 from service.tracing import check_tracing
 
-from .conftest import FakeBackend, grey, wait_ready
+from .conftest import FakeBackend, free_port, grey, wait_ready
 
 Collect = Callable[[int], tuple[ReadableSpan, ...]]
 
 
-@pytest.fixture(params=["sdk", "piped"])
-def traced(request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Collect]]:
-    """A traced app and ``collect(n)``: the spans finished since it started (at least ``n``,
-    waiting for the exporter thread when piped)."""
+@contextlib.contextmanager
+def _traced_app(mode: str, settings: Settings) -> Iterator[tuple[TestClient, Collect]]:
+    """An app traced with SDK spans or records through a ``SpanPipe`` (``mode``), and
+    ``collect(n)``: the spans finished since it started (at least ``n``, waiting for the
+    exporter thread when piped)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     pipe = None
-    if request.param == "sdk":
+    if mode == "sdk":
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
         pipe = SpanPipe(provider.resource, exporter, schedule_delay_ms=5)
         provider.add_span_processor(pipe)
     backend = FakeBackend()
     backend.warmups = 3  # buckets 1, 2, 4
-    settings = Settings(max_batch_size=4, max_wait_ms=50)
     app = create_app(settings, backend, tracer_provider=provider, span_pipe=pipe)
 
     def collect(n: int) -> tuple[ReadableSpan, ...]:
@@ -59,6 +60,13 @@ def traced(request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Collect
         collect(0)
         exporter.clear()
         yield client, collect
+
+
+@pytest.fixture(params=["sdk", "piped"])
+def traced(request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Collect]]:
+    """A traced app (HTTP only) and ``collect``."""
+    with _traced_app(request.param, Settings(max_batch_size=4, max_wait_ms=50)) as traced:
+        yield traced
 
 
 def test_a_request_has_decode_queue_and_inference_spans_under_its_own(traced):
@@ -224,3 +232,61 @@ def test_an_endpoint_without_the_sdk_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="install the tracing extra"):
         check_tracing()
+
+
+@pytest.mark.parametrize("mode", ["sdk", "piped"])
+def test_a_grpc_call_has_its_own_span_over_queue_and_inference(mode):
+    """A ModelInfer call is a SERVER span (the RPC conventions' attributes) continuing the
+    caller's trace from its metadata, with the batch's queue and inference spans under it; a
+    client's mistake (NOT_FOUND) is not an error span, and probes are not traced."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    port = free_port()
+    settings = Settings(max_batch_size=4, max_wait_ms=50, grpc_port=port)
+    with (
+        _traced_app(mode, settings) as (client, collect),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        name = client.get("/metadata").json()["model"]["name"]
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.ServerLive(service_pb2.ServerLiveRequest())
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(
+            name="image", datatype="FP32", shape=[1, 1, 28, 28]
+        )
+        request = service_pb2.ModelInferRequest(
+            model_name=name,
+            inputs=[tensor],
+            raw_input_contents=[bytes(4 * 28 * 28)],
+        )
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        stub.ModelInfer(request, metadata=[("traceparent", parent)])
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"))
+        assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+        spans = collect(5)
+    by_name = {span.name: span for span in spans}
+    assert set(by_name) == {
+        "GET /metadata",
+        "inference.GRPCInferenceService/ModelInfer",
+        "inference.GRPCInferenceService/ModelMetadata",
+        "queue",
+        "inference",
+    }  # no ServerLive: probes are not traced
+    call = by_name["inference.GRPCInferenceService/ModelInfer"]
+    assert call.kind is SpanKind.SERVER
+    assert call.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert call.parent.span_id == 0xB7AD6B7169203331
+    assert dict(call.attributes) == {
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "rpc.grpc.status_code": 0,
+    }
+    for child in ("queue", "inference"):
+        assert by_name[child].parent.span_id == call.context.span_id
+    metadata = by_name["inference.GRPCInferenceService/ModelMetadata"]
+    assert metadata.attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert metadata.status.status_code is StatusCode.UNSET
+    assert metadata.parent is None
