@@ -12,7 +12,7 @@ instrumentation scope in order of first appearance, and per span
   remote (links: always, as ``from_record`` makes them);
 - ``trace_state`` as its W3C header, ``status`` always present (code, description);
 - attributes, events and links with the SDK's value mapping (bool, str, int, float, bytes,
-  sequences, mappings; a value of another type is logged and left out, as the SDK does).
+  sequences, mappings; a value it cannot encode is logged and left out, as the SDK does).
 
 It costs about 3 µs a span where the SDK path (rebuild, batch processor, encoder) costs about
 20 µs: the export process's CPU is what tracing every request costs a busy 2-core host.
@@ -30,7 +30,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceMes
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 __all__ = ["SpanEncoder"]
 
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 _KINDS = {kind.value: getattr(SpanMessage, f"SPAN_KIND_{kind.name}") for kind in SpanKind}
 _HAS_IS_REMOTE = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = 0x200  # SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+_STATUS_ERROR = StatusCode.ERROR.value
 
 
 def _value(value: Any, out: AnyValue) -> None:
@@ -83,9 +84,11 @@ def _attributes(attributes: Mapping[str, Any], out: Any) -> None:
     """Append ``attributes`` to the repeated ``KeyValue`` field ``out``; a key whose value
     cannot be encoded (anywhere inside it) is logged and left out."""
     for key, value in attributes.items():
+        item = out.add()
         try:
-            _value(value, out.add(key=str(key)).value)
-        except TypeError as error:
+            item.key = key
+            _value(value, item.value)
+        except Exception as error:  # as the SDK: an int beyond int64, a lone surrogate, ...
             del out[-1]
             log.error("Failed to encode key %s: %s", key, error)
 
@@ -140,7 +143,7 @@ def _span(record: tuple[Any, ...], span: SpanMessage) -> None:
     span.kind = _KINDS[kind]
     span.start_time_unix_nano = start
     span.end_time_unix_nano = end
-    span.flags = _HAS_IS_REMOTE | _IS_REMOTE if parent_remote else _HAS_IS_REMOTE
+    span.flags = _HAS_IS_REMOTE | _IS_REMOTE if parent_id and parent_remote else _HAS_IS_REMOTE
     if attributes:
         _attributes(attributes, span.attributes)
     for event_name, timestamp, event_attributes in events:
@@ -156,5 +159,5 @@ def _span(record: tuple[Any, ...], span: SpanMessage) -> None:
     span.status.SetInParent()
     if status:
         span.status.code = status
-    if description is not None:
-        span.status.message = description
+        if description is not None and status == _STATUS_ERROR:  # the SDK keeps no other's
+            span.status.message = description

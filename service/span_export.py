@@ -28,6 +28,8 @@ exports them there instead: tests use it with an in-memory exporter.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import itertools
 import logging
 import os
 import pickle
@@ -48,8 +50,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
-
-from service.span_encoding import SpanEncoder
 
 __all__ = ["Record", "SpanPipe", "from_record", "main", "to_record"]
 
@@ -183,8 +183,9 @@ def _otlp_exporter() -> SpanExporter:
 def _encoded_sender(exporter: SpanExporter) -> Callable[[bytes], object] | None:
     """The SDK's OTLP/http exporter's own client, ``export(serialised request)`` (compression,
     headers, timeout, retries and TLS as the standard variables configure them), when
-    ``exporter`` is that exporter and has one; ``None`` otherwise: another exporter, or an SDK
-    version without that client, and spans go through the SDK as a whole."""
+    ``exporter`` is that exporter and its client takes one ``bytes`` argument; ``None``
+    otherwise: another exporter, or an SDK version without that client, and spans go through
+    the SDK as a whole."""
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:  # pragma: no cover - the tracing extra installs it
@@ -192,7 +193,11 @@ def _encoded_sender(exporter: SpanExporter) -> Callable[[bytes], object] | None:
     if not isinstance(exporter, OTLPSpanExporter):
         return None
     send = getattr(getattr(exporter, "_client", None), "export", None)
-    return send if callable(send) else None
+    try:
+        inspect.signature(send).bind(b"")  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # not a callable, or one of another shape
+        return None
+    return send  # type: ignore[return-value]
 
 
 def _consume(
@@ -209,15 +214,23 @@ def _consume(
 
     With the OTLP/http exporter, each message is encoded by ``SpanEncoder`` and sent at once by
     the exporter's client: the sending paces the reading, so a slow collector fills the
-    server's queue, which counts what it drops. With any other exporter the records are rebuilt
-    as SDK spans for a ``BatchSpanProcessor`` (``schedule_delay_ms``, ``max_queue_size``)."""
+    server's queue, which counts what it drops. With any other exporter, or once that client
+    refuses the encoded bytes, the records are rebuilt as SDK spans for a
+    ``BatchSpanProcessor`` (``schedule_delay_ms``, ``max_queue_size``)."""
+    messages = _messages(receive)
     send = _encoded_sender(exporter)
     if send is not None:
+        from service.span_encoding import SpanEncoder  # the exporter process's only
+
         try:
-            _send_encoded(receive, SpanEncoder(resource), send, max_export_batch_size)
-        finally:
+            unsent = _send_encoded(messages, SpanEncoder(resource), send, max_export_batch_size)
+        except BaseException:
             exporter.shutdown()
-        return
+            raise
+        if unsent is None:  # the end of the input
+            exporter.shutdown()
+            return
+        messages = itertools.chain([unsent], messages)
     capacity = 2 * max_queue_size  # one full message from the server beyond a full queue
     counted = _Counted(exporter)
     processor = BatchSpanProcessor(
@@ -228,7 +241,7 @@ def _consume(
     )
     scopes: dict[tuple[Any, ...], InstrumentationScope] = {}
     try:
-        for records in _messages(receive):
+        for records in messages:
             # Back-pressure instead of the processor's own drops: while the collector is slow
             # or away, stop reading, so the server's queue fills and counts what it drops.
             counted.reserve(len(records), capacity)
@@ -252,20 +265,35 @@ def _messages(receive: Callable[[], bytes]) -> Iterator[list[Record]]:
 
 
 def _send_encoded(
-    receive: Callable[[], bytes],
-    encode: SpanEncoder,
+    messages: Iterator[list[Record]],
+    encode: Callable[[Sequence[Record]], bytes],
     send: Callable[[bytes], object],
     batch_size: int,
-) -> None:
+) -> list[Record] | None:
     """Encode and send each message's records, ``batch_size`` at a time (the client logs
-    what it fails to send; a batch that fails otherwise is logged and dropped)."""
-    for records in _messages(receive):
+    what it fails to send; a batch that fails otherwise is logged and dropped). ``None`` at the
+    end of the input; the records not sent yet if the client turns out not to take encoded
+    requests (``TypeError``, ``AttributeError``: another SDK version), for the SDK to export."""
+    for records in messages:
         for first in range(0, len(records), batch_size):
             batch = records[first : first + batch_size]
             try:
-                send(encode(batch))
+                data = encode(batch)
+            except Exception:
+                log.exception("encoding %d spans failed; they are dropped", len(batch))
+                continue
+            try:
+                send(data)
+            except (TypeError, AttributeError):
+                log.warning(
+                    "the OTLP exporter's client does not take encoded requests (another "
+                    "OpenTelemetry SDK version?): spans go through the SDK from now on",
+                    exc_info=True,
+                )
+                return records[first:]
             except Exception:
                 log.exception("exporting %d spans failed; they are dropped", len(batch))
+    return None
 
 
 def _frame(data: bytes) -> bytes:

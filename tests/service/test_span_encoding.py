@@ -3,16 +3,20 @@ spans; the exporter process sends it through the OTLP/http exporter's own client
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import pickle
 import threading
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from service.span_encoding import SpanEncoder
@@ -37,12 +41,17 @@ def _records() -> tuple[list[tuple[Any, ...]], Resource]:
         "mapping": {"k": 1.5, "m": {"deep": True}},
         "bad": object(),  # left out, by both
         "bad-inside": (1, object()),
+        "beyond-int64": 2**64,
+        "lone-surrogate": "\udc80",
+        7: "a key that is not a string",
         "float": 0.25,
         "big": 2**62,
     }
     child = ("decode", 5, 7, 6, False, 1, (), 0, 11, 12, odd, 2, "ValueError: x")
     child += (SERVICE, (("exception", 12, {"exception.type": "ValueError"}),), ())
-    empty = ("queue", 5, 8, 6, False, 1, (), 0, 12, 13, {}, 0, None, SERVICE, (), ())
+    # no description without an error; "remote" means nothing without a parent
+    empty = ("queue", 5, 8, 6, False, 1, (), 0, 12, 13, {}, 0, "unset", SERVICE, (), ())
+    root = (*root[:4], True, *root[5:])
     return [root, sdk, child, empty, (*sdk[:2], 99, *sdk[3:])], resource
 
 
@@ -58,8 +67,41 @@ def test_the_encoder_writes_what_the_sdk_encoder_writes():
 
 
 def test_the_otlp_exporter_is_sent_encoded_requests_and_others_get_sdk_spans():
-    assert _encoded_sender(OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")) is not None
+    exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    assert _encoded_sender(exporter) is not None  # this SDK version: the fast path
     assert _encoded_sender(InMemorySpanExporter()) is None
+    exporter._client = SimpleNamespace(export=lambda data, timeout: None)  # another shape
+    assert _encoded_sender(exporter) is None
+
+
+class _ChangedClient(OTLPSpanExporter):
+    """An OTLP exporter whose client looks right but refuses encoded bytes (a future SDK), and
+    which keeps what the SDK path hands it."""
+
+    def __init__(self) -> None:
+        super().__init__(endpoint="http://127.0.0.1:9/v1/traces")
+        self._client = SimpleNamespace(export=self._refuse)
+        self.spans: list[Any] = []
+
+    @staticmethod
+    def _refuse(data: bytes) -> None:
+        raise TypeError("expected a sequence of spans")
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_client_that_refuses_encoded_bytes_hands_every_span_to_the_sdk(caplog):
+    records, resource = _records()
+    messages = [pickle.dumps(records), pickle.dumps(records[:1]), b""]
+    exporter = _ChangedClient()
+    _consume(iter(messages).__next__, resource, exporter, 5, 9, 2)
+    assert [span.name for span in exporter.spans] == [r[0] for r in records] + [records[0][0]]
+    assert "spans go through the SDK from now on" in caplog.text
 
 
 class _Collector(http.server.BaseHTTPRequestHandler):
@@ -67,6 +109,8 @@ class _Collector(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
         type(self).requests.append(ExportTraceServiceRequest.FromString(body))
         self.send_response(200)
         self.send_header("content-length", "0")
@@ -88,10 +132,12 @@ def collector():
         server.server_close()
 
 
-def test_the_exporter_sends_each_message_in_batches_of_the_batch_size(collector):
+@pytest.mark.parametrize("compression", [Compression.NoCompression, Compression.Gzip])
+def test_the_exporter_sends_each_message_in_batches_of_the_batch_size(collector, compression):
     records, resource = _records()
     messages = [pickle.dumps(records), pickle.dumps(records[:1]), b""]
-    _consume(iter(messages).__next__, resource, OTLPSpanExporter(endpoint=collector), 5, 9, 2)
+    exporter = OTLPSpanExporter(endpoint=collector, compression=compression)
+    _consume(iter(messages).__next__, resource, exporter, 5, 9, 2)
     sizes = [
         sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
         for request in _Collector.requests
