@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import (
     INVALID_SPAN_ID,
@@ -41,6 +43,7 @@ from opentelemetry.trace import (
     Tracer,
     TracerProvider,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Scope
 
 if TYPE_CHECKING:  # the SDK is the tracing extra's
@@ -196,26 +199,40 @@ def _error(error: BaseException) -> tuple[str, tuple[tuple[str, int, dict[str, A
     return f"{type(error).__name__}: {error}", (("exception", time.time_ns(), attributes),)
 
 
+#: propagators whose ``fields`` are exactly the headers they read
+_W3C = (TraceContextTextMapPropagator, W3CBaggagePropagator)
+
+
 @functools.lru_cache(maxsize=8)
-def _fields(propagator: TextMapPropagator) -> frozenset[str]:
-    """The header names ``propagator`` reads, lower-case as ASGI gives them."""
+def _fields(propagator: TextMapPropagator) -> frozenset[str] | None:
+    """The header names ``propagator`` reads, lower-case as ASGI gives them, when it is made of
+    W3C trace context and baggage only (the default); ``None`` for any other, whose ``fields``
+    (the headers it writes) may not list all it reads (B3's ``x-b3-*``, prefixes)."""
+    if isinstance(propagator, CompositePropagator):
+        parts = getattr(propagator, "_propagators", None)
+    else:
+        parts = [propagator]
+    if parts is None or not all(type(part) in _W3C for part in parts):
+        return None
     return frozenset(field.lower() for field in propagator.fields)
 
 
 def _caller(headers: Iterable[tuple[bytes | str, bytes | str]]) -> otel_context.Context:
     """The caller's context, extracted by the configured propagators from the request headers
-    (ASGI's, as bytes; or gRPC metadata, as strings) they read (their ``fields``:
-    ``traceparent``, ``tracestate``, ``baggage`` by default); an empty context, without calling
-    them, when the request has none of those headers."""
+    (ASGI's, as bytes; or gRPC metadata, as strings). With the default propagators only the
+    headers they read are looked at (``traceparent``, ``tracestate``, ``baggage``), and a
+    request with none of them gets an empty context without calling them."""
     propagator = propagate.get_global_textmap()
     fields = _fields(propagator)
     carrier: dict[str, str] = {}
     for raw_name, raw_value in headers:
         name = raw_name.decode("latin-1") if isinstance(raw_name, bytes) else raw_name.lower()
-        if name in fields:
+        if fields is None or name in fields:
             value = raw_value.decode("latin-1") if isinstance(raw_value, bytes) else raw_value
             carrier[name] = f"{carrier[name]},{value}" if name in carrier else value  # RFC 9110
-    return propagator.extract(carrier) if carrier else otel_context.Context()
+    if not carrier and fields is not None:
+        return otel_context.Context()
+    return propagator.extract(carrier)
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import TextMapPropagator, default_getter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -200,6 +203,43 @@ def test_the_request_span_continues_the_callers_trace_from_its_headers(service_s
     assert list(child.context.trace_state.items()) == [("a", "1"), ("b", "2")]
     assert root.parent is None
     assert root.context.trace_id != child.context.trace_id
+
+
+class _HeaderPropagator(TextMapPropagator):
+    """A propagator that reads a header its ``fields`` does not list (as B3 reads ``x-b3-*``
+    when configured as ``b3``): it must be handed every header."""
+
+    def extract(self, carrier, context=None, getter=default_getter):
+        value = getter.get(carrier, "x-trace")
+        if not value:
+            return context or Context()
+        remote = trace.SpanContext(int(value[0]), 3, True, trace.TraceFlags(1))
+        return trace.set_span_in_context(trace.NonRecordingSpan(remote), context)
+
+    def inject(self, carrier, context=None, setter=None):
+        pass
+
+    @property
+    def fields(self):
+        return set()
+
+
+@pytest.fixture
+def header_propagator() -> Iterator[None]:
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(_HeaderPropagator())
+    yield
+    propagate.set_global_textmap(previous)
+
+
+@pytest.mark.usefixtures("header_propagator")
+def test_another_propagator_is_handed_every_header(service_spans):
+    spans, _, finish = service_spans
+    scope = {"type": "http", "method": "GET", "path": "/x", "headers": [(b"x-trace", b"9")]}
+    spans.end_request(spans.start_request(scope), scope, "/x", 200)
+    (span,) = finish()
+    assert span.context.trace_id == 9
+    assert span.parent.span_id == 3
 
 
 def test_a_slow_collector_holds_the_exporter_back_instead_of_dropping_spans(caplog):
