@@ -148,6 +148,10 @@ def infer_request(message: Any, max_elements: int) -> InferRequest:
             f"raw_input_contents holds {len(raw)} tensors for "
             f"{len(message.inputs)} inputs; send one per input or none"
         )
+    for tensor in message.inputs:  # every input well-formed (else 400) before any too large
+        check_input(
+            tensor.name, tensor.datatype, list(tensor.shape), _parameters(tensor.parameters), None
+        )
     inputs = [
         _input(tensor, raw[i] if raw else None, max_elements)
         for i, tensor in enumerate(message.inputs)

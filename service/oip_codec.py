@@ -383,10 +383,10 @@ def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bo
 
 
 def check_input(
-    name: str, datatype: Any, shape: Any, parameters: dict[str, Any], max_elements: int
+    name: str, datatype: Any, shape: Any, parameters: dict[str, Any], max_elements: int | None
 ) -> tuple[int, ...]:
     """An input's datatype, shape and parameters checked (at most ``max_elements`` ``BYTES``
-    elements); its shape."""
+    elements, 413 beyond; None: no limit); its shape."""
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise ProtocolError(
             f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
@@ -394,7 +394,7 @@ def check_input(
     checked = _shape(shape, name)
     if "shared_memory_region" in parameters:
         raise ProtocolError("the shared-memory extension is not supported; send the data")
-    if datatype == "BYTES" and math.prod(checked) > max_elements:
+    if datatype == "BYTES" and max_elements is not None and math.prod(checked) > max_elements:
         raise ProtocolError(
             f"input {name!r} has {math.prod(checked)} BYTES elements; at most {max_elements} "
             "per request",
@@ -405,7 +405,7 @@ def check_input(
 
 def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> list[InputTensor]:
     for raw in header.inputs:  # every input well-formed (else 400) before any is too large (413)
-        check_input(raw.name, raw.datatype, raw.shape, raw.parameters or {}, _MAX_ELEMENTS)
+        check_input(raw.name, raw.datatype, raw.shape, raw.parameters or {}, None)
     inputs, offset = [], 0
     for raw in header.inputs:
         name = raw.name

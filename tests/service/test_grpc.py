@@ -357,3 +357,21 @@ def test_grpc_messages_count_against_max_buffered_bytes_with_rest_bodies(shipped
                 outcomes = list(pool.map(call, range(48)))
             assert set(outcomes) == {"refused", "answered"}, set(outcomes)
             assert call(0) == "answered"  # nothing is left held
+
+
+def test_a_malformed_input_is_invalid_argument_even_after_a_too_large_one():
+    """As on REST: every input's datatype and shape are checked before any size limit."""
+    from service.grpc_server import infer_request
+    from service.oip_codec import ProtocolError
+
+    tensors = [
+        service_pb2.ModelInferRequest.InferInputTensor(
+            name="big", datatype="BYTES", shape=[9115, 290145]
+        ),
+        service_pb2.ModelInferRequest.InferInputTensor(
+            name="bad", datatype="FP32", shape=[1, 2**31]
+        ),
+    ]
+    with pytest.raises(ProtocolError, match="'bad': shape must be") as error:
+        infer_request(service_pb2.ModelInferRequest(model_name="m", inputs=tensors), 64)
+    assert error.value.status == 400
