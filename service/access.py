@@ -63,7 +63,7 @@ class RequestRecord:
     images: int | None = None
     decode_s: float | None = None  # in decode_all: admission, waiting for a thread, decoding
     # in the model's batcher (time.perf_counter()): its first image queued, the first of the
-    # batches running its images started, the last of them ended
+    # batches with its images dispatched to the inference thread, the last of them ended
     queued: float | None = None
     started: float | None = None
     ended: float | None = None
@@ -72,18 +72,32 @@ class RequestRecord:
         """Add ``seconds`` to the timing ``name`` (``decode_s``)."""
         setattr(self, name, (getattr(self, name) or 0.0) + seconds)
 
-    def ran_in(self, queued: float, start: float, end: float) -> None:
-        """One of its images, queued at ``queued``, ran in a batch from ``start`` to ``end``."""
-        self.queued = queued if self.queued is None else min(self.queued, queued)
-        self.started = start if self.started is None else min(self.started, start)
-        self.ended = end if self.ended is None else max(self.ended, end)
+    def note_queued(self, at: float) -> None:
+        """One of its images entered the batcher's queue ``at``."""
+        self.queued = at if self.queued is None else min(self.queued, at)
+
+    def note_started(self, at: float) -> None:
+        """A batch with some of its images was dispatched to the inference thread ``at``."""
+        self.started = at if self.started is None else min(self.started, at)
+
+    def note_ended(self, at: float) -> None:
+        """A batch with some of its images ended ``at`` (its outputs back, or its failure)."""
+        self.ended = at if self.ended is None else max(self.ended, at)
+
+    def cut(self, at: float) -> None:
+        """It stopped waiting ``at`` (its deadline): a queue wait or an inference still under
+        way ends there."""
+        if self.queued is not None and self.started is None:
+            self.started = at
+        elif self.started is not None and (self.ended is None or self.ended < at):
+            self.ended = at
 
     @property
     def queue_s(self) -> float | None:
         """From its first image queued to the start of the first batch with any of its images."""
         if self.queued is None or self.started is None:
             return None
-        return self.started - self.queued
+        return max(self.started - self.queued, 0.0)
 
     @property
     def inference_s(self) -> float | None:

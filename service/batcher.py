@@ -149,10 +149,13 @@ class MicroBatcher:
         """Queue one image; the future resolves to its row of each output: ``(logits (K,),
         embedding (p,))``, and its typicality ``(2,)`` where the run function adds it."""
         future: asyncio.Future[tuple[np.ndarray, ...]] = asyncio.get_running_loop().create_future()
+        job = _Job(image, future)
         try:
-            self._queue.put_nowait(_Job(image, future))
+            self._queue.put_nowait(job)
         except asyncio.QueueFull:
             raise QueueFullError(f"{self._queue.maxsize} images are already waiting") from None
+        if job.record is not None:
+            job.record.note_queued(job.enqueued)
         self._arrived.set()
         return future
 
@@ -257,16 +260,6 @@ class MicroBatcher:
                 "inference", span, start_ns, end_ns, {**attributes, "smso.images": images}
             )
 
-    @staticmethod
-    def _note(jobs: list[_Job], start: float) -> float:
-        """Tell each job's request (its access line) that it ran from ``start`` until now;
-        returns now (``time.perf_counter()``)."""
-        end = time.perf_counter()
-        for job in jobs:
-            if job.record is not None:
-                job.record.ran_in(job.enqueued, start, end)
-        return end
-
     def _stack_run(self, images: list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], float]:
         """Stack and run, in the worker thread: a batch of 64 ImageNet-sized images is 38 MB
         to copy, which would hold up the event loop for milliseconds. Also returns the
@@ -278,16 +271,24 @@ class MicroBatcher:
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
         waits = [start - job.enqueued for job in jobs]
+        records = [job.record for job in jobs if job.record is not None]  # their access lines
+        for record in records:
+            record.note_started(start)
         try:
             images = [job.image for job in jobs]
             outputs, inference = await loop.run_in_executor(self._executor, self._stack_run, images)
         except Exception as error:  # delivered to every caller of the batch
-            self._note(jobs, start)
+            end = time.perf_counter()
+            for record in records:
+                record.note_ended(end)
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(error)
             return
-        round_trip = self._note(jobs, start) - start
+        end = time.perf_counter()
+        for record in records:
+            record.note_ended(end)
+        round_trip = end - start
         self._last_inference_s = inference
         try:
             self._trace(jobs, start_ns, time.time_ns())

@@ -246,6 +246,8 @@ async def run_batched(
     except TimeoutError:
         for future in futures:
             future.cancel()
+        if record is not None:  # its wait, or its inference, ends at the deadline
+            record.cut(time.perf_counter())
         raise _deadline_exceeded(state) from None
     except Exception as error:
         log.error("inference failed: %s", error)

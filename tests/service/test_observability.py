@@ -72,6 +72,19 @@ def test_a_request_id_is_generated_echoed_and_on_the_access_line(make_client, li
     assert line["latency_ms"] >= line["decode_ms"] + line["queue_ms"] + line["inference_ms"]
 
 
+def test_a_request_past_its_deadline_still_has_its_split(make_client, lines):
+    """A 504 whose batch was still running at the deadline: its inference time runs to the
+    deadline, not missing from the line."""
+    client = make_client(FakeBackend(delay_s=0.5), request_timeout_s=0.2)
+    files = [("file", ("a.png", grey(1), "image/png"))]
+    response = client.post("/classify", files=files, headers={"X-Request-ID": "late-1"})
+    assert response.status_code == 504
+    (line,) = [a for a in access(lines) if a.get("request_id") == "late-1"]
+    assert line["queue_ms"] >= 0
+    assert line["inference_ms"] > 0
+    assert line["decode_ms"] + line["queue_ms"] + line["inference_ms"] <= line["latency_ms"]
+
+
 def test_a_clients_id_is_kept_and_a_bad_one_replaced(make_client, lines):
     client = make_client()
     kept = client.get("/metadata", headers={"X-Request-ID": "trace 42/abc"})
