@@ -7,12 +7,11 @@
 # separate processes with one CPU thread each (OMP_NUM_THREADS=1), JOBS at a time, in float32
 # (--amp off), the costliest rows first. images/s in the report is measured under this sharing.
 #
-# How long: not yet measured. Estimate for 16 cores and an H100 or H200: 8 to 10 minutes per run
-# for most rows with 11 to 14 at once (docs/results/gpu.md's sweep ran 12 SMSO runs of the 18-epoch
-# recipe at batch 128 in about 3 minutes; batch 64 has twice the steps, 30 epochs 5/3 as many),
-# so about 10 to 13 minutes per seed (its 11 runs at once) and 25 to 40 minutes for 3 seeds, more
-# if DeepO2P's float64
-# eigendecompositions are slow there. Each call prints its time and the total over the calls.
+# How long: not yet measured. Estimate for 16 cores and an H100 or H200: 12 to 15 minutes per
+# run for most rows with 11 to 14 at once (docs/results/gpu.md's sweep ran 12 SMSO runs of the
+# 18-epoch recipe at batch 128 in about 3 minutes; batch 64 has twice the steps, 45 epochs 2.5
+# times as many), so about 15 to 20 minutes per seed (its 11 runs at once) and 40 to 60 minutes
+# for 3 seeds, more if DeepO2P's float64 eigendecompositions are slow there. Each call prints its time and the total over the calls.
 #
 # Machines lent for short spells (10 minutes a command, 15 a lease): DEADLINE=540 stops every
 # run 540 s after the start. The runs resume: the same command again, on the same machine, skips

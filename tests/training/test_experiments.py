@@ -151,7 +151,7 @@ def test_rows_use_the_paper_recipe(tmp_path: Path) -> None:
     assert (fmnist.dataset, fmnist.backbone, fmnist.epochs, fmnist.seed) == (
         "fashion_mnist",
         "small_cnn",
-        30,
+        45,
         2,
     )
     assert fmnist.random_erasing == 0.5
