@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import io
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import numpy as np
@@ -156,3 +158,38 @@ __all__ = [
     "wait_http_ready",
     "wait_ready",
 ]
+
+
+class OtlpCollector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/http endpoint keeping every export request it gets (gzip bodies decompressed)."""
+
+    requests: ClassVar[list[Any]] = []  # ExportTraceServiceRequest messages
+
+    def do_POST(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        type(self).requests.append(ExportTraceServiceRequest.FromString(body))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def otlp_collector() -> Iterator[str]:
+    """An :class:`OtlpCollector` on a free loopback port, its requests emptied: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtlpCollector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    OtlpCollector.requests = []
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

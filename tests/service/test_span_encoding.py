@@ -3,12 +3,9 @@ spans; the exporter process sends it through the OTLP/http exporter's own client
 
 from __future__ import annotations
 
-import gzip
-import http.server
 import pickle
-import threading
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -21,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service.span_encoding import SpanEncoder
 from service.span_export import _consume, _encoded_sender, from_record, to_record
+from tests.service.conftest import OtlpCollector
 from tests.service.test_span_export import _sdk_span
 
 SERVICE = ("smso.service", None, None)
@@ -104,48 +102,20 @@ def test_a_client_that_refuses_encoded_bytes_hands_every_span_to_the_sdk(caplog)
     assert "spans go through the SDK from now on" in caplog.text
 
 
-class _Collector(http.server.BaseHTTPRequestHandler):
-    requests: ClassVar[list[ExportTraceServiceRequest]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        if self.headers.get("content-encoding") == "gzip":
-            body = gzip.decompress(body)
-        type(self).requests.append(ExportTraceServiceRequest.FromString(body))
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def collector():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Collector.requests = []
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/v1/traces"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.parametrize("compression", [Compression.NoCompression, Compression.Gzip])
-def test_the_exporter_sends_each_message_in_batches_of_the_batch_size(collector, compression):
+def test_the_exporter_sends_each_message_in_batches_of_the_batch_size(otlp_collector, compression):
     records, resource = _records()
     messages = [pickle.dumps(records), pickle.dumps(records[:1]), b""]
-    exporter = OTLPSpanExporter(endpoint=collector, compression=compression)
+    exporter = OTLPSpanExporter(endpoint=f"{otlp_collector}/v1/traces", compression=compression)
     _consume(iter(messages).__next__, resource, exporter, 5, 9, 2)
     sizes = [
         sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
-        for request in _Collector.requests
+        for request in OtlpCollector.requests
     ]
     assert sizes == [2, 2, 1, 1]
     names = [
         span.name
-        for request in _Collector.requests
+        for request in OtlpCollector.requests
         for r in request.resource_spans
         for s in r.scope_spans
         for span in s.spans

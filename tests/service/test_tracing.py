@@ -6,16 +6,12 @@ in-memory exporter; and end to end through the exporter process to an OTLP colle
 from __future__ import annotations
 
 import contextlib
-import http.server
 import importlib.util
-import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
 
 import pytest
 from fastapi.testclient import TestClient
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,7 +22,7 @@ from service.settings import Settings
 from service.span_export import SpanPipe
 from service.tracing import check_tracing
 
-from .conftest import FakeBackend, free_port, grey, wait_ready
+from .conftest import FakeBackend, OtlpCollector, free_port, grey, wait_ready
 
 Collect = Callable[[int], tuple[ReadableSpan, ...]]
 
@@ -167,47 +163,24 @@ def test_another_otlp_protocol_is_a_one_line_error(monkeypatch):
     check_tracing()
 
 
-class _Collector(http.server.BaseHTTPRequestHandler):
-    """An OTLP/http endpoint keeping every export request it gets."""
-
-    requests: ClassVar[list[ExportTraceServiceRequest]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        type(self).requests.append(ExportTraceServiceRequest.FromString(body))
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def test_spans_reach_an_otlp_collector_through_the_exporter_process(monkeypatch):
+def test_spans_reach_an_otlp_collector_through_the_exporter_process(monkeypatch, otlp_collector):
     """End to end, as deployed: the standard variables, the exporter process, OTLP/http. All
     of a request's spans arrive, under one trace, with the resource and their scopes; leaving
     the app flushes them."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Collector.requests = []
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_collector)
     monkeypatch.setenv("OTEL_SERVICE_NAME", "smso-test")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
-    try:
-        with TestClient(create_app(Settings(), FakeBackend())) as client:
-            wait_ready(client)
-            parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-            response = client.post(
-                "/classify",
-                files=[("file", ("0.png", grey(0), "image/png"))],
-                headers={"traceparent": parent},
-            )
-            assert response.status_code == 200
-    finally:
-        server.shutdown()
-        server.server_close()
+    with TestClient(create_app(Settings(), FakeBackend())) as client:
+        wait_ready(client)
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        response = client.post(
+            "/classify",
+            files=[("file", ("0.png", grey(0), "image/png"))],
+            headers={"traceparent": parent},
+        )
+        assert response.status_code == 200
     spans = {}
-    for export in _Collector.requests:
+    for export in OtlpCollector.requests:
         for resource_spans in export.resource_spans:
             attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
             assert attributes["service.name"] == "smso-test"
