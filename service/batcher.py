@@ -278,16 +278,14 @@ class MicroBatcher:
             images = [job.image for job in jobs]
             outputs, inference = await loop.run_in_executor(self._executor, self._stack_run, images)
         except Exception as error:  # delivered to every caller of the batch
-            end = time.perf_counter()
-            for record in records:
-                record.note_ended(end)
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(error)
             return
-        end = time.perf_counter()
-        for record in records:
-            record.note_ended(end)
+        finally:  # done or failed, the batch ended for its requests' access lines
+            end = time.perf_counter()
+            for record in records:
+                record.note_ended(end)
         round_trip = end - start
         self._last_inference_s = inference
         try:
