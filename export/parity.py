@@ -62,17 +62,15 @@ def check_parity(
     input_sets: dict[str, np.ndarray],
     batch_sizes: Sequence[int] = (1, 3, 8),
     precision: str = "float32",
-    tolerance: float | None = None,
 ) -> ParityReport:
     """Compare ``session`` (an onnxruntime session) with ``module`` (eval mode); raise on failure.
 
-    ``tolerance`` overrides :data:`TOLERANCE` (see ``export.onnx_export.HEAD_TOLERANCE``).
     ``input_sets`` maps a name to float32 images ``(M, C, H, W)``; each batch size ``b`` uses the
     first ``b`` images of each set (a set smaller than ``b`` is repeated to fill the batch).
     Returns the :class:`ParityReport`; raises :class:`ParityError` naming every output over
     tolerance and its max difference, or the number of top-1 disagreements.
     """
-    tolerance = TOLERANCE[precision] if tolerance is None else tolerance
+    tolerance = TOLERANCE[precision]
     worst = dict.fromkeys(OUTPUTS, 0.0)
     agree = total = allowed = 0
     for images in input_sets.values():

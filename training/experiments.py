@@ -130,8 +130,7 @@ TABLES: dict[str, list[Row]] = {
             ("bp", "BP", {"head": "bp", "reduce_dim": 64}),
             ("mpn", "MPN (iSQRT-COV)", {"head": "mpn", "reduce_dim": 64}),
             # d = 2,048, not the paper's 8,192: at c = 64, BP itself is 4,096-d, so 8,192 would
-            # approximate it with more dimensions than it has (and the sketches' FFTs at 8,192
-            # cost about 7 minutes per epoch on 2 cores); RM at the same d as TS
+            # approximate it with more dimensions than it has; RM at the same d as TS
             ("cbp-ts", "CBP-TS d=2,048", {"head": "cbp_ts", "head_options": {"dim": 2048},
                                          "reduce_dim": 64}),
             ("cbp-rm", "CBP-RM d=2,048", {"head": "cbp_rm", "head_options": {"dim": 2048},

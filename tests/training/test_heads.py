@@ -221,7 +221,7 @@ def test_mpn_head_is_the_upper_triangle_of_the_root() -> None:
 
 def test_tensor_sketch_matches_circular_convolution_of_count_sketches() -> None:
     c, d = 5, 32
-    head = create_head("cbp_ts", c, dim=d).double()  # FFT rounding would pass the signed sqrt
+    head = create_head("cbp_ts", c, dim=d).double()
     x = torch.randn(2, c, 3, 3, dtype=torch.float64)
     sketches = []
     for k in (1, 2):

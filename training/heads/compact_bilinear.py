@@ -23,9 +23,17 @@ def _generator(seed: int) -> torch.Generator:
 class TensorSketch(Head):
     """CBP-TS: ``phi(x) = IFFT(FFT(C_1 x) o FFT(C_2 x))``, ``C_k`` count sketches ``R^c -> R^d``.
 
-    ``C x [h(m)] += s(m) x[m]`` with random buckets ``h: [c] -> [d]`` and signs ``s: [c] -> {+-1}``.
-    Summing over positions is done in the frequency domain, so there is one inverse FFT per image.
-    ``(B, c, h, w)`` -> ``(B, d)``, d = 8,192 by default.
+    ``C_k x [h_k(m)] += s_k(m) x[m]`` with random buckets ``h_k: [c] -> [d]`` and signs
+    ``s_k: [c] -> {+-1}``. The product of FFTs is a circular convolution, so
+    ``phi(x)[j] = sum_{m, m'} s_1(m) s_2(m') x[m] x[m'] [h_1(m) + h_2(m') = j mod d]``, and the sum
+    over positions only needs the Gram matrix ``G = sum_i x_i x_i^T`` (c x c):
+
+        z[j] = sum_{m, m'} s_1(m) s_2(m') G[m, m'] [h_1(m) + h_2(m') = j mod d]
+
+    computed as one batched matrix product and one scatter-add of ``c^2`` entries into ``d``
+    buckets: exactly Gao et al.'s sketch, without the ``n x d`` sketches and their FFTs (at
+    c = 64, n = 49, d = 2,048 a training step of the head is several times cheaper, and memory
+    no longer grows with ``n d``). ``(B, c, h, w)`` -> ``(B, d)``, d = 8,192 by default.
     """
 
     def __init__(self, in_channels: int, dim: int = 8192, seed: int = 0, eps: float = 1e-8) -> None:
@@ -37,16 +45,14 @@ class TensorSketch(Head):
             self.register_buffer(f"sign{k}", sign)
         self.eps = eps
 
-    def count_sketch(self, xs: Tensor, bucket: Tensor, sign: Tensor) -> Tensor:
-        """``(B, n, c)`` -> ``(B, n, d)``, ``out[..., h(m)] += s(m) x[..., m]``."""
-        out = xs.new_zeros(*xs.shape[:-1], self.output_dim)
-        return out.scatter_add(-1, bucket.expand_as(xs), xs * sign)
-
     def pool(self, x: Tensor) -> Tensor:
-        xs = x.flatten(2).transpose(1, 2)  # (B, n, c)
-        f1 = torch.fft.rfft(self.count_sketch(xs, self.bucket1, self.sign1), dim=-1)
-        f2 = torch.fft.rfft(self.count_sketch(xs, self.bucket2, self.sign2), dim=-1)
-        z = torch.fft.irfft((f1 * f2).sum(dim=1), n=self.output_dim, dim=-1)  # (B, d)
+        xs = x.flatten(2)  # (B, c, n)
+        gram = xs @ xs.transpose(1, 2)  # (B, c, c)
+        signs = self.sign1[:, None] * self.sign2[None, :]  # (c, c)
+        buckets = (self.bucket1[:, None] + self.bucket2[None, :]) % self.output_dim  # (c, c)
+        values = (gram * signs).flatten(1)  # (B, c^2)
+        z = values.new_zeros(values.shape[0], self.output_dim)
+        z = z.scatter_add(1, buckets.flatten().expand_as(values), values)  # (B, d)
         return signed_sqrt_l2(z, self.eps)
 
 
