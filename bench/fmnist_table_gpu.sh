@@ -44,11 +44,11 @@ start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 
 nvidia-smi -L
-# Every row of the table, those whose step costs most first (on the CPU: CBP-TS 4x SMSO p = 64's,
-# CBP-RM 1.8x, SMSO p = 1,024, MPN and DeepO2P 1.4x; on a GPU DeepO2P's float64
-# eigendecompositions are the likely slowest), so that the last runs to start are short ones.
+# Every row of the table, those whose step costs most first (on the CPU: CBP-RM 2.6x SMSO p = 64's,
+# SMSO p = 1,024 2x, MPN and DeepO2P 1.7x; on a GPU DeepO2P's float64 eigendecompositions are the
+# likely slowest), so that the last runs to start are short ones.
 ALL=$($PY -c "from training.experiments import TABLES
-first = ['deepo2p', 'cbp-ts', 'cbp-rm', 'smso-1024', 'mpn']
+first = ['deepo2p', 'cbp-rm', 'smso-1024', 'mpn']
 rows = [r.name for r in TABLES['fmnist']]
 print(' '.join(sorted(rows, key=lambda r: first.index(r) if r in first else len(first))))") ||
   exit 1
