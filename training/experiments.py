@@ -220,7 +220,8 @@ def _result_line(table: str, row: Row, cfg: TrainConfig, result: Any) -> dict[st
     )
     metrics = [json.loads(line) for line in (result.out / "metrics.jsonl").read_text().splitlines()]
     seconds = sum(m["seconds"] for m in metrics)
-    images = sum(m["images_per_second"] * m["seconds"] for m in metrics)
+    # the median epoch's: a few epochs slowed by other work on the machine do not move it
+    speeds = [m["images_per_second"] for m in metrics if m.get("images_per_second")]
     return {
         "table": table,
         "row": row.name,
@@ -233,7 +234,7 @@ def _result_line(table: str, row: Row, cfg: TrainConfig, result: Any) -> dict[st
         "feature_dim": model.embedding_dim,
         "head_parameters": head_params,
         "train_seconds": seconds,
-        "images_per_second": images / seconds if seconds > 0 else None,
+        "images_per_second": statistics.median(speeds) if speeds else None,
         "device": next(model.parameters()).device.type,
         "epochs": cfg.epochs,
         "paper": row.paper.get(cfg.dataset),
@@ -368,9 +369,9 @@ def report(table: str, out: Path) -> str:
         "(for Fashion-MNIST, training images held out, which the seed draws); it alone chose "
         "the checkpoint each run keeps. `test %`: that checkpoint on the test split, "
         "evaluated once per run; nothing is chosen on the test split. Both: mean ± sample "
-        "standard deviation over the seeds. `images/s`: training throughput (metrics.jsonl; runs "
-        "that shared a machine slowed each other); `train min`: the epochs' training time, "
-        "validation and test passes not included.",
+        "standard deviation over the seeds. `images/s`: training throughput, the median "
+        "epoch's (metrics.jsonl; runs that shared a machine slowed each other); `train min`: "
+        "the epochs' training time, validation and test passes not included.",
     ]
     return "\n".join(rows + notes)
 

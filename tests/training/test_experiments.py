@@ -7,6 +7,7 @@ import shutil
 import statistics
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from training.engine import make_criterion
 from training.experiments import (
     FMNIST_RECIPE,
     TABLES,
+    _result_line,
     find_row,
     main,
     report,
@@ -254,6 +256,20 @@ def test_a_row_with_two_seeds_runs_each_in_its_folder(two_seeds: Path) -> None:
         assert json.loads((run / "result.json").read_text()) == line
         assert line["images_per_second"] > 0
         assert line["device"] == "cpu"
+
+
+def test_a_result_reports_the_median_epochs_throughput(tmp_path: Path) -> None:
+    """An epoch slowed by other work on the machine does not move the row's images/s."""
+    row = find_row("fmnist", "smso-16")
+    cfg = row_config("fmnist", row, None, tmp_path)
+    epochs = [(1000.0, 50.0), (200.0, 250.0), (1100.0, 45.0)]  # (images/s, seconds)
+    lines = [json.dumps({"images_per_second": v, "seconds": t}) for v, t in epochs]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    model = build_model(cfg.model_config(10, 1))
+    result = SimpleNamespace(model=model, out=tmp_path, test=None, best_val_accuracy=0.9)
+    line = _result_line("fmnist", row, cfg, result)
+    assert line["images_per_second"] == 1000.0
+    assert line["train_seconds"] == 345.0
 
 
 def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
