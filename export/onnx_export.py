@@ -274,6 +274,13 @@ def export_checkpoint(
         if value is not None:
             check_served_name(value, what)
     checkpoint, output = Path(checkpoint), Path(output)
+    if output.is_dir():
+        raise ValueError(f"the output {output} is a folder: give a file name such as model.onnx")
+    if output.exists() and checkpoint.exists() and output.samefile(checkpoint):
+        raise ValueError(
+            f"the output {output} is the checkpoint being exported, which it would replace: "
+            "give another file name such as model.onnx"
+        )
     model, payload = load_model(checkpoint)
     channels, side = _input_geometry(model, payload)
     stride = backbone_spec(model.config.backbone).stride

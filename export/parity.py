@@ -79,9 +79,15 @@ def check_parity(
             expected = _run_torch(module, batch)
             got = dict(zip(OUTPUTS, session.run(list(OUTPUTS), {"image": batch}), strict=True))
             for name in OUTPUTS:
+                if not np.isfinite(expected[name]).all():
+                    raise ParityError(
+                        f"the checkpoint's own {name} (in PyTorch) holds NaN or infinite values "
+                        "on these inputs: its weights are broken (a run that diverged?), and "
+                        "there is nothing correct to export"
+                    )
                 scale = max(float(np.abs(expected[name]).max()), np.finfo(np.float32).tiny)
                 diff = float(np.abs(got[name].astype(np.float32) - expected[name]).max()) / scale
-                worst[name] = max(worst[name], diff)
+                worst[name] = float(np.maximum(worst[name], diff))  # NaN, once seen, stays
             ref_top1 = expected["logits"].argmax(1)
             same = got["logits"].argmax(1) == ref_top1
             agree += int(same.sum())

@@ -81,6 +81,8 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
 def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> dict[str, Any]:
     """Read and validate a checkpoint dict; ``CheckpointError`` says what is wrong with it."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file (.pt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:

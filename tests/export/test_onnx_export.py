@@ -360,6 +360,51 @@ def test_cli_reports_a_missing_or_corrupt_checkpoint_in_one_line(tmp_path, make,
     assert not (tmp_path / "m.onnx").exists()
 
 
+def test_cli_refuses_to_write_over_the_checkpoint_or_into_a_folder(tmp_path, capsys):
+    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
+    path = save_checkpoint(tmp_path / "m.pt", build_model(config))
+    before = path.read_bytes()
+    assert export_main([str(path), "-o", str(tmp_path / "." / "m.pt")]) == 2
+    assert "is the checkpoint being exported" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    (tmp_path / "out").mkdir()
+    assert export_main([str(path), "-o", str(tmp_path / "out")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert export_main([str(tmp_path / "out")]) == 2  # a folder as the checkpoint
+    assert "is a folder, not a checkpoint file" in capsys.readouterr().err
+
+
+def test_a_checkpoint_whose_outputs_are_not_finite_is_refused(tmp_path, capsys):
+    """A diverged run's NaN weights: parity must not pass NaN against NaN as "no difference"."""
+    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
+    model = build_model(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("nan"))
+    path = save_checkpoint(tmp_path / "m.pt", model)
+    assert export_main([str(path), "-o", str(tmp_path / "m.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert "holds NaN or infinite values" in err
+    assert "nothing was written" in err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_parity_fails_when_onnxruntime_alone_gives_nan(trained_run, tmp_path, monkeypatch):
+    optimize = onnx_export._optimize
+
+    def nan_bias(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
+        proto = optimize(proto, workdir)
+        for init in proto.graph.initializer:
+            if init.name == "classifier.bias":
+                init.CopyFrom(
+                    numpy_helper.from_array(numpy_helper.to_array(init) * np.nan, init.name)
+                )
+        return proto
+
+    monkeypatch.setattr(onnx_export, "_optimize", nan_bias)
+    with pytest.raises(ParityError, match=r"logits: max relative difference nan > 0.0001"):
+        export_checkpoint(trained_run / "best.pt", tmp_path / "m.onnx")
+
+
 def test_cli_refuses_deepo2p_with_the_reason(tmp_path, capsys):
     config = ModelConfig(10, backbone="small_cnn", head="deepo2p", reduce_dim=8)
     path = save_checkpoint(tmp_path / "m.pt", build_model(config))
