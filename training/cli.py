@@ -24,6 +24,11 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     CheckpointError,
     PretrainedWeightsError,
     DivergenceError,
+    # an output path that is a folder, a file where a folder must go, no permission
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+    PermissionError,
 )
 
 
@@ -50,5 +55,14 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
     try:
         return body()
     except USER_ERRORS as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_message(exc)}", file=sys.stderr)
         return 2
+
+
+def _message(exc: BaseException) -> str:
+    """The error's message; for one re-raised from a data loader worker (which carries the
+    worker's traceback in its text), the original's own message alone."""
+    text = str(exc).strip()
+    if "Original Traceback" in text:
+        text = text.splitlines()[-1].split(": ", 1)[-1]  # "module.ErrorType: message"
+    return text

@@ -24,6 +24,7 @@ from training.cli import HelpFormatter
 from training.datasets import DATASETS
 from training.heads import HEADS, head_spec
 from training.model import ModelConfig
+from training.runtime import DEVICE_NAME, DEVICES
 
 __all__ = [
     "FASHION_MNIST_VAL_SIZE",
@@ -108,6 +109,19 @@ class TrainConfig:
             (self.loss in LOSSES, f"loss must be one of {', '.join(LOSSES)}"),
             (self.amp in AMP_MODES, f"amp must be one of {', '.join(AMP_MODES)}"),
             (self.workers >= 0, "workers must be >= 0"),
+            (self.stop_after is None or self.stop_after >= 1, "stop_after must be >= 1 or null"),
+            (
+                self.image_size is None
+                or self.backbone not in BACKBONES
+                or self.image_size >= BACKBONES[self.backbone].stride,
+                f"image_size must be at least the {self.backbone} backbone's stride "
+                f"({BACKBONES[self.backbone].stride if self.backbone in BACKBONES else '?'} px: "
+                f"one position of its feature map), got {self.image_size}",
+            ),
+            (
+                bool(DEVICE_NAME.fullmatch(self.device)),
+                f"device must be {DEVICES}, got {self.device!r}",
+            ),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (0 <= self.random_erasing <= 1, "random_erasing must be in [0, 1]"),
             (self.ema is None or 0 <= self.ema < 1, "ema must be in [0, 1) or null"),
@@ -211,7 +225,21 @@ def _parser_type(name: str, hint: Any) -> Any:
     if name == "reduce_dim":
         return _reduce_dim
     base = _optional(hint)
-    return json.loads if typing.get_origin(base) is dict else base
+    return _json_object if typing.get_origin(base) is dict else base
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object, or argparse's one-line error saying what it must look like."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({error.msg} at character {error.pos}): {text!r}; give an object such as "
+            """'{"dim": 64}'"""
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object such as '{\"dim\": 64}'")
+    return value
 
 
 def _check_types(data: dict[str, Any]) -> None:
@@ -282,7 +310,7 @@ _HELP = {
     "ema": "decay d in [0, 1) of an exponential moving average of the weights and buffers, "
     "updated after every step (w_ema = d w_ema + (1 - d) w): validation, best.pt and the test "
     "use the average (default: off, the trained weights)",
-    "device": "auto (cuda when available, else cpu), cpu, cuda or cuda:N",
+    "device": DEVICES,
     "amp": "mixed precision: auto (bf16 where the GPU supports it, else fp16; off on a CPU), "
     "bf16, fp16 or off (float32)",
     "channels_last": "channels-last memory layout (faster convolutions on GPUs)",

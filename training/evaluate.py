@@ -22,7 +22,7 @@ from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
 from training.model import SecondOrderNet
-from training.runtime import setup_runtime
+from training.runtime import DEVICES, setup_runtime
 
 __all__ = ["evaluate_checkpoint", "format_confusion", "load_with_splits", "main"]
 
@@ -100,9 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one the checkpoint was trained on)",
     )
     parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
-    parser.add_argument(
-        "--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N"
-    )
+    parser.add_argument("--device", default="auto", help=DEVICES)
     parser.add_argument(
         "--workers", type=int, default=2, help="data-loading processes (0: load in this process)"
     )

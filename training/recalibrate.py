@@ -46,7 +46,7 @@ from training.evaluate import load_with_splits
 from training.head_statistics import fit_input_statistics
 from training.heads import head_spec
 from training.model import SecondOrderNet
-from training.runtime import Runtime, setup_runtime
+from training.runtime import DEVICES, Runtime, setup_runtime
 
 __all__ = ["main", "recalibrate", "recalibrate_checkpoint"]
 
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--out", type=Path, help="where to write it (default: in place)")
     parser.add_argument("--data-root", help="the dataset's folder on this machine")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help=DEVICES)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
 

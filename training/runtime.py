@@ -7,12 +7,18 @@ Distributed runs are started by ``torchrun``, which sets ``RANK``, ``WORLD_SIZE`
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Runtime", "setup_runtime", "teardown_runtime"]
+__all__ = ["DEVICES", "DEVICE_NAME", "Runtime", "setup_runtime", "teardown_runtime"]
+
+#: The devices a run accepts (torch takes other names too, such as ``meta``, that a run cannot
+#: use), and how the flags' help says them.
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICES = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class Runtime:
 
 
 def _device(name: str, local_rank: int) -> torch.device:
+    if not DEVICE_NAME.fullmatch(name):
+        raise ValueError(f"device must be {DEVICES}, got {name!r}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)

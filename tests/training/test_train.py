@@ -129,6 +129,10 @@ def test_config_file_then_flags(tmp_path):
         ("schedule = 'step'\n", "schedule must be one of plateau, cosine"),
         ("ema = 1.0\n", r"ema must be in \[0, 1\) or null"),
         ("epochs = [\n", "cannot parse config file"),
+        ("device = 'bogus'\n", "device must be auto .cuda when available, else cpu., cpu, cuda"),
+        ("device = 'meta'\n", "got 'meta'"),
+        ("image_size = 0\n", "image_size must be at least the small_cnn backbone's stride .4 px"),
+        ("stop_after = 0\n", "stop_after must be >= 1"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, content: str, message: str):
@@ -144,6 +148,9 @@ def test_bad_settings_are_named(tmp_path, content: str, message: str):
         (["--data-root", "/nonexistent/fmnist"], "expected Fashion-MNIST file train-images"),
         (["--head", "fisher"], "unknown head 'fisher'; valid heads"),
         (["--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
+        (["--head-options", '{"dimm": 64}'], "head 'smso' has no option 'dimm'; its options: dim,"),
+        (["--head-options", '{"dim": "64"}'], "head 'smso': options {'dim': '64'} do not fit it"),
+        (["--partition", "3"], "fashion_mnist has a single partition: partition must be 1, got 3"),
     ],
 )
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys, args, message):
@@ -152,6 +159,30 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys, args, message):
     assert err.startswith("smso-train: error:")
     assert message in err
     assert "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("{bad", "not JSON (Expecting property name"), ("[1]", "must be a JSON object")],
+)
+def test_head_options_that_are_not_a_json_object_are_refused_by_the_parser(
+    capsys, value: str, message: str
+):
+    with pytest.raises(SystemExit) as exit_:
+        train_main(["--head-options", value])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_output_that_is_a_file_is_one_error_line(tiny_fashion_mnist, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.write_text("not a folder")
+    args = ["--data-root", str(tiny_fashion_mnist), "--val-size", "40", "--out", str(out)]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("smso-train: error:")
+    assert str(out) in err
+    assert out.read_text() == "not a folder"
 
 
 def test_smso_eval_reports_accuracy_and_confusion(tiny_fashion_mnist, tmp_path, capsys):

@@ -5,12 +5,20 @@
 """
 
 from training.heads.base import Head
-from training.heads.registry import HEADS, HeadSpec, UnknownHeadError, create_head, head_spec
+from training.heads.registry import (
+    HEADS,
+    HeadOptionError,
+    HeadSpec,
+    UnknownHeadError,
+    create_head,
+    head_spec,
+)
 from training.heads.smso import SMSOPooling
 
 __all__ = [
     "HEADS",
     "Head",
+    "HeadOptionError",
     "HeadSpec",
     "SMSOPooling",
     "UnknownHeadError",

@@ -7,6 +7,7 @@ for, its forms, ...), so that no caller looks at a head's name or probes its att
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,7 +25,15 @@ from training.heads.mpn import MPNCOV
 from training.heads.smso import FORMS, SMSOPooling
 from training.heads.vgg_fc import VGGClassifierHead
 
-__all__ = ["HEADS", "LOSSES", "HeadSpec", "UnknownHeadError", "create_head", "head_spec"]
+__all__ = [
+    "HEADS",
+    "LOSSES",
+    "HeadOptionError",
+    "HeadSpec",
+    "UnknownHeadError",
+    "create_head",
+    "head_spec",
+]
 
 #: The losses a head can be designed for (``training.engine.make_criterion`` builds them).
 LOSSES: tuple[str, ...] = ("cross_entropy", "hinge")
@@ -32,6 +41,10 @@ LOSSES: tuple[str, ...] = ("cross_entropy", "hinge")
 
 class UnknownHeadError(ValueError):
     """A head name that is not registered."""
+
+
+class HeadOptionError(ValueError):
+    """An option a head does not take, or a value it cannot use."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,22 @@ def create_head(name: str, in_channels: int, **options: Any) -> Head:
 
     Raises:
         UnknownHeadError: ``name`` is not registered; the message lists the valid names.
-        TypeError: an option the head does not take.
+        HeadOptionError: an option the head does not take (the message lists those it takes),
+            or a value of the wrong type.
     """
-    return head_spec(name).factory(in_channels, **options)
+    factory = head_spec(name).factory
+    accepted = [
+        p.name
+        for p in list(inspect.signature(factory).parameters.values())[1:]  # after in_channels
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise HeadOptionError(
+            f"head {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
+            f"{', '.join(accepted) or 'none'}"
+        )
+    try:
+        return factory(in_channels, **options)
+    except TypeError as error:  # e.g. a string where the head computes with a number
+        raise HeadOptionError(f"head {name!r}: options {options} do not fit it ({error})") from None
