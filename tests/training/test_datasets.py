@@ -509,6 +509,7 @@ def test_empty_root_lists_the_places_searched(tmp_path: Path, name: str, root: l
         ("mit_indoor", 2, "must be 1"),
         ("cub200", 2, "must be 1"),
         ("image_folder", 0, "must be 1"),
+        ("fashion_mnist", 2, "must be 1"),
     ],
 )
 def test_bad_partition(tmp_path: Path, name: str, partition: int, valid: str) -> None:
@@ -554,6 +555,30 @@ def test_fashion_mnist_truncated(tmp_path: Path) -> None:
     with pytest.raises(DatasetLayoutError, match="truncated") as error:
         fashion_mnist(tmp_path, val_size=5)
     assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "damage", [lambda raw: b"not gzip" + raw, lambda raw: raw[: len(raw) // 2]], ids=["junk", "cut"]
+)
+def test_fashion_mnist_corrupt_gzip(tmp_path: Path, damage: Callable[[bytes], bytes]) -> None:
+    path = make_fashion(tmp_path, gz=True) / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DatasetLayoutError, match="is not a readable gzip file") as error:
+        fashion_mnist(tmp_path, val_size=5)
+    assert str(path) in str(error.value)
+
+
+def test_an_unreadable_image_is_named(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "tree")
+    bad = root / "train" / "cat" / "cat0.jpg"
+    bad.write_text("not a jpeg")
+    splits = load("image_folder", root)
+    dataset = splits.train if bad in [p for p, _ in splits.train.samples] else splits.val
+    index = [p for p, _ in dataset.samples].index(bad)
+    with pytest.raises(
+        DatasetLayoutError, match=r"cannot read image .*cat0\.jpg .*replace or remove"
+    ):
+        dataset[index]
 
 
 def test_fashion_mnist_missing_file(tmp_path: Path) -> None:

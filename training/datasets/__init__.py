@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from training.datasets.base import DatasetLayoutError, Splits
+from training.datasets.base import DatasetLayoutError, Splits, check_partition
 from training.datasets.cub import cub200
 from training.datasets.dtd import dtd
 from training.datasets.fashion_mnist import fashion_mnist
@@ -27,6 +27,7 @@ __all__ = ["DATASETS", "PRESETS", "DatasetLayoutError", "Preset", "Splits", "loa
 def _fashion_mnist(
     root: Path | None, preset: Preset, partition: int, val_size: int, seed: int
 ) -> Splits:
+    check_partition(partition, 1, "fashion_mnist")
     return fashion_mnist(root, preset.train_transform(), preset.eval_transform(), val_size, seed)
 
 

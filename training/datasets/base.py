@@ -209,8 +209,14 @@ class ImageList(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
-        with Image.open(path) as img:
-            image = img.convert(self.mode)
+        try:
+            with Image.open(path) as img:
+                image = img.convert(self.mode)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            # not an image, truncated, or a format PIL cannot decode: name the file
+            raise DatasetLayoutError(
+                f"cannot read image {path} ({error}): replace or remove it"
+            ) from None
         return (self.transform(image) if self.transform else image), label
 
     def with_transform(self, transform: Callable[[Image.Image], Any] | None) -> ImageList:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,15 @@ def read_idx(path: Path) -> np.ndarray:
     Header: two zero bytes, a type code, the number of dimensions d, then d big-endian uint32
     sizes; the data follows in C order.
     """
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as error:  # not gzip, truncated, corrupt
+            raise DatasetLayoutError(
+                f"{path} is not a readable gzip file ({error}): download it again, or put the "
+                "uncompressed idx file beside it"
+            ) from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _DTYPES:
         raise DatasetLayoutError(f"{path} is not an idx file (bad magic number)")
     ndim = raw[3]
