@@ -37,6 +37,7 @@ from typing import Any
 
 from training.cli import run_cli
 from training.config import AMP_MODES, ConfigError, TrainConfig
+from training.json_lines import read_json_lines
 
 __all__ = [
     "DATASET_ORDER",
@@ -296,11 +297,25 @@ def run_row(
     line = _result_line(table, row, cfg, result)
     if cfg.stop_after is not None and cfg.stop_after < cfg.epochs:
         return line  # stopped early (to resume later): not a result yet
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "results.jsonl").open("a") as f:
-        f.write(json.dumps(line) + "\n")
+    append_result(out / "results.jsonl", line)
     (run / "result.json").write_text(json.dumps(line, indent=2) + "\n")
     return line
+
+
+def append_result(path: Path, line: dict[str, Any]) -> None:
+    """Append ``line`` to the JSON-lines file ``path`` (made with its folder if need be), on a
+    line of its own even when an interrupted write left the last line without its newline."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    with path.open("a") as f:
+        f.write(("\n" if torn else "") + json.dumps(line) + "\n")
+
+
+#: What ``report`` reads of each result line.
+RESULT_FIELDS = (
+    "table", "row", "label", "dataset", "feature_dim", "head_parameters", "best_val_accuracy",
+    "test_accuracy", "train_seconds", "epochs", "paper",
+)  # fmt: skip
 
 
 def _percent(values: list[float]) -> str:
@@ -317,15 +332,28 @@ def _results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]
     ``out/results.jsonl`` (the last of a run wins), then every run folder's ``result.json``, so
     that run folders gathered from several machines into one ``out`` are all reported."""
     path = out / "results.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    lines += [p.read_text() for p in sorted(out.glob("*/seed*/result.json"))]
-    if not lines:
+    records = read_json_lines(path, RESULT_FIELDS) if path.is_file() else []
+    for run in sorted(out.glob("*/seed*/result.json")):
+        try:
+            record = json.loads(run.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{run}: not JSON ({error.msg})") from None
+        missing = [key for key in RESULT_FIELDS if key not in record]
+        if not isinstance(record, dict) or missing:
+            raise ValueError(f"{run}: not a result (no {', '.join(missing) or 'fields'})")
+        records.append(record)
+    if not records:
         raise ConfigError(f"no results under {out}; run rows with `smso-experiment run` first")
     latest: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for line in lines:
-        record = json.loads(line)
+    for record in records:
         if record["table"] == table:
             latest[(record["row"], record["dataset"], record.get("seed", 0))] = record
+    if not latest:
+        tables = ", ".join(sorted({r["table"] for r in records}))
+        raise ConfigError(f"no results of {table} under {out} (it holds results of {tables})")
+    unknown = sorted({row for row, _, _ in latest} - {r.name for r in TABLES[table]})
+    if unknown:
+        raise ConfigError(f"results under {out} name rows {table} does not have: {unknown}")
     return latest
 
 

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from training.cli import run_cli
 from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
+from training.json_lines import read_json_lines
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
 
@@ -41,11 +42,16 @@ def _read_metrics(run: Path) -> list[dict[str, Any]]:
     path = run / "metrics.jsonl" if run.is_dir() else run
     if not path.is_file():
         raise FileNotFoundError(f"expected a metrics.jsonl at {path}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    metrics = read_json_lines(path, required=("epoch", "train_loss", "val_loss"))
+    if not metrics:
+        raise ValueError(f"{path} holds no epochs yet")
+    return metrics
 
 
 def fig3(runs: Sequence[Path], out: Path, labels: Sequence[str] | None = None) -> Path:
     """Training (dashed) and validation (solid) loss against the epoch, one colour per run."""
+    if labels and len(labels) != len(runs):
+        raise ValueError(f"--labels gives {len(labels)} labels for {len(runs)} runs: one per run")
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, run in enumerate(runs):
         metrics = _read_metrics(run)
@@ -69,9 +75,13 @@ def fig4(results: Path, out: Path) -> Path:
     if not results.is_file():
         raise FileNotFoundError(f"expected smso-experiment's results.jsonl at {results}")
     points: dict[str, dict[int, float]] = {}
-    for line in results.read_text().splitlines():
-        r = json.loads(line)
-        if r["table"] == "fig4" and r["test_accuracy"] is not None:
+    for r in read_json_lines(results, required=("table",)):
+        if r["table"] != "fig4":
+            continue
+        missing = [key for key in ("dataset", "feature_dim", "test_accuracy") if key not in r]
+        if missing:
+            raise ValueError(f"{results}: a fig4 result has no {', '.join(missing)}")
+        if r["test_accuracy"] is not None:
             points.setdefault(r["dataset"], {})[r["feature_dim"]] = 100 * r["test_accuracy"]
     if not points:
         raise ValueError(f"{results} holds no fig4 results; run `smso-experiment run fig4` first")
@@ -198,6 +208,16 @@ def fig2_from_checkpoint(
     return summary
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-figure``."""
     parser = argparse.ArgumentParser(prog="smso-figure", description=__doc__.splitlines()[0])
@@ -211,9 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p2.add_argument("checkpoint", type=Path)
     p2.add_argument("--split", default="test", choices=("train", "val", "test"))
     p2.add_argument("--data-root")
-    p2.add_argument("--images", type=int, default=2000)
-    for p in (p2, p3, p4):
+    p2.add_argument("--images", type=_positive, default=2000, help="images of the split to use")
+    for p in (p3, p4):
         p.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    p2.add_argument(
+        "--out", type=Path, required=True, help="PNG file to write; its numbers go beside it, .json"
+    )
     args = parser.parse_args(argv)
 
     def body() -> int:
