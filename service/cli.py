@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,11 +56,17 @@ def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if v is not None}
 
 
-def _one_line(error: ValidationError) -> str:
+def _one_line(error: ValidationError, flags: Iterable[str] = ()) -> str:
+    """Each refused setting as the user gave it: ``--max-batch-size 'abc'`` for a flag,
+    ``SMSO_MAX_BATCH_SIZE='abc'`` for the environment, then what is wrong with it."""
     parts = []
     for item in error.errors():
-        name = ".".join(str(p) for p in item["loc"]) or "settings"
-        parts.append(f"{name}: {item['msg']}")
+        if not item["loc"]:  # a check across settings
+            parts.append(f"settings: {item['msg']}")
+            continue
+        field = str(item["loc"][0])
+        where = f"--{field.replace('_', '-')} " if field in flags else f"SMSO_{field.upper()}="
+        parts.append(f"{where}{item.get('input')!r}: {item['msg']}")
     return "; ".join(parts)
 
 
@@ -71,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings(**overrides)
         check_tracing()
     except ValidationError as error:
-        print(f"smso-serve: error: {_one_line(error)}", file=sys.stderr)
+        print(f"smso-serve: error: {_one_line(error, overrides)}", file=sys.stderr)
         return 2
     except ValueError as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)

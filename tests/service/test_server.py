@@ -97,12 +97,32 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
 
 
+def test_a_bad_environment_setting_is_named_as_the_variable_with_its_value(shipped_model):
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model-path", shipped_model],
+        cwd=ROOT,
+        env={**os.environ, "SMSO_MAX_BATCH_SIZE": "abc"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "smso-serve: error: SMSO_MAX_BATCH_SIZE='abc': Input should be a valid integer, unable to "
+        "parse string as an integer\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--model-path", "/nonexistent/model.onnx"], "does not exist"),
-        (["--max-batch-size", "0"], "max_batch_size"),
-        (["--port", "http"], "port"),
+        (
+            ["--max-batch-size", "0"],
+            "--max-batch-size '0': Input should be greater than or equal to 1",
+        ),
+        (["--port", "http"], "--port 'http': Input should be a valid integer"),
         (["--providers", "NoSuchExecutionProvider"], "not available"),
         (["--workers", "2", "--providers", "NoSuchExecutionProvider"], "not available"),
     ],
