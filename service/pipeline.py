@@ -222,7 +222,7 @@ async def run_batched(
 
     413 when there are more images than the queue can ever hold, 503 when it is full, 504 once
     ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in
-    failed (the backend's fault, not the client's).
+    failed or gave NaN or infinite outputs (the model's fault, not the client's).
     """
     record = access.current()
     if record is not None:  # its queue and inference times come from the batcher
@@ -252,6 +252,20 @@ async def run_batched(
     except Exception as error:
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
+    broken = sum(not (np.isfinite(o[0]).all() and np.isfinite(o[1]).all()) for o in outputs)
+    if broken:  # JSON cannot carry them, and no class or embedding can be read from them
+        log.error(
+            "model %s version %s gave NaN or infinite outputs for %d of %d images",
+            model.name,
+            model.version,
+            broken,
+            len(images),
+        )
+        raise ServiceError(
+            500,
+            "model_output_not_finite",
+            "the model's outputs are NaN or infinite: the model file is at fault, not the image",
+        )
     state.metrics.images.labels(route, model.name, model.version).inc(len(images))
     if model.drift is not None:  # the scores ride as a third output (service.loader.scored)
         typicality = np.stack([o[2] for o in outputs])  # (N, 2): score, p-value

@@ -214,6 +214,28 @@ def test_a_failing_batch_fails_every_request_in_it_with_json(make_client):
     assert 'smso_http_requests_total{method="POST",route="/classify",status="500"} 3.0' in text
 
 
+class NaNBackend(FakeBackend):
+    """A broken model: NaN logits for every image."""
+
+    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        logits, embedding = super().run(images)
+        return np.full_like(logits, np.nan), embedding
+
+
+def test_a_model_that_gives_nan_is_a_500_that_says_so_on_every_route(make_client, caplog):
+    client = make_client(NaNBackend())
+    embed = client.post("/embed", files=[("file", ("a.png", grey(1), "image/png"))])
+    for response in (classify(client, grey(1)), embed):
+        assert response.status_code == 500
+        assert response.json()["error"] == {
+            "code": "model_output_not_finite",
+            "message": "the model's outputs are NaN or infinite: the model file is at fault, "
+            "not the image",
+        }
+    assert "NaN or infinite outputs for 1 of 1 images" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
 def test_unknown_routes_and_methods_are_json(make_client):
     client = make_client()
     assert client.get("/nope").json()["error"]["code"] == "not_found"
