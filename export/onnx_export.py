@@ -283,6 +283,16 @@ def export_checkpoint(
         )
     model, payload = load_model(checkpoint)
     channels, side = _input_geometry(model, payload)
+    if "preset" not in payload:
+        log.warning(
+            "%s has no preprocessing preset (it was not written by smso-train): the model card "
+            "assumes %d x %d px crops of images scaled to [0, 1], not normalised (mean 0, std 1); "
+            "save the checkpoint with its preset (training.checkpoint.save_checkpoint(..., "
+            "preset=))",
+            checkpoint,
+            side,
+            side,
+        )
     stride = backbone_spec(model.config.backbone).stride
     traced_form, form_choice = _head_form(model, form, side, stride)
     precision: Precision = "float16" if fp16 else "float32"

@@ -374,6 +374,18 @@ def test_cli_refuses_to_write_over_the_checkpoint_or_into_a_folder(tmp_path, cap
     assert "is a folder, not a checkpoint file" in capsys.readouterr().err
 
 
+def test_a_checkpoint_without_a_preset_is_exported_with_a_warning_of_what_is_assumed(
+    tmp_path, caplog
+):
+    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
+    path = save_checkpoint(tmp_path / "m.pt", build_model(config).eval())
+    result = export_checkpoint(path, tmp_path / "m.onnx", data_root=str(tmp_path / "missing"))
+    assert "has no preprocessing preset" in caplog.text
+    assert "assumes 224 x 224 px crops of images scaled to [0, 1], not normalised" in caplog.text
+    preprocessing = result.card["preprocessing"]
+    assert (preprocessing["mean"], preprocessing["std"]) == ([0.0], [1.0])
+
+
 def test_a_checkpoint_whose_outputs_are_not_finite_is_refused(tmp_path, capsys):
     """A diverged run's NaN weights: parity must not pass NaN against NaN as "no difference"."""
     config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
