@@ -276,6 +276,14 @@ class _Run:
                 f"{self.out / 'last.pt'} was written for another model: "
                 f"{payload.get('model_config')} vs {self.model.config.to_dict()}"
             )
+        needed = ["model_state", "optimizer", "scheduler", "scaler", "rng", "epoch"]
+        needed += ["best_val_accuracy"] + ["ema_state"] * (self.averaged is not None)
+        missing = [key for key in needed if key not in payload]
+        if missing:
+            raise CheckpointError(
+                f"{self.out / 'last.pt'} cannot be resumed: it has no {', '.join(missing)} (a "
+                "run's last.pt, written at the end of each epoch, has them all)"
+            )
         try:
             self.model.load_state_dict(payload["model_state"])
             self.optimizer.load_state_dict(payload["optimizer"])

@@ -108,6 +108,20 @@ def test_resume_from_a_corrupt_checkpoint_is_refused(tiny_fashion_mnist, tmp_pat
         fit(cfg)
 
 
+def test_resume_from_a_checkpoint_without_training_state_says_what_it_lacks(
+    tiny_fashion_mnist, tmp_path
+):
+    fit(tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=1))
+    run = tmp_path / "run"
+    payload = torch.load(run / "last.pt", weights_only=True)
+    for key in ("optimizer", "scheduler"):
+        del payload[key]
+    torch.save(payload, run / "last.pt")
+    cfg = tiny_config(tiny_fashion_mnist, run, resume=True)
+    with pytest.raises(CheckpointError, match="cannot be resumed: it has no optimizer, scheduler"):
+        fit(cfg)
+
+
 def test_config_file_then_flags(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('epochs = 4\nhead = "mpn"\nhead_options = { iterations = 3 }\nlr = 0.1\n')
