@@ -21,11 +21,12 @@ import os
 import socket
 import sys
 import tempfile
+import typing
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from service.app import create_app
 from service.backend import OnnxBackend, read_card
@@ -56,6 +57,13 @@ def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if v is not None}
 
 
+def _is_secret(field: str) -> bool:
+    """Whether the setting holds a secret (an API key), whose value no message may repeat."""
+    info = Settings.model_fields.get(field)
+    hint = None if info is None else info.annotation
+    return hint is SecretStr or SecretStr in typing.get_args(hint)
+
+
 def _one_line(error: ValidationError, flags: Iterable[str] = ()) -> str:
     """Each refused setting as the user gave it: ``--max-batch-size 'abc'`` for a flag,
     ``SMSO_MAX_BATCH_SIZE='abc'`` for the environment, then what is wrong with it."""
@@ -66,7 +74,8 @@ def _one_line(error: ValidationError, flags: Iterable[str] = ()) -> str:
             continue
         field = str(item["loc"][0])
         where = f"--{field.replace('_', '-')} " if field in flags else f"SMSO_{field.upper()}="
-        parts.append(f"{where}{item.get('input')!r}: {item['msg']}")
+        value = "'***'" if _is_secret(field) else repr(item.get("input"))
+        parts.append(f"{where}{value}: {item['msg']}")
     return "; ".join(parts)
 
 

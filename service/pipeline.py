@@ -252,7 +252,7 @@ async def run_batched(
     except Exception as error:
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
-    broken = sum(not (np.isfinite(o[0]).all() and np.isfinite(o[1]).all()) for o in outputs)
+    broken = sum(not all(np.isfinite(part).all() for part in o) for o in outputs)
     if broken:  # JSON cannot carry them, and no class or embedding can be read from them
         log.error(
             "model %s version %s gave NaN or infinite outputs for %d of %d images",

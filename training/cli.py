@@ -63,6 +63,10 @@ def _message(exc: BaseException) -> str:
     """The error's message; for one re-raised from a data loader worker (which carries the
     worker's traceback in its text), the original's own message alone."""
     text = str(exc).strip()
-    if "Original Traceback" in text:
-        text = text.splitlines()[-1].split(": ", 1)[-1]  # "module.ErrorType: message"
+    if not (text.startswith("Caught ") and "Original Traceback" in text):
+        return text
+    lines = text.partition("Original Traceback")[2].splitlines()[1:]
+    for i, line in enumerate(lines):  # the traceback's frames are indented; then the error
+        if line and not line[0].isspace():  # "module.ErrorType: message", maybe more lines
+            return "\n".join([line.split(": ", 1)[-1], *lines[i + 1 :]]).strip()
     return text

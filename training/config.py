@@ -24,7 +24,7 @@ from training.cli import HelpFormatter
 from training.datasets import DATASETS
 from training.heads import HEADS, head_spec
 from training.model import ModelConfig
-from training.runtime import DEVICE_NAME, DEVICES
+from training.runtime import DEVICES
 
 __all__ = [
     "FASHION_MNIST_VAL_SIZE",
@@ -117,10 +117,6 @@ class TrainConfig:
                 f"image_size must be at least the {self.backbone} backbone's stride "
                 f"({BACKBONES[self.backbone].stride if self.backbone in BACKBONES else '?'} px: "
                 f"one position of its feature map), got {self.image_size}",
-            ),
-            (
-                bool(DEVICE_NAME.fullmatch(self.device)),
-                f"device must be {DEVICES}, got {self.device!r}",
             ),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (0 <= self.random_erasing <= 1, "random_erasing must be in [0, 1]"),

@@ -332,15 +332,23 @@ def _results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]
     ``out/results.jsonl`` (the last of a run wins), then every run folder's ``result.json``, so
     that run folders gathered from several machines into one ``out`` are all reported."""
     path = out / "results.jsonl"
-    records = read_json_lines(path, RESULT_FIELDS) if path.is_file() else []
+    try:
+        records = read_json_lines(path, RESULT_FIELDS) if path.is_file() else []
+    except ValueError as error:
+        raise ValueError(
+            f"{error}; if a write was interrupted there, remove that line: the run's own "
+            "result.json, which the report also reads, keeps its result"
+        ) from None
     for run in sorted(out.glob("*/seed*/result.json")):
         try:
             record = json.loads(run.read_text())
         except json.JSONDecodeError as error:
             raise ValueError(f"{run}: not JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{run}: not a result (a JSON object)")
         missing = [key for key in RESULT_FIELDS if key not in record]
-        if not isinstance(record, dict) or missing:
-            raise ValueError(f"{run}: not a result (no {', '.join(missing) or 'fields'})")
+        if missing:
+            raise ValueError(f"{run}: not a result (no {', '.join(missing)})")
         records.append(record)
     if not records:
         raise ConfigError(f"no results under {out}; run rows with `smso-experiment run` first")

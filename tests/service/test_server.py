@@ -114,6 +114,21 @@ def test_a_bad_environment_setting_is_named_as_the_variable_with_its_value(shipp
     )
 
 
+def test_a_refused_api_key_is_not_repeated_in_the_message(shipped_model):
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model-path", shipped_model],
+        cwd=ROOT,
+        env={**os.environ, "SMSO_API_KEY": "  "},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("smso-serve: error: SMSO_API_KEY='***': ")
+    assert "'  '" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

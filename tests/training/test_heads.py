@@ -9,7 +9,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from training.heads import HEADS, Head, HeadSpec, UnknownHeadError, create_head
+from training.heads import HEADS, Head, HeadOptionError, HeadSpec, UnknownHeadError, create_head
 from training.heads.deepo2p import SymmetricLog
 from training.heads.mpn import newton_schulz_sqrt
 from training.second_order import covariance
@@ -344,3 +344,16 @@ def test_vgg_fc_is_pool5_fc6_fc7_and_takes_torchvision_weights() -> None:
     fc6 = torch.relu(pooled @ state["classifier.0.weight"].T + state["classifier.0.bias"])
     fc7 = torch.relu(fc6 @ state["classifier.3.weight"].T + state["classifier.3.bias"])
     torch.testing.assert_close(head(x), fc7)
+
+
+@pytest.mark.parametrize("name", ["cbp_ts", "cbp_rm"])
+def test_a_sketch_of_no_dimensions_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=r"the sketch's dimension d\) must be >= 1, got 0"):
+        create_head(name, 8, dim=0)
+
+
+def test_an_option_a_head_does_not_take_is_named_with_those_it_takes() -> None:
+    with pytest.raises(HeadOptionError, match="head 'smso' has no option 'dimm'; its options: dim"):
+        create_head("smso", 8, dimm=4)
+    with pytest.raises(HeadOptionError, match=r"head 'smso': options \{'dim': 'a'\} do not fit it"):
+        create_head("smso", 8, dim="a")

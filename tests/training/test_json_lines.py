@@ -92,12 +92,24 @@ def test_report_cli_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["report", "fmnist", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"smso-experiment: error: {tmp_path / 'results.jsonl'}:1: not JSON " + (
-        "(Expecting property name enclosed in double quotes)"
+        "(Expecting property name enclosed in double quotes); if a write was interrupted there, "
+        "remove that line: the run's own result.json, which the report also reads, keeps its result"
     )
+
+
+@pytest.mark.parametrize("text", ["null", "[1]", '{"table": "fmnist"}'])
+def test_report_names_a_run_folders_result_that_is_not_one(tmp_path: Path, text: str) -> None:
+    run = tmp_path / "fashion_mnist-smso-64" / "seed0"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(text)
+    with pytest.raises(ValueError, match=r"result\.json: not a result"):
+        report("fmnist", tmp_path)
 
 
 def test_a_result_after_a_torn_write_gets_its_own_line(tmp_path: Path) -> None:
     path = tmp_path / "runs" / "results.jsonl"
+    path.parent.mkdir()
+    path.touch()  # empty: no line to end
     append_result(path, {"a": 1})
     with path.open("a") as f:
         f.write('{"a": 2, "b"')  # interrupted
@@ -119,4 +131,20 @@ def test_an_error_from_a_data_loader_worker_is_its_own_message(capsys) -> None:
     assert run_cli("smso-train", body) == 2
     assert capsys.readouterr().err == (
         "smso-train: error: cannot read image a.png (broken): replace or remove it\n"
+    )
+
+
+def test_an_unreadable_image_in_a_data_loader_worker_is_one_error_line(tmp_path, capsys) -> None:
+    """The real path: a worker process fails on the image and the loader re-raises it."""
+    from torch.utils.data import DataLoader
+
+    from training.datasets.base import ImageList
+
+    bad = tmp_path / "bad.png"
+    bad.write_text("not a png")
+    loader = DataLoader(ImageList([(bad, 0)], ["a"]), batch_size=1, num_workers=1)
+    assert run_cli("smso-train", lambda: next(iter(loader))) == 2
+    assert capsys.readouterr().err == (
+        f"smso-train: error: cannot read image {bad} (cannot identify image file {str(bad)!r}): "
+        "replace or remove it\n"
     )

@@ -20,6 +20,11 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _check_dim(dim: int) -> None:
+    if not dim >= 1:
+        raise ValueError(f"dim (the sketch's dimension d) must be >= 1, got {dim}")
+
+
 class TensorSketch(Head):
     """CBP-TS: ``phi(x) = IFFT(FFT(C_1 x) o FFT(C_2 x))``, ``C_k`` count sketches ``R^c -> R^d``.
 
@@ -37,6 +42,7 @@ class TensorSketch(Head):
     """
 
     def __init__(self, in_channels: int, dim: int = 8192, seed: int = 0, eps: float = 1e-8) -> None:
+        _check_dim(dim)
         super().__init__(in_channels, dim)
         gen = _generator(seed)
         for k in (1, 2):
@@ -68,6 +74,7 @@ class RandomMaclaurin(Head):
     """
 
     def __init__(self, in_channels: int, dim: int = 8192, seed: int = 0, eps: float = 1e-8) -> None:
+        _check_dim(dim)
         super().__init__(in_channels, dim)
         gen = _generator(seed)
         for k in (1, 2):

@@ -138,12 +138,10 @@ def create_head(name: str, in_channels: int, **options: Any) -> Head:
             or a value of the wrong type.
     """
     factory = head_spec(name).factory
-    accepted = [
-        p.name
-        for p in list(inspect.signature(factory).parameters.values())[1:]  # after in_channels
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
-    unknown = sorted(set(options) - set(accepted))
+    parameters = list(inspect.signature(factory).parameters.values())[1:]  # after in_channels
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
+    unknown = [] if takes_any else sorted(set(options) - set(accepted))
     if unknown:
         raise HeadOptionError(
             f"head {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
@@ -152,4 +150,8 @@ def create_head(name: str, in_channels: int, **options: Any) -> Head:
     try:
         return factory(in_channels, **options)
     except TypeError as error:  # e.g. a string where the head computes with a number
-        raise HeadOptionError(f"head {name!r}: options {options} do not fit it ({error})") from None
+        if not options:
+            raise
+        raise HeadOptionError(
+            f"head {name!r}: options {options} do not fit it ({error})"
+        ) from error
