@@ -85,6 +85,15 @@ class Repository:
         """Load every model, then, with ``model_control = "poll"``, follow the folder."""
         settings = self.state.settings
         await self.sync()
+        if not self.loaded:  # a mistyped path looks just like this: say so once
+            log.warning(
+                "repository: %s holds no models yet (each is a folder <name>/<version>/%s); %s",
+                self.root,
+                MODEL_FILE,
+                "they are loaded as they appear"
+                if settings.model_control == "poll"
+                else "load each with POST /v2/repository/models/<name>/load once it is there",
+            )
         self.state.registry.settled = True
         while settings.model_control == "poll":
             await asyncio.sleep(settings.repository_poll_s)

@@ -219,12 +219,16 @@ def test_metrics_carry_each_models_name_and_version(serve, repository):
     assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text
 
 
-def test_an_empty_repository_is_a_ready_server_with_no_models(serve, tmp_path, shipped_model):
+def test_an_empty_repository_is_a_ready_server_with_no_models(
+    serve, tmp_path, shipped_model, caplog
+):
     """Ready once scanned (a probe must not hold it back for ever); models come and go."""
     root = tmp_path / "empty"
     root.mkdir()
     client = serve(root)
     assert client.get("/readyz").json() == {"status": "ready"}
+    assert f"repository: {root} holds no models yet" in caplog.text
+    assert "they are loaded as they appear" in caplog.text
     assert client.post("/classify", files=image()).status_code == 404
     put(root, "boots", 1, shipped_model)
     until(lambda: index(client).get("boots") == ("1", "READY"))
