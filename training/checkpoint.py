@@ -85,6 +85,11 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> 
         raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file (.pt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or a pickle
+        what = "is empty" if not head else f"starts with {head!r}"
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint file: it {what}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # zipfile, pickle and EOF errors all mean "not a valid file"
@@ -94,8 +99,10 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> 
         if "WeightsUnpickler error:" in message:
             detail = message.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
             reason = f"its contents do not unpickle as data ({detail[0] if detail else 'unknown'})"
-        else:
-            reason = (message.splitlines() or [type(exc).__name__])[0][:200]
+        else:  # its first sentence (torch's zip errors go on with advice)
+            reason = (message.splitlines() or [""])[0].split(". ", 1)[0][:200]
+            if not any(ch.isalpha() for ch in reason):  # e.g. a KeyError's bare 101
+                reason = f"{type(exc).__name__} {reason}".strip()
         raise CheckpointError(
             f"{path} is not a readable checkpoint (corrupt, truncated or not written by "
             f"smso-train): {reason}"

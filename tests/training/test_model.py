@@ -178,8 +178,10 @@ def test_save_leaves_no_temporary_files(trained) -> None:
     ("corrupt", "message"),
     [
         (lambda p: p.unlink(), "does not exist"),
-        (lambda p: p.write_bytes(b"\x00garbage"), "not a readable checkpoint"),
-        (lambda p: p.write_bytes(p.read_bytes()[:1000]), "not a readable checkpoint"),
+        (lambda p: p.write_bytes(b"\x00garbage"), r"not a PyTorch checkpoint file: it starts"),
+        (lambda p: p.write_bytes(b""), "not a PyTorch checkpoint file: it is empty"),
+        (lambda p: p.write_bytes(b"\x80\x04garbage"), "not a readable checkpoint"),
+        (lambda p: p.write_bytes(p.read_bytes()[:1000]), "not a readable checkpoint .* zip"),
         (lambda p: torch.save({"weights": 1}, p), "not an SMSO checkpoint"),
         (lambda p: _edit(p, version=99), "checkpoint version 99"),
         (lambda p: _edit(p, model_state=None), "lacks its 'model_state' entry"),

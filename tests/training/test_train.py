@@ -104,7 +104,7 @@ def test_resume_from_a_corrupt_checkpoint_is_refused(tiny_fashion_mnist, tmp_pat
     fit(tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=1))
     (tmp_path / "run" / "last.pt").write_bytes(b"truncated")
     cfg = tiny_config(tiny_fashion_mnist, tmp_path / "run", resume=True)
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="not a PyTorch checkpoint file"):
         fit(cfg)
 
 
