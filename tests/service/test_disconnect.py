@@ -178,5 +178,8 @@ def test_requests_whose_clients_left_after_sending_are_not_decoded(shipped_model
     dropped = metric(text, "smso_images_dropped_total")
     decoded = metric(text, "smso_decode_seconds_count")
     assert left == requests
-    assert dropped > requests * per_request / 2, (dropped, decoded)
+    # Most abandoned images are never decoded: dropped from the decode queue, or, on a busy
+    # machine where the server reads a body after its client has left, never parsed at all
+    # (a run under load: 11 dropped, 1 decoded: the tiny image).
+    assert decoded < requests * per_request / 2, (dropped, decoded)
     assert metric(text, "smso_http_requests_total", 'status="5') == 0
