@@ -223,6 +223,7 @@ def _result_line(table: str, row: Row, cfg: TrainConfig, result: Any) -> dict[st
     seconds = sum(m["seconds"] for m in metrics)
     # the median epoch's: a few epochs slowed by other work on the machine do not move it
     speeds = [m["images_per_second"] for m in metrics if m.get("images_per_second")]
+    epoch_seconds = [m["seconds"] for m in metrics]
     return {
         "table": table,
         "row": row.name,
@@ -235,6 +236,7 @@ def _result_line(table: str, row: Row, cfg: TrainConfig, result: Any) -> dict[st
         "feature_dim": model.embedding_dim,
         "head_parameters": head_params,
         "train_seconds": seconds,
+        "median_epoch_seconds": statistics.median(epoch_seconds) if epoch_seconds else None,
         "images_per_second": statistics.median(speeds) if speeds else None,
         "device": next(model.parameters()).device.type,
         "epochs": cfg.epochs,
@@ -365,6 +367,13 @@ def _results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]
     return latest
 
 
+def _train_seconds(record: dict[str, Any]) -> float:
+    """A run's training time as its epochs x its median epoch's (robust to a few epochs slowed
+    by other work, or a run paused and continued), else the sum of its epochs' times."""
+    median = record.get("median_epoch_seconds")
+    return record["epochs"] * median if median else record["train_seconds"]
+
+
 def report(table: str, out: Path) -> str:
     """A markdown table of the results under ``out``: per row (and dataset), the mean and
     standard deviation over its seeds of the best validation and the test accuracy, beside the
@@ -393,7 +402,7 @@ def report(table: str, out: Path) -> str:
         if with_paper:
             cells.append("-" if first["paper"] is None else f"{first['paper']:.2f}")
         cells.append(f"{statistics.mean(speeds):,.0f}" if speeds else "-")
-        cells.append(f"{statistics.mean(r['train_seconds'] for r in records) / 60:.1f}")
+        cells.append(f"{statistics.mean(_train_seconds(r) for r in records) / 60:.1f}")
         rows.append("| " + " | ".join(cells) + " |")
     devices = sorted({r.get("device", "?") for r in latest.values()})
     epochs = sorted({r["epochs"] for r in latest.values()})
@@ -407,7 +416,8 @@ def report(table: str, out: Path) -> str:
         "evaluated once per run; nothing is chosen on the test split. Both: mean ± sample "
         "standard deviation over the seeds. `images/s`: training throughput, the median "
         "epoch's (metrics.jsonl; runs that shared a machine slowed each other); `train min`: "
-        "the epochs' training time, validation and test passes not included.",
+        "the epochs x the median epoch's training time (validation and test passes not "
+        "included), mean over the seeds.",
     ]
     return "\n".join(rows + notes)
 

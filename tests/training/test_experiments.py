@@ -20,6 +20,7 @@ from training.experiments import (
     FMNIST_RECIPE,
     TABLES,
     _result_line,
+    _train_seconds,
     find_row,
     main,
     report,
@@ -258,8 +259,9 @@ def test_a_row_with_two_seeds_runs_each_in_its_folder(two_seeds: Path) -> None:
         assert line["device"] == "cpu"
 
 
-def test_a_result_reports_the_median_epochs_throughput(tmp_path: Path) -> None:
-    """An epoch slowed by other work on the machine does not move the row's images/s."""
+def test_a_result_reports_the_median_epochs_throughput_and_time(tmp_path: Path) -> None:
+    """An epoch slowed by other work on the machine (or a paused run) does not move the row's
+    images/s or its training time."""
     row = find_row("fmnist", "smso-16")
     cfg = row_config("fmnist", row, None, tmp_path)
     epochs = [(1000.0, 50.0), (200.0, 250.0), (1100.0, 45.0)]  # (images/s, seconds)
@@ -270,6 +272,9 @@ def test_a_result_reports_the_median_epochs_throughput(tmp_path: Path) -> None:
     line = _result_line("fmnist", row, cfg, result)
     assert line["images_per_second"] == 1000.0
     assert line["train_seconds"] == 345.0
+    assert line["median_epoch_seconds"] == 50.0
+    assert _train_seconds(line | {"epochs": 3}) == 150.0
+    assert _train_seconds(line | {"median_epoch_seconds": None}) == 345.0  # older results
 
 
 def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
