@@ -37,6 +37,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from service.card import Preprocessing
 
+# Pillow's warnings are about the client's file (corrupt EXIF, for one), not the server's to
+# print. Ignored for the process once, here: warnings.catch_warnings around each decode would
+# swap the process's filters from several decode threads at once, which is not thread-safe.
+warnings.filterwarnings("ignore", module=r"PIL\.")
+
 __all__ = [
     "FORMATS",
     "MAX_ASPECT_RATIO",
@@ -186,15 +191,13 @@ class Preprocessor:
         if not data:
             raise ImageError(f"{name}: the file is empty")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # EXIF and palette-transparency chatter
-                image = Image.open(io.BytesIO(data), formats=_formats())
-                self._check_size(image, name)
-                self._draft(image)
-                image.seek(0)
-                image.load()
-                ImageOps.exif_transpose(image, in_place=True)  # else it copies even upright images
-                return _to_mode(image, self.mode)
+            image = Image.open(io.BytesIO(data), formats=_formats())
+            self._check_size(image, name)
+            self._draft(image)
+            image.seek(0)
+            image.load()
+            ImageOps.exif_transpose(image, in_place=True)  # else it copies even upright images
+            return _to_mode(image, self.mode)
         except (ImageError, ImageTooLargeError, MemoryError):
             raise
         except UnidentifiedImageError:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +16,8 @@ from service.images import ImageError, ImageTooLargeError, Preprocessor
 from training.datasets.presets import PRESETS, Preset
 
 from .conftest import png
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def spec_of(preset: Preset) -> Preprocessing:
@@ -146,3 +151,29 @@ def test_large_jpegs_decode_at_reduced_scale_and_stay_close():
     fast = pre(buf.getvalue())
     full = pre.tensor(pre.geometry(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")))
     assert np.abs(fast - full).mean() < 0.05  # same picture, within JPEG rounding
+
+
+def test_pillows_warnings_on_a_clients_file_are_not_the_servers_even_under_w_error():
+    """The filter service.images installs at import (thread-safe, unlike catch_warnings around
+    each decode, which swaps the process's filters from several decode threads at once): a
+    warning Pillow's TIFF plugin gives about a file's EXIF is ignored even where warnings are
+    errors, and any other module's warning is not."""
+    code = (
+        "import warnings, service.images\n"
+        "warnings.warn_explicit('Possibly corrupt EXIF data.', UserWarning, 'TiffImagePlugin.py', "
+        "1, module='PIL.TiffImagePlugin')\n"
+        "try:\n"
+        "    warnings.warn_explicit('other', UserWarning, 'x.py', 1, module='numpy')\n"
+        "except UserWarning:\n"
+        "    print('others still warn')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "others still warn\n"
