@@ -12,7 +12,9 @@ instrumentation scope in order of first appearance, and per span
   remote (links: always, as ``from_record`` makes them);
 - ``trace_state`` as its W3C header, ``status`` always present (code, description);
 - attributes, events and links with the SDK's value mapping (bool, str, int, float, bytes,
-  sequences, mappings; a value it cannot encode is logged and left out, as the SDK does).
+  sequences, mappings; a value it cannot encode is logged and left out, as the SDK does),
+  within the span limits the environment sets (``service.span_limits``), with the counts of
+  what was dropped.
 
 It costs about 3 µs a span where the SDK path (rebuild, batch processor, encoder) costs about
 20 µs: the export process's CPU is what tracing every request costs a busy 2-core host.
@@ -30,7 +32,10 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceMes
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits
 from opentelemetry.trace import SpanKind, StatusCode
+
+from service.span_limits import bound_attributes, bound_sequence, default_limits, dropped
 
 __all__ = ["SpanEncoder"]
 
@@ -96,7 +101,17 @@ def _attributes(attributes: Mapping[str, Any], out: Any) -> None:
 class SpanEncoder:
     """Records of spans of ``resource`` -> serialised ``ExportTraceServiceRequest`` bytes."""
 
-    def __init__(self, resource: Resource) -> None:
+    def __init__(self, resource: Resource, limits: SpanLimits | None = None) -> None:
+        self._limits = limits = limits or default_limits()
+        lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
+        cuts = any(length is not None for length in lengths)
+        #: the fewest entries any count limit allows (a span below it, with no length limit,
+        #: is within every limit and is encoded as it is)
+        self._fits = -1 if cuts else min(
+            (c for c in (limits.max_span_attributes, limits.max_events, limits.max_links,
+                         limits.max_event_attributes, limits.max_link_attributes) if c is not None),
+            default=2**31,
+        )  # fmt: skip
         self._resource = ResourceMessage()
         _attributes(resource.attributes, self._resource.attributes)
         self._schema_url = resource.schema_url
@@ -125,14 +140,18 @@ class SpanEncoder:
                 scope_spans.scope.CopyFrom(self._scope(scope))
                 if scope[2]:
                     scope_spans.schema_url = scope[2]
-            _span(record, scope_spans.spans.add())
+            _span(record, scope_spans.spans.add(), self._limits, self._fits)
         return request.SerializeToString()
 
 
-def _span(record: tuple[Any, ...], span: SpanMessage) -> None:
-    """Fill ``span`` from one record."""
+def _span(record: tuple[Any, ...], span: SpanMessage, limits: SpanLimits, fits: int) -> None:
+    """Fill ``span`` from one record, within ``limits`` (``service.span_limits``); a record
+    whose attributes, events, links and theirs number at most ``fits`` (``SpanEncoder._fits``)
+    is within them as it is."""
     name, trace_id, span_id, parent_id, parent_remote, _, state, kind = record[:8]
     start, end, attributes, status, description, _, events, links = record[8:]
+    if len(attributes) > fits or ((events or links) and _beyond(events, links, fits)):
+        attributes, events, links = _within(span, attributes, events, links, limits)
     span.trace_id = trace_id.to_bytes(16, "big")
     span.span_id = span_id.to_bytes(8, "big")
     if state:
@@ -148,6 +167,8 @@ def _span(record: tuple[Any, ...], span: SpanMessage) -> None:
         _attributes(attributes, span.attributes)
     for event_name, timestamp, event_attributes in events:
         event = span.events.add(name=event_name, time_unix_nano=timestamp)
+        if (count := dropped(event_attributes)) != 0:
+            event.dropped_attributes_count = count
         _attributes(event_attributes, event.attributes)
     for link_trace, link_span, _, link_attributes in links:
         link = span.links.add(
@@ -155,9 +176,39 @@ def _span(record: tuple[Any, ...], span: SpanMessage) -> None:
             span_id=link_span.to_bytes(8, "big"),
             flags=_HAS_IS_REMOTE | _IS_REMOTE,
         )
+        if (count := dropped(link_attributes)) != 0:
+            link.dropped_attributes_count = count
         _attributes(link_attributes, link.attributes)
     span.status.SetInParent()
     if status:
         span.status.code = status
         if description is not None and status == _STATUS_ERROR:  # the SDK keeps no other's
             span.status.message = description
+
+
+def _beyond(events: Sequence[Any], links: Sequence[Any], fits: int) -> bool:
+    """Whether events, links or their attributes number more than ``fits``."""
+    return max(len(events), len(links)) > fits or any(
+        len(parts[-1]) > fits for parts in (*events, *links)
+    )
+
+
+def _within(
+    span: SpanMessage, attributes: Any, events: Any, links: Any, limits: SpanLimits
+) -> tuple[Any, Any, Any]:
+    """A span's attributes, events and links within ``limits``; the span's dropped counts set
+    (an event's or link's travel with its attributes: ``service.span_limits.dropped``)."""
+    length = limits.max_attribute_length
+    attributes = bound_attributes(
+        attributes, limits.max_span_attributes, limits.max_span_attribute_length, immutable=False
+    )
+    events = bound_sequence(events, limits.max_events)
+    links = bound_sequence(links, limits.max_links)
+    for field, bounded in (("attributes", attributes), ("events", events), ("links", links)):
+        if (count := dropped(bounded)) != 0:  # a proto field costs even to set it to 0
+            setattr(span, f"dropped_{field}_count", count)
+    count = limits.max_event_attributes
+    events = [(n, t, bound_attributes(a, count, length)) for n, t, a in events]
+    count = limits.max_link_attributes
+    links = [(*link[:3], bound_attributes(link[3], count, length)) for link in links]
+    return attributes, events, links

@@ -45,11 +45,14 @@ from typing import Any, BinaryIO
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanLimits, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
+
+from service.span_limits import bound_attributes, default_limits
 
 __all__ = ["Record", "SpanPipe", "from_record", "main", "to_record"]
 
@@ -118,10 +121,34 @@ def from_record(
     record: Record,
     resource: Resource,
     scopes: dict[tuple[Any, ...], InstrumentationScope],
+    limits: SpanLimits | None = None,
 ) -> ReadableSpan:
-    """The ``ReadableSpan`` a :data:`Record` stands for (``scopes`` caches the scopes made)."""
+    """The ``ReadableSpan`` a :data:`Record` stands for (``scopes`` caches the scopes made),
+    within ``limits`` (default: the environment's) as the SDK's own spans are."""
     name, trace_id, span_id, parent_id, parent_remote, flags, state, kind = record[:8]
     start, end, attributes, status, description, scope, events, links = record[8:]
+    limits = limits or default_limits()
+    attributes = bound_attributes(
+        attributes, limits.max_span_attributes, limits.max_span_attribute_length, immutable=False
+    )
+    length = limits.max_attribute_length
+    events = BoundedList.from_seq(
+        limits.max_events,
+        [
+            Event(n, bound_attributes(a, limits.max_event_attributes, length), t)
+            for n, t, a in events
+        ],
+    )
+    links = BoundedList.from_seq(
+        limits.max_links,
+        [
+            Link(
+                SpanContext(t, s, True, TraceFlags(f)),
+                bound_attributes(a, limits.max_link_attributes, length),
+            )
+            for t, s, f, a in links
+        ],
+    )
     trace_flags, trace_state = TraceFlags(flags), TraceState(list(state))
     if scope not in scopes:
         scopes[scope] = InstrumentationScope(*scope)
@@ -135,8 +162,8 @@ def from_record(
         ),
         resource=resource,
         attributes=attributes,
-        events=[Event(n, a, t) for n, t, a in events],
-        links=[Link(SpanContext(t, s, True, TraceFlags(f)), a) for t, s, f, a in links],
+        events=events,
+        links=links,
         kind=SpanKind(kind),
         status=Status(StatusCode(status), description),
         start_time=start,
@@ -219,12 +246,15 @@ def _consume(
     refuses the encoded bytes, the records are rebuilt as SDK spans for a
     ``BatchSpanProcessor`` (``schedule_delay_ms``, ``max_queue_size``)."""
     messages = _messages(receive)
+    limits = default_limits()  # the environment's OTEL_*_LIMIT, read once
     send = _encoded_sender(exporter)
     if send is not None:
         from service.span_encoding import SpanEncoder  # the exporter process's only
 
         try:
-            unsent = _send_encoded(messages, SpanEncoder(resource), send, max_export_batch_size)
+            unsent = _send_encoded(
+                messages, SpanEncoder(resource, limits), send, max_export_batch_size
+            )
         except BaseException:
             exporter.shutdown()
             raise
@@ -247,7 +277,7 @@ def _consume(
             # or away, stop reading, so the server's queue fills and counts what it drops.
             counted.reserve(len(records), capacity)
             for record in records:
-                processor.on_end(from_record(record, resource, scopes))
+                processor.on_end(from_record(record, resource, scopes, limits))
     finally:
         processor.shutdown()  # exports what is left
 

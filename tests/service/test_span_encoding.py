@@ -13,8 +13,11 @@ from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from service.span_encoding import SpanEncoder
 from service.span_export import _consume, _encoded_sender, from_record, to_record
@@ -121,3 +124,70 @@ def test_the_exporter_sends_each_message_in_batches_of_the_batch_size(otlp_colle
         for span in s.spans
     ]
     assert names == [r[0] for r in records] + [records[0][0]]
+
+
+LIMITS = SpanLimits(
+    max_span_attributes=2,
+    max_events=1,
+    max_links=1,
+    max_event_attributes=1,
+    max_link_attributes=1,
+    max_attribute_length=3,
+    max_span_attribute_length=4,
+)
+
+
+def _limited_span(limits: SpanLimits | None) -> ReadableSpan:
+    """The same span (ids, times, values) made by the SDK's own tracer under ``limits``."""
+    ids = iter([0x1F, 0x2E])
+
+    class Ids(IdGenerator):
+        def generate_trace_id(self) -> int:
+            return 0xABC
+
+        def generate_span_id(self) -> int:
+            return next(ids)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=Ids(), span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("smso.test")
+    linked = SpanContext(0xDEF, 0x99, True, TraceFlags(1))
+    links = [Link(linked, {"a": "long link value", "b": 1}), Link(linked, {"c": "x"})]
+    attributes = {"url.path": "/classify/very/long", "n": 1, "tags": ("abcdef", "g")}
+    span = tracer.start_span("POST /classify", attributes=attributes, links=links, start_time=10)
+    span.add_event("first", {"x": "one", "y": "two"}, timestamp=11)
+    span.add_event("second", {"z": "a long message"}, timestamp=12)
+    span.end(end_time=20)
+    (finished,) = exporter.get_finished_spans()
+    return finished
+
+
+def test_span_limits_cut_and_count_as_the_sdks_own_spans_do(caplog):
+    """OTEL_*_LIMIT: the service's records, encoded under the limits, are what the SDK's encoder
+    writes for the span its own tracer makes under them (values cut, the last attributes,
+    events and links kept, the dropped counted)."""
+    raw = to_record(_limited_span(None))  # the span as recorded, before any limit
+    sdk = _limited_span(LIMITS)
+    expected = encode_spans([sdk]).SerializeToString()
+    caplog.clear()
+    assert SpanEncoder(sdk.resource, LIMITS)([raw]) == expected
+    assert "exceeds max length" not in caplog.text  # not a warning per cut value
+    assert encode_spans([from_record(raw, sdk.resource, {}, LIMITS)]).SerializeToString() == (
+        expected
+    )  # the SDK path of the exporter process too
+    (span,) = ExportTraceServiceRequest.FromString(expected).resource_spans[0].scope_spans[0].spans
+    assert {a.key: a.value for a in span.attributes}["tags"].array_value.values[0].string_value == (
+        "abcd"
+    )
+    assert (span.dropped_attributes_count, span.dropped_events_count) == (1, 1)
+    assert (span.dropped_links_count, span.events[0].dropped_attributes_count) == (1, 0)
+
+
+def test_the_default_limits_leave_spans_as_they_are_and_the_environment_sets_them(monkeypatch):
+    records, resource = _records()
+    assert SpanEncoder(resource)(records) == SpanEncoder(resource, SpanLimits())(records)
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "1")
+    request = ExportTraceServiceRequest.FromString(SpanEncoder(resource)(records[:1]))
+    (span,) = request.resource_spans[0].scope_spans[0].spans
+    assert span.attributes[0].value.string_value == "/"  # "/x", cut to 1
