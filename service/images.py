@@ -151,6 +151,7 @@ def _eight_bit(image: Image.Image) -> Image.Image:
     scale = np.float32(255.0 / peak)
     for top in bands:
         values = np.nan_to_num(band(top).astype(np.float32), nan=0.0, posinf=peak, neginf=0.0)
+        np.clip(values, 0.0, peak, out=values)  # so that nothing overflows float32 below
         scaled = np.clip(np.rint(values * scale), 0, 255)
         out.paste(Image.fromarray(scaled.astype(np.uint8)), (0, top))
     return out

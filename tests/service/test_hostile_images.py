@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 import zlib
 from pathlib import Path
 from unittest import mock
@@ -421,6 +422,17 @@ def test_thirty_two_bit_images_scale_by_their_largest_finite_value(mode):
     assert image[3] == pytest.approx([0, 64, 128, 255], abs=0.01)
     if mode == "F":
         assert image[:3, 0] == pytest.approx([0, 255, 0], abs=0.01)
+
+
+def test_a_float_image_with_a_huge_negative_value_is_scaled_without_overflow():
+    """Values at most 1 scale by 255; -3e38 times 255 once overflowed float32, with numpy's
+    warning (an error where warnings are errors) instead of a black pixel."""
+    values = np.array([[-3e38, 0.0, 0.5, 1.0]] * 4, np.float32)
+    spec = Preprocessing(colour="L", resize=None, crop=4, mean=[0.0], std=[1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        image = Preprocessor(spec, 10**8)(saved(Image.fromarray(values, "F"), "TIFF"))[0] * 255
+    assert image[0] == pytest.approx([0, 0, 128, 255], abs=0.01)
 
 
 def test_sixteen_bit_values_round_to_the_nearest_eight_bit_value():
