@@ -29,16 +29,19 @@ from opentelemetry.sdk.util import BoundedList
 __all__ = ["bound_attributes", "bound_sequence", "default_limits", "dropped"]
 
 
-class _NoCutNotice(logging.Filter):
-    """The SDK logs a warning for every string it cuts to the length limit: with a limit set,
-    that is every long URL, on every request. Cutting is what the limit asks for; its other
-    warnings (values it cannot use) stay."""
+class _NoLimitNotice(logging.Filter):
+    """The SDK logs a warning for every string it cuts to the length limit and every attribute
+    it drops for the count limit: with a limit set, that is every request's span. Cutting and
+    dropping is what the limits ask for, and what was dropped is counted in the span; the SDK's
+    other warnings (values it cannot use) stay."""
+
+    NOTICES = ("String attribute value exceeds max length", "Attributes dict is full")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("String attribute value exceeds max length")
+        return not str(record.msg).startswith(self.NOTICES)
 
 
-logging.getLogger("opentelemetry.attributes").addFilter(_NoCutNotice())
+logging.getLogger("opentelemetry.attributes").addFilter(_NoLimitNotice())
 
 
 def bound_attributes(

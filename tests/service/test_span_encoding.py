@@ -173,6 +173,7 @@ def test_span_limits_cut_and_count_as_the_sdks_own_spans_do(caplog):
     caplog.clear()
     assert SpanEncoder(sdk.resource, LIMITS)([raw]) == expected
     assert "exceeds max length" not in caplog.text  # not a warning per cut value
+    assert "dict is full" not in caplog.text  # nor per dropped attribute
     assert encode_spans([from_record(raw, sdk.resource, {}, LIMITS)]).SerializeToString() == (
         expected
     )  # the SDK path of the exporter process too
