@@ -37,7 +37,7 @@ from typing import Any
 
 from training.cli import run_cli
 from training.config import AMP_MODES, ConfigError, TrainConfig
-from training.json_lines import read_json_lines
+from training.json_lines import read_json_lines, read_json_record
 
 __all__ = [
     "DATASET_ORDER",
@@ -341,17 +341,7 @@ def _results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]
             f"{error}; if a write was interrupted there, remove that line: the run's own "
             "result.json, which the report also reads, keeps its result"
         ) from None
-    for run in sorted(out.glob("*/seed*/result.json")):
-        try:
-            record = json.loads(run.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{run}: not JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{run}: not a result (a JSON object)")
-        missing = [key for key in RESULT_FIELDS if key not in record]
-        if missing:
-            raise ValueError(f"{run}: not a result (no {', '.join(missing)})")
-        records.append(record)
+    records += [read_json_record(p, RESULT_FIELDS) for p in sorted(out.glob("*/seed*/result.json"))]
     if not records:
         raise ConfigError(f"no results under {out}; run rows with `smso-experiment run` first")
     latest: dict[tuple[str, str, int], dict[str, Any]] = {}

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_json_lines"]
+__all__ = ["read_json_lines", "read_json_record"]
 
 
 def read_json_lines(path: Path, required: Iterable[str] = ()) -> list[dict[str, Any]]:
@@ -25,18 +25,27 @@ def read_json_lines(path: Path, required: Iterable[str] = ()) -> list[dict[str, 
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     required = list(required)
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: not a JSON object")
-        missing = [key for key in required if key not in record]
-        if missing:
-            raise ValueError(f"{path}:{number}: the record has no {', '.join(missing)}")
-        records.append(record)
-    return records
+    return [
+        _record(line, f"{path}:{number}", required)
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if line.strip()
+    ]
+
+
+def read_json_record(path: Path, required: Iterable[str] = ()) -> dict[str, Any]:
+    """The one JSON object of ``path`` (such as a run's ``result.json``); errors as
+    :func:`read_json_lines`', naming the file."""
+    return _record(path.read_text(), str(path), list(required))
+
+
+def _record(text: str, where: str, required: list[str]) -> dict[str, Any]:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not JSON ({error.msg})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: not a JSON object")
+    missing = [key for key in required if key not in record]
+    if missing:
+        raise ValueError(f"{where}: the record has no {', '.join(missing)}")
+    return record
