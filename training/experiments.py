@@ -364,6 +364,25 @@ def _train_seconds(record: dict[str, Any]) -> float:
     return record["epochs"] * median if median else record["train_seconds"]
 
 
+def _unfinished(table: str, out: Path) -> list[str]:
+    """Runs of ``table`` under ``out`` that have started and not finished: ``"MPN fashion_mnist
+    seed 0 (epoch 11 of 45)"``, in table order."""
+    datasets = [FMNIST_RECIPE["dataset"]] if table == "fmnist" else list(DATASET_ORDER)
+    found = []
+    for row in TABLES[table]:
+        for dataset in datasets:
+            for folder in sorted((out / f"{dataset}-{row.name}").glob("seed*")):
+                config, metrics = folder / "config.json", folder / "metrics.jsonl"
+                if (folder / "result.json").is_file() or not config.is_file():
+                    continue
+                epochs = json.loads(config.read_text()).get("epochs", "?")
+                # epochs written so far: whole lines (one may be being written)
+                done = metrics.read_text().count("\n") if metrics.is_file() else 0
+                where = f"{dataset} {folder.name.replace('seed', 'seed ')}"
+                found.append(f"{row.label} {where} (epoch {done} of {epochs})")
+    return found
+
+
 def report(table: str, out: Path) -> str:
     """A markdown table of the results under ``out``: per row (and dataset), the mean and
     standard deviation over its seeds of the best validation and the test accuracy, beside the
@@ -409,6 +428,9 @@ def report(table: str, out: Path) -> str:
         "the epochs x the median epoch's training time (validation and test passes not "
         "included), mean over the seeds.",
     ]
+    unfinished = _unfinished(table, out)
+    if unfinished:
+        notes.append(f"Not finished yet (not in the table): {', '.join(unfinished)}.")
     return "\n".join(rows + notes)
 
 

@@ -148,3 +148,18 @@ def test_an_unreadable_image_in_a_data_loader_worker_is_one_error_line(tmp_path,
         f"smso-train: error: cannot read image {bad} (cannot identify image file {str(bad)!r}): "
         "replace or remove it\n"
     )
+
+
+def test_report_lists_the_runs_that_have_not_finished(tmp_path: Path) -> None:
+    (tmp_path / "results.jsonl").write_text(json.dumps(RESULT) + "\n")
+    run = tmp_path / "fashion_mnist-mpn" / "seed1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"epochs": 45}))
+    (run / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n{"epo')  # mid-write
+    other = tmp_path / "dtd-mpn" / "seed0"  # another table's run
+    other.mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"epochs": 3}))
+    text = report("fmnist", tmp_path)
+    assert text.endswith(
+        "Not finished yet (not in the table): MPN (iSQRT-COV) fashion_mnist seed 1 (epoch 2 of 45)."
+    )
