@@ -47,12 +47,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanLimits, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from service.span_limits import bound_attributes, default_limits
+from service.span_limits import bound_attributes, bound_sequence, default_limits
 
 __all__ = ["Record", "SpanPipe", "from_record", "main", "to_record"]
 
@@ -132,15 +131,14 @@ def from_record(
         attributes, limits.max_span_attributes, limits.max_span_attribute_length, immutable=False
     )
     length = limits.max_attribute_length
-    events = BoundedList.from_seq(
-        limits.max_events,
+    events = bound_sequence(
         [
             Event(n, bound_attributes(a, limits.max_event_attributes, length), t)
             for n, t, a in events
         ],
+        limits.max_events,
     )
-    links = BoundedList.from_seq(
-        limits.max_links,
+    links = bound_sequence(
         [
             Link(
                 SpanContext(t, s, True, TraceFlags(f)),
@@ -148,6 +146,7 @@ def from_record(
             )
             for t, s, f, a in links
         ],
+        limits.max_links,
     )
     trace_flags, trace_state = TraceFlags(flags), TraceState(list(state))
     if scope not in scopes:
