@@ -38,6 +38,7 @@ from typing import Any
 from training.cli import run_cli
 from training.config import AMP_MODES, ConfigError, TrainConfig
 from training.json_lines import read_json_lines, read_json_record
+from training.paired_comparison import comparison_section
 
 __all__ = [
     "DATASET_ORDER",
@@ -386,7 +387,8 @@ def _unfinished(table: str, out: Path) -> list[str]:
 def report(table: str, out: Path) -> str:
     """A markdown table of the results under ``out``: per row (and dataset), the mean and
     standard deviation over its seeds of the best validation and the test accuracy, beside the
-    paper's number where it has one."""
+    paper's number where it has one; then each SMSO row against first-order and BP, paired by
+    seed (``training.paired_comparison``)."""
     latest = _results(table, out)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (row, dataset, _), record in sorted(latest.items(), key=lambda kv: kv[0][2]):
@@ -428,8 +430,10 @@ def report(table: str, out: Path) -> str:
         "the epochs x the median epoch's training time (validation and test passes not "
         "included), mean over the seeds.",
     ]
+    notes += comparison_section(runs, [r.name for r in TABLES[table]])
     unfinished = _unfinished(table, out)
     if unfinished:
+        notes.append("")
         notes.append(f"Not finished yet (not in the table): {', '.join(unfinished)}.")
     return "\n".join(rows + notes)
 
