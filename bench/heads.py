@@ -20,10 +20,11 @@ pool, and ``"covariance"``); LRBP gets ``num_classes = 67`` (MIT-Indoor). Each t
 one or two warm-up calls; the number of timed calls adapts to the cost of one call (up to
 ``--repeats``, about ``--budget`` seconds per measurement, 1-3 calls when one call takes over 1 s).
 
-After the markdown table the script evaluates, from the measured numbers, the two claims of
-``shared/SMSO.md``: (1) SMSO p=64 is at least 5x faster than MPN and than BP; (2) the conv form is
-cheaper than the covariance form exactly where ``p (n - c) < n c``. Everything, with the machine
-and the settings, is written as JSON to ``bench/results/heads.json``.
+After the markdown table the script evaluates, from the measured numbers, two claims: (1) SMSO
+p=64 is at least 5x faster than MPN and than BP; (2) the conv form is cheaper than the
+covariance form exactly where ``p (n - c) < n c`` (the cost model of ``docs/smso.md``).
+Everything, with the machine and the settings, is written as JSON to
+``bench/results/heads.json``.
 
 Run from the repository root::
 

@@ -63,7 +63,7 @@ class UnsupportedHeadError(ValueError):
 
 
 def form_costs(channels: int, dim: int, positions: int) -> dict[ExportForm, int]:
-    """Modelled multiply-adds per image of each form of the SMSO head (``SMSO.md``).
+    """Modelled multiply-adds per image of each form of the SMSO head (``docs/smso.md``).
 
     ``channels`` is ``c``, ``dim`` is ``p``, ``positions`` is ``n = h * w``. The 1x1 form costs
     ``p c n`` (the convolution), the covariance form ``c^2 n + p c^2`` (the covariance, then
@@ -134,7 +134,8 @@ class ExportModel(nn.Module):
     ``precision="float16"`` runs the backbone and the channel reduction (weights and activations)
     in float16 and the head and classifier in float32, so the traced graph casts twice: the image
     to float16 on entry, the head's input back to float32. The head stays in float32 because its
-    sums of squares over ``n`` positions can exceed float16's largest value, 65,504 (``SMSO.md``).
+    sums of squares over ``n`` positions can exceed float16's largest value, 65,504
+    (``docs/smso.md``).
     """
 
     def __init__(

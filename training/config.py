@@ -166,7 +166,7 @@ class TrainConfig:
         if self.backbone == "small_cnn":
             if reduce_dim == "paper":  # the first-order head keeps the backbone's channels
                 reduce_dim = None if spec.paper_channels is None else SMALL_CNN_WIDTH
-            if self.head == "smso":
+            if spec.small_cnn_dim_is_width:
                 options.setdefault("dim", SMALL_CNN_WIDTH)
         val_size = None
         if self.dataset == "fashion_mnist":

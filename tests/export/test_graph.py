@@ -55,7 +55,7 @@ def test_an_unknown_form_is_refused():
 
 
 def test_the_cheaper_form_is_the_covariance_form_exactly_where_p_n_minus_c_reaches_n_c():
-    # the reference is SMSO.md's inequality, not the cost model's sums
+    # the reference is docs/smso.md's inequality, not the cost model's sums
     for c in (1, 2, 7, 8, 64, 256):
         for n in (2, 4, 49, 196, 784):
             for p in (1, 4, 64, 379, 380, 381, 2048):

@@ -14,7 +14,7 @@ from training.heads.deepo2p import SymmetricLog
 from training.heads.mpn import newton_schulz_sqrt
 from training.second_order import covariance
 
-# name -> (c, options, expected output_dim) at the paper's settings (shared/SMSO.md).
+# name -> (c, options, expected output_dim) at the paper's settings (docs/smso.md).
 PAPER_SETTINGS: dict[str, list[tuple[int, dict[str, Any], int]]] = {
     "gap": [(2048, {}, 2048)],
     "vgg_fc": [(512, {}, 4096)],

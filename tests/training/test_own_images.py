@@ -118,3 +118,5 @@ def test_the_small_cnn_defaults_leave_the_shipped_recipe_and_the_first_order_hea
     assert resolved == dataclasses.replace(shipped, loss="cross_entropy")  # all set explicitly
     assert TrainConfig(head="gap").resolve().reduce_dim is None  # the backbone's 128 channels
     assert TrainConfig(head="bp").resolve().head_options == {}  # SMSO's p only for SMSO
+    assert TrainConfig(head="smso").resolve().head_options == {"dim": 64}  # p = c on small_cnn
+    assert TrainConfig(head="smso", head_options={"dim": 16}).resolve().head_options == {"dim": 16}

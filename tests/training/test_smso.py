@@ -1,4 +1,4 @@
-"""SMSOPooling against the formulas of shared/SMSO.md, computed independently in numpy."""
+"""SMSOPooling against the formulas of docs/smso.md, computed independently in numpy."""
 
 from __future__ import annotations
 

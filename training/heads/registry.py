@@ -59,6 +59,9 @@ class HeadSpec:
     loss: str = "cross_entropy"  # the loss it was designed for (TrainConfig's loss="auto")
     forms: tuple[str, ...] = ()  # values of its `form` option: one function, other arithmetic
     size_symbol: str | None = None  # how tables name the size its `dim` option sets ("p", "d")
+    # on the small CNN its `dim` defaults to the reduced width c (SMSO: p = c = 64), since its
+    # own default suits ImageNet backbones (p = 2,048)
+    small_cnn_dim_is_width: bool = False
     # copies its own layers from the backbone's pretrained state dict (VGG-D's fc6 and fc7)
     load_pretrained: Callable[[Any, Mapping[str, Tensor]], None] | None = None
     # when smso-train sets the head's state from statistics of its input over the training
@@ -110,6 +113,7 @@ HEADS: dict[str, HeadSpec] = {
         "SMSO pooling, p-d (option dim, default 2,048)",
         forms=FORMS,
         size_symbol="p",
+        small_cnn_dim_is_width=True,
         input_statistics="after_training",
     ),
 }

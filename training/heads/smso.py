@@ -1,6 +1,6 @@
 """SMSO pooling: statistically-motivated second-order pooling (Yu & Salzmann, ECCV 2018).
 
-Notation (``shared/SMSO.md``): a feature map ``(B, c, h, w)`` holds, per image, ``n = h * w``
+Notation (``docs/smso.md``): a feature map ``(B, c, h, w)`` holds, per image, ``n = h * w``
 positions ``x_i`` in ``R^c`` with mean ``mu``; ``x~_i = x_i - mu``.
 
 1. Covariance (Eq. 1): ``Y = 1/(n-1) sum_i x~_i x~_i^T``                        ``(B, c, c)``
