@@ -1,50 +1,84 @@
 #!/usr/bin/env bash
-# The GPU measurement of issue 11 spread over the four back-to-back calls a lent machine allows
-# (each call carries at most 64 MiB: one part of onnxruntime-gpu staged by
-# ../shared/gpu/stage-onnxruntime-gpu.sh .gpu-stage, with the serving wheels split in two).
+# bench/serve_gpu.py on a CUDA machine that is lent a few minutes at a time and reached by calls
+# that each carry at most 64 MiB: four calls back to back, each carrying one part staged by
+# `bash bench/gpu_stage.sh .gpu-stage` (the machine is given back when idle, and /tmp with it).
 #   step 1 (carry .gpu-stage/part1 .gpu-stage/wheels): install the wheels, export the five
 #          ResNet-50 models in the background (bench/serve_gpu.py --export-only);
-#   step 2 (carry .gpu-stage/part2 .gpu-stage/wheels-late), step 3 (carry .gpu-stage/part3):
-#          collect the parts;
-#   step 4 (carry .gpu-stage/part4): unpack onnxruntime-gpu, the CUDA tests, then
-#          bench/serve_gpu.py on the exports (BUDGET_S seconds), results in $OUT.
+#   step 2 (carry .gpu-stage/part2), step 3 (carry .gpu-stage/part3): collect the parts;
+#   step 4 (carry .gpu-stage/part4 .gpu-stage/wheels-late): check that everything arrived,
+#          unpack onnxruntime-gpu, the CUDA tests, then bench/serve_gpu.py on the exports;
+#          the whole step keeps within STEP4_S seconds (default 540), results in $OUT.
 # Usage, on the lent machine in the repository root: bash bench/gpu_lease.sh STEP
+# EXPORTS (step 1) and SERVE_GPU_ARGS (step 4) pass flags on, e.g. EXPORTS="--exports fp32-conv
+# fp16-conv" and SERVE_GPU_ARGS="--exports fp32-conv fp16-conv --servers cuda workers-graphs".
 set -u
 step=${1:?usage: $0 STEP (1-4)}
-parts=/tmp/ort-parts site=/tmp/site models=/tmp/serve-gpu-models
-OUT=${OUT:-/tmp/gpu-out}
+start=$SECONDS
+tmp=${LEASE_TMP:-/tmp}  # what the calls leave for each other (a test points it elsewhere)
+parts=$tmp/ort-parts site=$tmp/site models=$tmp/serve-gpu-models
+OUT=${OUT:-$tmp/gpu-out}
 mkdir -p "$parts" "$site" "$models" "$OUT"
-cp .gpu-stage/part"$step"/* "$parts"/
+[ -d .gpu-stage/part"$step" ] && cp .gpu-stage/part"$step"/* "$parts"/
 [ -d .gpu-stage/wheels-late ] && cp .gpu-stage/wheels-late/* "$parts"/
 export PYTHONUNBUFFERED=1
+fail() { echo "gpu_lease step $step: $*" >&2; exit 1; }
 case $step in
 1)
   nvidia-smi -L
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu-stage/wheels/*.whl
-  # the exports run on while the other parts arrive (a new session outlives this call)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu-stage/wheels/*.whl \
+    || fail "installing the wheels failed"
+  # the exports run on while the other parts arrive; their exit status goes to $models/status
   # shellcheck disable=SC2086  # EXPORTS: e.g. "--exports fp32-conv"
   PYTHONPATH=$site:$PWD setsid bash -c "python3 bench/serve_gpu.py --export-only ${EXPORTS:-} \
-    --models-dir $models --out /tmp/export-out >/tmp/export.log 2>&1; touch $models/done" \
+    --models-dir $models --out $tmp/export-out >$tmp/export.log 2>&1; echo \$? >$models/status" \
     </dev/null >/dev/null 2>&1 &
-  sleep 5; cat /tmp/export.log
+  sleep 5; cat $tmp/export.log
   ;;
-2 | 3) ls -la "$parts" "$models"; tail -3 /tmp/export.log ;;
+2 | 3) ls -la "$parts" "$models"; tail -3 $tmp/export.log ;;
 4)
-  for _ in $(seq 150); do [ -e "$models/done" ] && break; sleep 1; done
-  cp /tmp/export.log "$OUT"/export.log; tail -3 /tmp/export.log; ls -la "$models"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pyspy "$parts"/py_spy-*.whl
-  python3 -m pip install -q --no-index --no-deps --target /tmp/zstd-py "$parts"/zstandard-*.whl
-  cat "$parts"/ort.part.0* | PYTHONPATH=/tmp/zstd-py python3 -c "import sys, zstandard
+  budget=${STEP4_S:-540}
+  # what earlier calls left: gone if the machine was given back in between
+  missing=""
+  for i in 0 1 2 3; do [ -s "$parts/ort.part.0$i" ] || missing="$missing ort.part.0$i"; done
+  [ -z "$missing" ] || fail "missing$missing in $parts (the machine was given back between calls?): run steps 1-4 again, back to back"
+  PYTHONPATH=$site python3 -c "import fastapi, fastapi_offline, httptools, uvicorn" 2>/dev/null \
+    || fail "the wheels of step 1 are not in $site: run steps 1-4 again, back to back"
+  # the exports: wait while they run (at most 150 s), never start a second copy beside them
+  for _ in $(seq 150); do
+    [ -e "$models/status" ] && break
+    pgrep -f "serve_gpu.py --export-only" >/dev/null || break
+    sleep 1
+  done
+  if [ -e "$models/status" ]; then
+    echo "exports finished with status $(cat "$models/status")"
+  elif pgrep -f "serve_gpu.py --export-only" >/dev/null; then
+    fail "the exports are still running after 150 s: see $tmp/export.log"
+  else
+    echo "no exports from step 1: serve_gpu.py makes them (about 2 minutes of the budget)"
+  fi
+  [ -e $tmp/export.log ] && cp $tmp/export.log "$OUT"/export.log && tail -3 $tmp/export.log
+  ls -la "$models"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $tmp/pyspy "$parts"/py_spy-*.whl
+  python3 -m pip install -q --no-index --no-deps --target $tmp/zstd-py "$parts"/zstandard-*.whl \
+    || fail "zstandard's wheel is missing: carry .gpu-stage/wheels-late with part4"
+  set -o pipefail
+  cat "$parts"/ort.part.0* | PYTHONPATH=$tmp/zstd-py python3 -c "import sys, zstandard
 zstandard.ZstdDecompressor(max_window_size=2**31).copy_stream(sys.stdin.buffer, sys.stdout.buffer)" \
-    | tar -x -C "$site"
-  export PYTHONPATH=$site:$PWD PATH=/tmp/pyspy/bin:$site/bin:$PATH
-  python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
-  timeout 120 python3 -m pytest -m cuda tests/service/test_runner.py -q -p no:cacheprovider \
+    | tar -x -C "$site" || fail "unpacking onnxruntime-gpu failed (a part damaged in transfer?)"
+  set +o pipefail
+  export PYTHONPATH=$site:$PWD PATH=$tmp/pyspy/bin:$site/bin:$PATH
+  python3 -c "import onnxruntime as o; p = o.get_available_providers(); print('onnxruntime', o.__version__, p)
+assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gpu has no CUDA provider here"
+  timeout 60 python3 -m pytest -m cuda tests/service/test_runner.py -q -p no:cacheprovider \
     >"$OUT/pytest.log" 2>&1
   echo "pytest -m cuda tests/service/test_runner.py: $(tail -1 "$OUT/pytest.log")"
+  left=$((budget - (SECONDS - start) - 20))
+  [ "$left" -ge 60 ] || fail "only $left s of STEP4_S left for serve_gpu.py"
+  echo "serve_gpu.py: --budget-s $left"
   # shellcheck disable=SC2086  # SERVE_GPU_ARGS: e.g. --raw ... --stages --servers ...
-  python3 bench/serve_gpu.py --models-dir "$models" --out "$OUT" --budget-s "${BUDGET_S:-400}" \
+  python3 bench/serve_gpu.py --models-dir "$models" --out "$OUT" --budget-s "$left" \
     ${SERVE_GPU_ARGS:-}
   ;;
+*) fail "STEP must be 1, 2, 3 or 4" ;;
 esac

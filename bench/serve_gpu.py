@@ -21,8 +21,9 @@ would overrun ``--budget-s`` are skipped and say so):
    binary FP32 tensors: req/s, p50/p95/p99, the server's stage split from ``/metrics``
    (decoding, queue, the inference thread's time and the batch's round trip), GPU utilisation
    read through NVML once a second (never ``nvidia-smi`` during a load: on some virtual machines
-   it stalls CUDA); for each of ``--servers``: the default server, two batches in flight, a
-   fixed-size export, CUDA graphs, four workers, four workers with CUDA graphs;
+   it stalls CUDA); for each of ``--servers`` (``SERVER_VARIANTS``), by default: the default
+   server, four workers with CUDA graphs on the float32 and on the float16 export, one worker
+   with CUDA graphs (also: two batches in flight, four workers without graphs);
 6. a sampling profile of the first server under the 64-client ``/v2`` load (``py-spy``, where
    installed: a speedscope file and three dumps of every thread);
 7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px
@@ -97,6 +98,9 @@ class Budget:
 
     def allows(self, seconds: float) -> bool:
         return time.monotonic() + seconds <= self.end
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
 
 
 # --- 1. the machine ------------------------------------------------------------------------
@@ -191,23 +195,41 @@ def export_one(
     return name, str(path), time.perf_counter() - start
 
 
+#: The exports: name -> (SMSO form, float16, image side). The first is the reference every
+#: later stage uses (the profile, the servers), so it is always made.
+EXPORTS: dict[str, tuple[str, bool, int]] = {
+    "fp32-conv": ("conv", False, 224),
+    "fp32-covariance": ("covariance", False, 224),
+    "fp16-conv": ("conv", True, 224),
+    "fp32-conv-448": ("conv", False, 448),
+    "fp32-covariance-448": ("covariance", False, 448),
+}
+#: Raw-session modes (``--raw EXPORT/MODE``).
+RAW_MODES = ("plain", "io-binding", "cuda-graphs")
+#: Server variants (``--servers``): name -> (export, settings), one change at a time from the
+#: default server. The per-bucket CUDA sessions fix every dimension, so CUDA graphs need no
+#: fixed-size export. SMSO_WORKERS is 4 (2 with ``--smoke``).
+SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "cuda": ("fp32-conv", {}),
+    "cuda-2-in-flight": ("fp32-conv", {"SMSO_BATCHES_IN_FLIGHT": "2"}),
+    "cuda-graphs": ("fp32-conv", {"SMSO_CUDA_GRAPHS": "true"}),
+    "workers": ("fp32-conv", {"SMSO_WORKERS": "4"}),
+    "workers-graphs": ("fp32-conv", {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true"}),
+    "workers-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true"}),
+}
+
+
 def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[str, Any]:
     """``name -> path`` of the exports (the shipped model alone with ``smoke``); an export
-    already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is."""
+    already in ``workdir`` (``--models-dir``, from an earlier run) is used as it is. ``only``
+    picks exports; ``fp32-conv`` is always among them."""
     if smoke:
         return {
             "paths": {"fp32-conv": str(SHIPPED)},
             "export_s": {},
         }
-    variants = [
-        ("fp32-conv", "conv", False, 224),
-        ("fp32-covariance", "covariance", False, 224),
-        ("fp16-conv", "conv", True, 224),
-        ("fp32-conv-448", "conv", False, 448),
-        ("fp32-covariance-448", "covariance", False, 448),
-    ]
-    if only:
-        variants = [v for v in variants if v[0] in only]
+    names = [n for n in EXPORTS if not only or n in only or n == "fp32-conv"]
+    variants = [(n, *EXPORTS[n]) for n in names]
     paths = {v[0]: str(workdir / f"{v[0]}.onnx") for v in variants}
     seconds: dict[str, float] = {}
     missing = [v for v in variants if not (workdir / f"{v[0]}.onnx").exists()]
@@ -230,6 +252,9 @@ def raw_session(
 ) -> dict[str, Any]:
     """Images/s and ms per call by batch size, through the service's own backend."""
     from service.backend import BackendOptions, OnnxBackend
+
+    if mode not in RAW_MODES:
+        raise ValueError(f"unknown raw mode {mode!r}; valid: {', '.join(RAW_MODES)}")
 
     start = time.perf_counter()
     options = BackendOptions(
@@ -410,8 +435,12 @@ class Clients:
 
 
 @contextlib.contextmanager
-def server(model: str, env_extra: dict[str, str], log: Path) -> Iterator[tuple[str, Any, float]]:
-    """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``."""
+def server(
+    model: str, env_extra: dict[str, str], log: Path, ready_timeout_s: float = 90
+) -> Iterator[tuple[str, Any, float]]:
+    """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``. The server
+    runs in its own process group, which is terminated (killed after 20 s) on the way out, so
+    a worker that ignores SIGTERM does not keep the GPU through the next variant."""
     port = free_port()
     env = (
         os.environ
@@ -426,14 +455,27 @@ def server(model: str, env_extra: dict[str, str], log: Path) -> Iterator[tuple[s
     command = [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port)]
     with log.open("w") as sink:
         start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=sink, stderr=sink, start_new_session=True
+        )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_ready(f"{base}/readyz", process, timeout_s=600)
+            wait_ready(f"{base}/readyz", process, timeout_s=ready_timeout_s)
             yield base, process, time.perf_counter() - start
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=60)
+            stop_group(process)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process's group, then SIGKILL if it has not exited within 20 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=20)
 
 
 def py_spy(pid: int, seconds: float, out: Path, name: str) -> dict[str, Any]:
@@ -482,14 +524,18 @@ def serve_loads(
     args: argparse.Namespace,
     out: Path,
     profile: bool,
+    ready_timeout_s: float = 90,
 ) -> dict[str, Any]:
-    """Every route at every concurrency against one server; a py-spy profile of the busiest."""
+    """Every route at every concurrency against one server; a py-spy profile of the busiest.
+    A failure part-way is recorded as ``error`` beside the loads already measured."""
 
     result: dict[str, Any] = {"env": env_extra, "loads": []}
     log = Path(tempfile.mkdtemp(prefix="serve-gpu-log-")) / f"server-{variant}.log"
     try:
-        with server(model, env_extra, log) as (base, process, ready_s):
+        with server(model, env_extra, log, ready_timeout_s) as (base, process, ready_s):
             _drive(base, process, ready_s, result, clients, args, out, variant, profile)
+    except Exception as error:  # one variant's failure: recorded with what it measured
+        result["error"] = f"{type(error).__name__}: {error}"
     finally:  # the machine's file transfer is limited: the log's end goes into the report
         result["log_tail"] = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     return result
@@ -577,12 +623,15 @@ def decoding(
                 pool = concurrent.futures.ProcessPoolExecutor(
                     n, mp_context=spawn, initializer=_decode_init, initargs=(preprocessing,)
                 )
+            # at least 8 images per worker in each map (2 chunks of 4 for a process), so that
+            # every worker stays busy until the map's last few images
+            work = files * -(-8 * n // len(files))
             with pool:
                 list(pool.map(_decode, files[: 2 * n]))  # start the workers
                 done, start = 0, time.perf_counter()
                 while time.perf_counter() - start < seconds:
-                    list(pool.map(_decode, files, chunksize=4 if kind == "processes" else 1))
-                    done += len(files)
+                    list(pool.map(_decode, work, chunksize=4 if kind == "processes" else 1))
+                    done += len(work)
                 rate = done / (time.perf_counter() - start)
             rows.append({"kind": kind, "workers": n, "images_per_second": rate})
     return {"rows": rows}
@@ -626,9 +675,10 @@ def markdown(report: dict[str, Any]) -> str:
         if "loads" not in result:
             lines += [f"server {variant}: {result}", ""]
             continue
+        ready = f"ready after {result['ready_s']:.1f} s" if "ready_s" in result else "not ready"
+        error = f", then failed: {result['error']}" if "error" in result else ""
         lines += [
-            f"Server `{variant}` ({result['env'] or 'defaults'}), ready after "
-            f"{result['ready_s']:.1f} s:",
+            f"Server `{variant}` ({result['env'] or 'defaults'}), {ready}{error}:",
             "",
             "| route | clients | req/s | p50 ms | p95 ms | p99 ms | decode | queue | "
             "inference | round trip | rest | mean batch | GPU util % |",
@@ -680,7 +730,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--export-only", action="store_true", help="export the models, then stop")
     parser.add_argument(
-        "--exports", nargs="*", default=None, help="export only these (default: all five)"
+        "--exports",
+        nargs="*",
+        default=None,
+        choices=list(EXPORTS),
+        help="export only these (default: all five; fp32-conv always)",
     )
     parser.add_argument(
         "--raw",
@@ -706,17 +760,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="*",
-        default=["cuda", "cuda-2-in-flight", "cuda-graphs", "workers"],
-        choices=[
-            "cuda",
-            "cuda-2-in-flight",
-            "cuda-graphs",
-            "workers",
-            "workers-graphs",
-        ],
+        default=["cuda", "workers-graphs", "workers-graphs-fp16", "cuda-graphs"],
+        choices=list(SERVER_VARIANTS),
         help="server variants to load (the first is profiled)",
     )
     args = parser.parse_args(argv)
+    for item in args.raw or []:
+        name, _, mode = item.partition("/")
+        if name not in EXPORTS or mode not in RAW_MODES:
+            parser.error(
+                f"--raw {item}: expected EXPORT/MODE with EXPORT one of {', '.join(EXPORTS)} "
+                f"and MODE one of {', '.join(RAW_MODES)}"
+            )
     if args.smoke:
         args.seconds, args.concurrency, args.batches = 1.0, [1, 4], [1, 8]
         args.client_processes = 2
@@ -754,6 +809,9 @@ def main(argv: list[str] | None = None) -> int:
             raw_plan = [tuple(item.split("/", 1)) for item in args.raw]
         report["raw"] = {}
         for name, mode in raw_plan:
+            if name not in paths:
+                report["raw"][f"{name}/{mode}"] = {"error": f"{name} was not exported (--exports)"}
+                continue
             if not budget.allows(60 + 200):
                 report["skipped"].append(f"raw {name} {mode}")
                 continue
@@ -776,47 +834,38 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
         files = jpegs(32)
-        from service.backend import BackendOptions, OnnxBackend
+        from service.backend import read_card
         from service.images import Preprocessor
 
-        card = OnnxBackend(
-            paths["fp32-conv"], BackendOptions(providers="CPUExecutionProvider")
-        ).card
+        card = read_card(paths["fp32-conv"])
         pre = Preprocessor(card.preprocessing, 10**9)
         payloads = {"jpeg": files, "fp32": oip_bodies(files, np.stack([pre(f) for f in files]))}
         clients = Clients(payloads, args.client_processes)
         report["server"] = {}
         workers = "2" if args.smoke else "4"
-        # name -> (export, settings): the default server, then one change at a time
-        variants = {
-            "cuda": ("fp32-conv", {}),
-            "cuda-2-in-flight": ("fp32-conv", {"SMSO_BATCHES_IN_FLIGHT": "2"}),
-            # the per-bucket CUDA sessions fix every dimension: CUDA graphs need no
-            # fixed-size export (--static-size)
-            "cuda-graphs": ("fp32-conv", {"SMSO_CUDA_GRAPHS": "true"}),
-            "workers": ("fp32-conv", {"SMSO_WORKERS": workers}),
-            "workers-graphs": ("fp32-conv", {"SMSO_WORKERS": workers, "SMSO_CUDA_GRAPHS": "true"}),
-        }
         try:
-            for variant, (model, env) in variants.items():
-                if variant not in args.servers:
+            for variant in args.servers:
+                model, env = SERVER_VARIANTS[variant]
+                model = "fp32-conv" if args.smoke else model  # smoke: the shipped model only
+                if model not in paths:
+                    report["server"][variant] = {"error": f"{model} was not exported (--exports)"}
                     continue
                 if not budget.allows(120):
                     report["skipped"].append(f"server {variant}")
                     continue
                 env = {"SMSO_PROVIDERS": providers} | env
-                try:
-                    report["server"][variant] = serve_loads(
-                        paths[model],
-                        variant,
-                        env,
-                        clients,
-                        args,
-                        out,
-                        profile=args.profile and variant == args.servers[0],
-                    )
-                except Exception as error:  # one variant's failure: recorded, the rest go on
-                    report["server"][variant] = {"error": f"{type(error).__name__}: {error}"}
+                if "SMSO_WORKERS" in env:
+                    env["SMSO_WORKERS"] = workers
+                report["server"][variant] = serve_loads(
+                    paths[model],
+                    variant,
+                    env,
+                    clients,
+                    args,
+                    out,
+                    profile=args.profile and variant == args.servers[0],
+                    ready_timeout_s=min(90.0, max(10.0, budget.left() - 30)),
+                )
                 print(f"server {variant}: done", flush=True)
                 save()
         finally:

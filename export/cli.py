@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--static-size",
         action="store_true",
         help="fix the input's height and width at the trained size (the batch stays dynamic): "
-        "no shape arithmetic is left in the graph, so every node runs on CUDA, as the server's "
-        "CUDA graphs (--cuda-graphs) require; by default any size is accepted",
+        "no shape arithmetic is left in the graph, so every node runs on CUDA (the server's "
+        "CUDA graphs do not need it: its per-batch-size sessions fix every dimension); by "
+        "default any size is accepted",
     )
     parser.add_argument(
         "--typicality",

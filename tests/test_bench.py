@@ -229,10 +229,13 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
     )
     assert all("by_batch" in run for run in report["raw"].values())
     assert report["ort_profile"]["ms_per_run_by_op"]
-    assert set(report["server"]) == {"cuda", "cuda-2-in-flight", "cuda-graphs", "workers"}
+    assert set(report["server"]) == {
+        "cuda", "workers-graphs", "workers-graphs-fp16", "cuda-graphs"
+    }  # fmt: skip
     for variant in report["server"]:
         loads = report["server"][variant]["loads"]
         assert len(loads) == 4  # two routes at concurrency 1 and 4
+        assert "error" not in report["server"][variant], report["server"][variant]["error"]
         assert all(load["failures"] == 0 and load["requests"] > 0 for load in loads)
         assert all(
             set(load["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "round_trip_ms"}
@@ -240,3 +243,53 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
         )
     assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
     assert "| route | clients | req/s |" in (tmp_path / "serve_gpu.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--raw", "fp32-conv"], "--raw fp32-conv: expected EXPORT/MODE"),
+        (["--raw", "fp32-conv/turbo"], "MODE one of plain, io-binding, cuda-graphs"),
+        (["--exports", "fp64-conv"], "invalid choice: 'fp64-conv'"),
+        (["--servers", "tensorrt"], "invalid choice: 'tensorrt'"),
+    ],
+)
+def test_gpu_serve_benchmark_refuses_bad_runs_before_it_starts(
+    flags: list[str], message: str, tmp_path: Path
+) -> None:
+    """A typo would otherwise abort a lent GPU machine's run part-way (or measure the wrong
+    thing): it is refused at once, with what is accepted."""
+    proc = run_script("bench/serve_gpu.py", "--out", str(tmp_path), *flags)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not (tmp_path / "serve_gpu.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("step", "stage", "message"),
+    [
+        ("4", {"part4": ["ort.part.03"]}, "missing ort.part.00 ort.part.01 ort.part.02"),
+        ("5", {}, "STEP must be 1, 2, 3 or 4"),
+    ],
+)
+def test_the_gpu_lease_says_what_did_not_arrive(
+    step: str, stage: dict[str, list[str]], message: str, tmp_path: Path
+) -> None:
+    """Step 4 of bench/gpu_lease.sh checks what the earlier calls left before it spends the
+    lease: a machine given back in between loses them."""
+    repo = tmp_path / "repo"
+    for part, files in stage.items():
+        (repo / ".gpu-stage" / part).mkdir(parents=True)
+        for name in files:
+            (repo / ".gpu-stage" / part / name).write_bytes(b"zstd")
+    repo.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_lease.sh"), step],
+        cwd=repo,
+        env=os.environ | {"LEASE_TMP": str(tmp_path / "lease")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert message in proc.stderr
