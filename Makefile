@@ -60,11 +60,11 @@ format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The head benchmark of issue 2: prints a markdown table, writes bench/results/heads.json.
+# The head benchmark: prints a markdown table, writes bench/results/heads.json.
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/heads.py
 
-# The export benchmark of issue 4: onnxruntime against PyTorch eager, bench/results/export.json.
+# The export benchmark: onnxruntime against PyTorch eager, bench/results/export.json.
 bench-export: $(VENV)/.installed-dev
 	$(BIN)/python bench/export.py
 

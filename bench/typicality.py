@@ -1,4 +1,4 @@
-"""The served typicality score (issue 17): out-of-distribution AUROC, drift alarms, and cost.
+"""The served typicality score: out-of-distribution AUROC, drift alarms, and cost.
 
 Everything goes through the real server (``smso-serve`` in a subprocess on the shipped model):
 
@@ -628,7 +628,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def targets(
     separation: dict[str, Any], drift: dict[str, Any], cost: dict[str, Any]
 ) -> dict[str, bool]:
-    """Issue 17's targets, each met or not."""
+    """The typicality score's targets, each met or not."""
     mean = separation["mean_auroc"]
     worst = {s: min(METHODS, key=lambda m: separation["sets"][s][m]["auroc"]) for s in OOD_SETS}
     return {

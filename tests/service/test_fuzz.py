@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the two parsers that read client bytes (issue 13): the image decoder
+"""Property-based fuzzing of the two parsers that read client bytes: the image decoder
 and the Open Inference Protocol codec. Whatever the bytes, the decoder returns the model's input
 or raises an :class:`ImageError` (or :class:`ImageTooLargeError`, the 413), and the protocol
 parser returns a request or raises a :class:`ProtocolError`: never another exception (a 500).

@@ -1,4 +1,4 @@
-"""Hostile images (issue 13, defects 1 and 3): aspect-ratio bombs in every accepted format, the
+"""Hostile images: aspect-ratio bombs in every accepted format, the
 memory a decode takes, formats outside the allow-list, truncated and corrupted files. Each one is a
 4xx that names the file, quickly and in bounded memory, never another exception (a 500)."""
 

@@ -1,4 +1,4 @@
-"""Hostile clients (issue 13): what they send must not grow the server's state, be counted as the
+"""Hostile clients: what they send must not grow the server's state, be counted as the
 server's fault, reveal what a key protects, or send anyone elsewhere."""
 
 from __future__ import annotations
