@@ -22,6 +22,8 @@ mkdir -p "$parts" "$site" "$models" "$OUT"
 [ -d .gpu-stage/wheels-late ] && cp .gpu-stage/wheels-late/* "$parts"/
 export PYTHONUNBUFFERED=1
 fail() { echo "gpu_lease step $step: $*" >&2; exit 1; }
+# the background exports of step 1: their pid, flags and, once finished, exit status
+exporting() { [ -s "$models/pid" ] && kill -0 "$(cat "$models/pid")" 2>/dev/null; }
 case $step in
 1)
   nvidia-smi -L
@@ -29,10 +31,17 @@ case $step in
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu-stage/wheels/*.whl \
     || fail "installing the wheels failed"
   # the exports run on while the other parts arrive; their exit status goes to $models/status
-  # shellcheck disable=SC2086  # EXPORTS: e.g. "--exports fp32-conv"
-  PYTHONPATH=$site:$PWD setsid bash -c "python3 bench/serve_gpu.py --export-only ${EXPORTS:-} \
-    --models-dir $models --out $tmp/export-out >$tmp/export.log 2>&1; echo \$? >$models/status" \
-    </dev/null >/dev/null 2>&1 &
+  if exporting; then
+    echo "exports already running (pid $(cat "$models/pid")): not started again"
+  else
+    rm -f "$models/status"
+    echo "${EXPORTS:-}" >"$models/exports"
+    # shellcheck disable=SC2086  # EXPORTS: e.g. "--exports fp32-conv"
+    PYTHONPATH=$site:$PWD setsid bash -c "python3 bench/serve_gpu.py --export-only ${EXPORTS:-} \
+      --models-dir $models --out $tmp/export-out >$tmp/export.log 2>&1; echo \$? >$models/status" \
+      </dev/null >/dev/null 2>&1 &
+    echo $! >"$models/pid"
+  fi
   sleep 5; cat $tmp/export.log
   ;;
 2 | 3) ls -la "$parts" "$models"; tail -3 $tmp/export.log ;;
@@ -47,17 +56,23 @@ case $step in
   # the exports: wait while they run (at most 150 s), never start a second copy beside them
   for _ in $(seq 150); do
     [ -e "$models/status" ] && break
-    pgrep -f "serve_gpu.py --export-only" >/dev/null || break
+    exporting || break
     sleep 1
   done
+  [ -e "$tmp/export.log" ] && cp "$tmp/export.log" "$OUT"/export.log && tail -3 "$tmp/export.log"
   if [ -e "$models/status" ]; then
-    echo "exports finished with status $(cat "$models/status")"
-  elif pgrep -f "serve_gpu.py --export-only" >/dev/null; then
+    [ "$(cat "$models/status")" = 0 ] \
+      || fail "the exports failed (status $(cat "$models/status")): see $OUT/export.log"
+  elif exporting; then
     fail "the exports are still running after 150 s: see $tmp/export.log"
   else
     echo "no exports from step 1: serve_gpu.py makes them (about 2 minutes of the budget)"
   fi
-  [ -e $tmp/export.log ] && cp $tmp/export.log "$OUT"/export.log && tail -3 $tmp/export.log
+  # the exports step 1 made, unless SERVE_GPU_ARGS names its own
+  case " ${SERVE_GPU_ARGS:-} " in
+    *" --exports "*) exports="" ;;
+    *) exports=$(cat "$models/exports" 2>/dev/null) ;;
+  esac
   ls -la "$models"
   python3 -m pip install -q --no-index --no-deps --no-compile --target $tmp/pyspy "$parts"/py_spy-*.whl
   python3 -m pip install -q --no-index --no-deps --target $tmp/zstd-py "$parts"/zstandard-*.whl \
@@ -78,7 +93,7 @@ assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gp
   echo "serve_gpu.py: --budget-s $left"
   # shellcheck disable=SC2086  # SERVE_GPU_ARGS: e.g. --raw ... --stages --servers ...
   python3 bench/serve_gpu.py --models-dir "$models" --out "$OUT" --budget-s "$left" \
-    ${SERVE_GPU_ARGS:-}
+    $exports ${SERVE_GPU_ARGS:-}
   ;;
 *) fail "STEP must be 1, 2, 3 or 4" ;;
 esac

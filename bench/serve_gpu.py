@@ -362,36 +362,42 @@ def _client_process(
     failures = [0]
     lock = threading.Lock()
 
-    def client(k: int) -> None:
+    def post(http: httpx.Client, i: int) -> httpx.Response:
         items = _PAYLOADS[kind]
-        with httpx.Client(timeout=60) as http:
-            time.sleep(max(0.0, start_at - time.time()))
-            i, end = k, start_at + seconds
-            mine = []
-            while time.time() < end:
-                t = time.perf_counter()
-                if kind == "jpeg":
-                    response = http.post(
-                        url, files=[("file", ("i.jpg", items[i % len(items)], "image/jpeg"))]
-                    )
-                else:
-                    body, length = items[i % len(items)]
-                    response = http.post(
-                        url,
-                        content=body,
-                        headers={
-                            "Inference-Header-Content-Length": str(length),
-                            "Content-Type": "application/octet-stream",
-                        },
-                    )
-                if response.status_code == 200:  # req/s and latencies count answers only
-                    mine.append(time.perf_counter() - t)
-                else:
-                    with lock:
-                        failures[0] += 1
-                i += threads
-        with lock:
-            latencies.extend(mine)
+        if kind == "jpeg":
+            return http.post(url, files=[("file", ("i.jpg", items[i % len(items)], "image/jpeg"))])
+        body, length = items[i % len(items)]
+        return http.post(
+            url,
+            content=body,
+            headers={
+                "Inference-Header-Content-Length": str(length),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+
+    def client(k: int) -> None:
+        mine: list[float] = []
+        try:
+            # a request that takes longer than the load itself has failed
+            with httpx.Client(timeout=seconds + 10) as http:
+                time.sleep(max(0.0, start_at - time.time()))
+                i, end = k, start_at + seconds
+                while time.time() < end:
+                    t = time.perf_counter()
+                    try:
+                        ok = post(http, i).status_code == 200
+                    except httpx.HTTPError:  # a timeout, a refused or dropped connection
+                        ok = False
+                    if ok:  # req/s and latencies count answers only
+                        mine.append(time.perf_counter() - t)
+                    else:
+                        with lock:
+                            failures[0] += 1
+                    i += threads
+        finally:
+            with lock:
+                latencies.extend(mine)
 
     pool = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
     for thread in pool:
@@ -475,15 +481,15 @@ def server(
 
 
 def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the process's group, then SIGKILL if it has not exited within 20 s."""
+    """SIGTERM to the process's group; after the leader has exited (or 20 s), SIGKILL to
+    whatever is left of the group (a worker that outlived its parent)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=20)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=20)
 
 
 def py_spy(pid: int, seconds: float, out: Path, name: str) -> dict[str, Any]:
@@ -721,6 +727,13 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_seconds(args: argparse.Namespace, profile: bool) -> float:
+    """Seconds one server variant's loads take: per route a warm-up of half a load, then a
+    load per concurrency (each starting a second after it is submitted); the profile's load."""
+    per_route = args.seconds / 2 + 1 + len(args.concurrency) * (args.seconds + 1)
+    return 2 * per_route + (args.seconds + 4 + 5 if profile else 0)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the results")
@@ -773,6 +786,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="server variants to load (the first is profiled)",
     )
     args = parser.parse_args(argv)
+    made = set(args.exports or EXPORTS) | {"fp32-conv"}
+    needed = {item.partition("/")[0] for item in args.raw or []}
+    needed |= {SERVER_VARIANTS[v][0] for v in args.servers}
+    if not args.smoke and needed & set(EXPORTS) - made:
+        parser.error(
+            f"--exports {' '.join(args.exports)} leaves out {', '.join(sorted(needed - made))}, "
+            "which --raw or --servers use"
+        )
     for item in args.raw or []:
         name, _, mode = item.partition("/")
         if name not in EXPORTS or mode not in RAW_MODES:
@@ -786,8 +807,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds, so a running server's group is stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget_s)
@@ -830,7 +856,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(f"raw {name} {mode}: {report['raw'][f'{name}/{mode}']}", flush=True)
             save()
-        if "profile" in args.stages:
+        if "profile" in args.stages and not budget.allows(30):
+            report["skipped"].append("profile")
+        elif "profile" in args.stages:
             with stage(report, "ort_profile"):
                 report["ort_profile"] = ort_profile(
                     paths["fp32-conv"],
@@ -858,7 +886,9 @@ def main(argv: list[str] | None = None) -> int:
                 if model not in paths:
                     report["server"][variant] = {"error": f"{model} was not exported (--exports)"}
                     continue
-                if not budget.allows(120):
+                profiled = args.profile and variant == args.servers[0]
+                loads = load_seconds(args, profiled)
+                if not budget.allows(20 + loads + 45):  # ready, the loads, the stop
                     report["skipped"].append(f"server {variant}")
                     continue
                 env = {"SMSO_PROVIDERS": providers} | env
@@ -871,8 +901,8 @@ def main(argv: list[str] | None = None) -> int:
                     clients,
                     args,
                     out,
-                    profile=args.profile and variant == args.servers[0],
-                    ready_timeout_s=min(90.0, max(10.0, budget.left() - 30)),
+                    profile=profiled,
+                    ready_timeout_s=min(90.0, budget.left() - loads - 45),
                 )
                 print(f"server {variant}: done", flush=True)
                 save()

@@ -252,6 +252,11 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
         (["--raw", "fp32-conv/turbo"], "MODE one of plain, io-binding, cuda-graphs"),
         (["--exports", "fp64-conv"], "invalid choice: 'fp64-conv'"),
         (["--servers", "tensorrt"], "invalid choice: 'tensorrt'"),
+        (["--exports", "fp32-conv"], "leaves out fp16-conv, which --raw or --servers use"),
+        (
+            ["--exports", "fp16-conv", "--servers", "cuda", "--raw", "fp32-conv-448/plain"],
+            "leaves out fp32-conv-448",
+        ),
     ],
 )
 def test_gpu_serve_benchmark_refuses_bad_runs_before_it_starts(
@@ -293,3 +298,29 @@ def test_the_gpu_lease_says_what_did_not_arrive(
     )
     assert proc.returncode == 1
     assert message in proc.stderr
+
+
+def test_the_gpu_lease_stops_when_step_1s_exports_failed(tmp_path: Path) -> None:
+    """Step 4 does not spend the lease on exports that already failed once."""
+    repo, lease = tmp_path / "repo", tmp_path / "lease"
+    (repo / ".gpu-stage" / "part4").mkdir(parents=True)
+    (lease / "ort-parts").mkdir(parents=True)
+    for i in range(4):
+        (lease / "ort-parts" / f"ort.part.0{i}").write_bytes(b"zstd")
+    (lease / "serve-gpu-models").mkdir()
+    (lease / "serve-gpu-models" / "status").write_text("1\n")
+    (lease / "export.log").write_text("Traceback ...\nRuntimeError: out of memory\n")
+    # the wheels of step 1: this interpreter has them (fastapi, uvicorn, ...)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_lease.sh"), "4"],
+        cwd=repo,
+        env=os.environ | {"LEASE_TMP": str(lease), "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "the exports failed (status 1)" in proc.stderr
+    assert "out of memory" in proc.stdout  # the log's end, shown
+    assert (lease / "gpu-out" / "export.log").is_file()  # and kept with the results
