@@ -222,6 +222,13 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "fp32-conv",
         {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true", "SMSO_DECODE_THREADS": "3"},
     ),
+    # the inference thread's time per batch is several times the raw session's in a busy
+    # server: does it wait for the GIL? (a switch interval of 0.5 ms instead of 5 ms)
+    "cuda-switch": ("fp32-conv", {"SMSO_BENCH_SWITCH_INTERVAL_MS": "0.5"}),
+    "workers-graphs-switch": (
+        "fp32-conv",
+        {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true", "SMSO_BENCH_SWITCH_INTERVAL_MS": "0.5"},
+    ),
 }
 
 
@@ -448,14 +455,10 @@ class Clients:
         self.pool.shutdown()
 
 
-@contextlib.contextmanager
-def server(
-    model: str, env_extra: dict[str, str], log: Path, ready_timeout_s: float = 90
-) -> Iterator[tuple[str, Any, float]]:
-    """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``. The server
-    runs in its own process group, which is terminated (killed after 20 s) on the way out, so
-    a worker that ignores SIGTERM does not keep the GPU through the next variant."""
-    port = free_port()
+def server_env(env_extra: dict[str, str]) -> dict[str, str]:
+    """The server's environment: this one, the benchmark's settings, then ``env_extra``; with
+    ``SMSO_BENCH_SWITCH_INTERVAL_MS``, ``bench/switch_interval`` first on ``PYTHONPATH`` (its
+    ``sitecustomize`` sets the interval at start-up, in every worker process too)."""
     env = (
         os.environ
         | {
@@ -466,6 +469,21 @@ def server(
         }
         | env_extra
     )
+    if "SMSO_BENCH_SWITCH_INTERVAL_MS" in env_extra:
+        paths = [str(ROOT / "bench" / "switch_interval"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+@contextlib.contextmanager
+def server(
+    model: str, env_extra: dict[str, str], log: Path, ready_timeout_s: float = 90
+) -> Iterator[tuple[str, Any, float]]:
+    """``smso-serve`` on a free port: ``(base URL, process, seconds until /readyz)``. The server
+    runs in its own process group, which is terminated (killed after 20 s) on the way out, so
+    a worker that ignores SIGTERM does not keep the GPU through the next variant."""
+    port = free_port()
+    env = server_env(env_extra)
     command = [sys.executable, "-m", "service.cli", "--model-path", model, "--port", str(port)]
     with log.open("w") as sink:
         start = time.perf_counter()

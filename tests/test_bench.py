@@ -324,3 +324,15 @@ def test_the_gpu_lease_stops_when_step_1s_exports_failed(tmp_path: Path) -> None
     assert "the exports failed (status 1)" in proc.stderr
     assert "out of memory" in proc.stdout  # the log's end, shown
     assert (lease / "gpu-out" / "export.log").is_file()  # and kept with the results
+
+
+def test_a_gpu_server_variant_can_shorten_the_switch_interval() -> None:
+    """The variants that test whether the inference thread waits for the GIL really start the
+    server's interpreter with a 0.5 ms switch interval; the others keep Python's 5 ms."""
+    from bench import serve_gpu
+
+    probe = [sys.executable, "-c", "import sys; print(sys.getswitchinterval())"]
+    for variant, expected in (("workers-graphs-switch", "0.0005"), ("cuda", "0.005")):
+        env = serve_gpu.server_env(serve_gpu.SERVER_VARIANTS[variant][1])
+        proc = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.stdout.strip() == expected, (variant, proc.stderr)
