@@ -22,8 +22,9 @@ would overrun ``--budget-s`` are skipped and say so):
    (decoding, queue, the inference thread's time and the batch's round trip), GPU utilisation
    read through NVML once a second (never ``nvidia-smi`` during a load: on some virtual machines
    it stalls CUDA); for each of ``--servers`` (``SERVER_VARIANTS``), by default: the default
-   server, four workers with CUDA graphs on the float32 and on the float16 export, one worker
-   with CUDA graphs (also: two batches in flight, four workers without graphs);
+   server, the same with a 0.5 ms GIL switch interval, four workers with CUDA graphs on the
+   float32 and on the float16 export (also: one worker with CUDA graphs, two batches in flight,
+   four workers without graphs, with 3 decode threads each, with the short switch interval);
 6. a sampling profile of the first server under the 64-client ``/v2`` load (``py-spy``, where
    installed: a speedscope file and three dumps of every thread);
 7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px
@@ -799,7 +800,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="*",
-        default=["cuda", "workers-graphs", "workers-graphs-fp16", "cuda-graphs"],
+        default=["cuda", "cuda-switch", "workers-graphs", "workers-graphs-fp16"],
         choices=list(SERVER_VARIANTS),
         help="server variants to load (the first is profiled)",
     )

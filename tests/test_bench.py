@@ -230,7 +230,7 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
     assert all("by_batch" in run for run in report["raw"].values())
     assert report["ort_profile"]["ms_per_run_by_op"]
     assert set(report["server"]) == {
-        "cuda", "workers-graphs", "workers-graphs-fp16", "cuda-graphs"
+        "cuda", "cuda-switch", "workers-graphs", "workers-graphs-fp16"
     }  # fmt: skip
     for variant in report["server"]:
         loads = report["server"][variant]["loads"]
