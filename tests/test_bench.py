@@ -270,6 +270,20 @@ def test_gpu_serve_benchmark_refuses_bad_runs_before_it_starts(
     assert not (tmp_path / "serve_gpu.json").exists()
 
 
+def run_lease(step: str, repo: Path, lease: Path) -> subprocess.CompletedProcess[str]:
+    """``bash bench/gpu_lease.sh STEP`` in ``repo`` with what the calls leave in ``lease``; this
+    interpreter first on ``PATH``, as if step 1 had installed the wheels (fastapi, uvicorn...)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_lease.sh"), step],
+        cwd=repo,
+        env=os.environ | {"LEASE_TMP": str(lease), "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     ("step", "stage", "message"),
     [
@@ -288,14 +302,7 @@ def test_the_gpu_lease_says_what_did_not_arrive(
         for name in files:
             (repo / ".gpu-stage" / part / name).write_bytes(b"zstd")
     repo.mkdir(exist_ok=True)
-    proc = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu_lease.sh"), step],
-        cwd=repo,
-        env=os.environ | {"LEASE_TMP": str(tmp_path / "lease")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_lease(step, repo, tmp_path / "lease")
     assert proc.returncode == 1
     assert message in proc.stderr
 
@@ -310,16 +317,7 @@ def test_the_gpu_lease_stops_when_step_1s_exports_failed(tmp_path: Path) -> None
     (lease / "serve-gpu-models").mkdir()
     (lease / "serve-gpu-models" / "status").write_text("1\n")
     (lease / "export.log").write_text("Traceback ...\nRuntimeError: out of memory\n")
-    # the wheels of step 1: this interpreter has them (fastapi, uvicorn, ...)
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    proc = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu_lease.sh"), "4"],
-        cwd=repo,
-        env=os.environ | {"LEASE_TMP": str(lease), "PATH": path},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_lease("4", repo, lease)
     assert proc.returncode == 1, proc.stderr
     assert "the exports failed (status 1)" in proc.stderr
     assert "out of memory" in proc.stdout  # the log's end, shown
