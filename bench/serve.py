@@ -241,12 +241,18 @@ def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
 
 def scrape(url: str) -> dict[str, float]:
     """``name -> value`` of a Prometheus text page, each name's samples summed over their
-    labels (every model's, for instance) except ``le`` (histogram buckets are skipped)."""
+    labels (every model's, for instance) except ``le`` (histogram buckets are skipped); a
+    sample with a ``stage`` label also adds to ``name[stage]``."""
     values: dict[str, float] = {}
     for line in httpx.get(url, timeout=10).text.splitlines():
         match = re.match(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
         if match and 'le="' not in (match.group(2) or ""):
-            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(3))
+            name, value = match.group(1), float(match.group(3))
+            values[name] = values.get(name, 0.0) + value
+            stage = re.search(r'stage="([^"]*)"', match.group(2) or "")
+            if stage:
+                key = f"{name}[{stage.group(1)}]"
+                values[key] = values.get(key, 0.0) + value
     return values
 
 
@@ -410,12 +416,18 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> dict[str, float]:
-    """Mean time per request by stage, from the server's metrics, and the rest ("response")."""
+def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> dict[str, Any]:
+    """Mean time per request by stage, from the server's metrics, and the rest ("response");
+    and the inference thread's mean time per batch by stage (``stage_ms``)."""
+    from service.stage_clock import STAGES
 
-    def mean(metric: str) -> float:
-        count = after[f"{metric}_count"] - before.get(f"{metric}_count", 0)
-        return 1e3 * (after[f"{metric}_sum"] - before.get(f"{metric}_sum", 0)) / max(count, 1)
+    def mean(metric: str, stage: str = "") -> float:
+        count, total = f"{metric}_count{stage}", f"{metric}_sum{stage}"
+        return (
+            1e3
+            * (after[total] - before.get(total, 0))
+            / max(after[count] - before.get(count, 0), 1)
+        )
 
     decode, queue, inference = (
         mean("smso_decode_seconds"),
@@ -425,6 +437,7 @@ def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> 
     round_trip = mean("smso_batch_round_trip_seconds")
     batches = after["smso_batch_size_count"] - before.get("smso_batch_size_count", 0)
     images = after["smso_batch_size_sum"] - before.get("smso_batch_size_sum", 0)
+    stages = "smso_inference_stage_seconds"
     return {
         "decode_ms": decode,
         "queue_ms": queue,
@@ -432,6 +445,10 @@ def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> 
         "round_trip_ms": round_trip,
         "response_ms": mean_ms - decode - queue - round_trip,
         "mean_batch": images / max(batches, 1),
+        # the inference thread's time per batch by stage (stack, pad, upload, run, download)
+        "stage_ms": {
+            name: mean(stages, f"[{name}]") for name in STAGES if f"{stages}_count[{name}]" in after
+        },
     }
 
 

@@ -673,6 +673,32 @@ def decoding(
 # --- the report ----------------------------------------------------------------------------
 
 
+def stage_table(loads: list[dict[str, Any]]) -> list[str]:
+    """The inference thread's mean ms per batch by stage (``smso_inference_stage_seconds``),
+    a row per load: set ``run`` beside the raw session's time at that batch size to see what
+    the server adds to the onnxruntime call (waits for the GIL, a busy device)."""
+    from service.stage_clock import STAGES
+
+    rows = [load for load in loads if load.get("requests") and load["split"].get("stage_ms")]
+    if not rows:
+        return []
+    lines = [
+        "Inference thread, ms per batch by stage:",
+        "",
+        "| route | clients | mean batch | " + " | ".join(STAGES) + " |",
+        "|---|--:|--:|" + "--:|" * len(STAGES),
+    ]
+    for load in rows:
+        stages = load["split"]["stage_ms"]
+        cells = [f"{stages[name]:.2f}" if name in stages else "-" for name in STAGES]
+        lines.append(
+            f"| {load['route']} | {load['concurrency']} | {load['split']['mean_batch']:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return [*lines, ""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"Machine: {json.dumps(report['machine'])}", ""]
     raw = report.get("raw", {})
@@ -733,6 +759,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{s['mean_batch']:.1f} | {util} |"
             )
         lines.append("")
+        lines += stage_table(result["loads"])
     decode = report.get("decoding")
     if decode:
         lines += ["| JPEG decoding | workers | img/s |", "|---|--:|--:|"]

@@ -31,7 +31,7 @@ import numpy as np
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
-from service import access
+from service import access, stage_clock
 from service.tracing import Spans
 
 __all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "QueueFullError"]
@@ -75,6 +75,9 @@ class BatchStats:
     #: from the batch's dispatch to its results back on the event loop: ``inference_s`` plus
     #: the wait for the inference thread (an earlier batch in flight) and for the event loop
     round_trip_s: float = 0.0
+    #: ``inference_s`` by stage (:mod:`service.stage_clock`): ``stack`` here, then what the
+    #: run function recorded (``pad``, ``upload``, ``run``, ``download``)
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 class MicroBatcher:
@@ -260,13 +263,19 @@ class MicroBatcher:
                 "inference", span, start_ns, end_ns, {**attributes, "smso.images": images}
             )
 
-    def _stack_run(self, images: list[np.ndarray]) -> tuple[tuple[np.ndarray, ...], float]:
+    def _stack_run(
+        self, images: list[np.ndarray]
+    ) -> tuple[tuple[np.ndarray, ...], float, dict[str, float]]:
         """Stack and run, in the worker thread: a batch of 64 ImageNet-sized images is 38 MB
         to copy, which would hold up the event loop for milliseconds. Also returns the
-        thread's seconds on it."""
+        thread's seconds on it, in all and by stage."""
+        stage_clock.take()  # whatever an earlier call (warm-up) left on this thread's clock
         start = time.perf_counter()
-        outputs = self._run(np.stack(images))  # (N, C, H, W) in
-        return outputs, time.perf_counter() - start
+        batch = np.stack(images)  # (N, C, H, W) in
+        stacked = time.perf_counter()
+        outputs = self._run(batch)
+        seconds = time.perf_counter() - start
+        return outputs, seconds, {"stack": stacked - start, **stage_clock.take()}
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
@@ -276,7 +285,9 @@ class MicroBatcher:
             record.note_started(start)
         try:
             images = [job.image for job in jobs]
-            outputs, inference = await loop.run_in_executor(self._executor, self._stack_run, images)
+            outputs, inference, stages = await loop.run_in_executor(
+                self._executor, self._stack_run, images
+            )
         except Exception as error:  # delivered to every caller of the batch
             for job in jobs:
                 if not job.future.done():
@@ -297,6 +308,6 @@ class MicroBatcher:
                 job.future.set_result(tuple(output[i] for output in outputs))
         if self._on_batch is not None:
             try:
-                self._on_batch(BatchStats(len(jobs), waits, inference, round_trip))
+                self._on_batch(BatchStats(len(jobs), waits, inference, round_trip, stages))
             except Exception:  # a metrics hook must not stop the consumer: every later job hangs
                 log.exception("the on_batch hook failed")

@@ -138,6 +138,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.inference_stage = Histogram(
+            "smso_inference_stage_seconds",
+            "The inference thread's time on a batch by stage: stack, pad (to a batch-size "
+            "bucket), upload (to the device), run (the onnxruntime call), download",
+            [*MODEL, "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.round_trip = Histogram(
             "smso_batch_round_trip_seconds",
             "A batch's dispatch to its results back on the event loop: inference, and the wait "
@@ -202,19 +210,24 @@ class Metrics:
         )
 
     def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
-        """What a model's batcher calls after each batch: its size, inference time and each
-        image's wait, labelled with the model."""
+        """What a model's batcher calls after each batch: its size, inference time (in all and
+        by stage) and each image's wait, labelled with the model."""
         size, inference, round_trip = (
             self.batch_size.labels(model, version),
             self.inference.labels(model, version),
             self.round_trip.labels(model, version),
         )
         wait = self.queue_wait.labels(model, version)
+        stages: dict[str, Histogram] = {}
 
         def observe(stats: BatchStats) -> None:
             size.observe(stats.size)
             inference.observe(stats.inference_s)
             round_trip.observe(stats.round_trip_s)
+            for stage, seconds in stats.stages.items():
+                if stage not in stages:
+                    stages[stage] = self.inference_stage.labels(model, version, stage)
+                stages[stage].observe(seconds)
             for seconds in stats.queue_wait_s:
                 wait.observe(seconds)
 

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
+
+from service import stage_clock
 
 __all__ = ["BoundRunner", "PlainRunner", "Runner", "Sessions", "bucket_for", "buckets"]
 
@@ -102,12 +105,17 @@ class PlainRunner:
             self.session = self.sessions[self.sizes[-1]]
 
     def __call__(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Records the stages ``pad`` and ``run`` (:mod:`service.stage_clock`)."""
         n = len(images)
         session = self.session
+        start = time.perf_counter()
         if self.sizes is not None:
             size = bucket_for(n, self.sizes)
             images, session = _padded(images, size), self.sessions[size]
-        return tuple(out[:n] for out in session.run(self.outputs, {"image": images}))
+            start = stage_clock.record("pad", start)
+        outputs = session.run(self.outputs, {"image": images})
+        stage_clock.record("run", start)
+        return tuple(out[:n] for out in outputs)
 
 
 class BoundRunner:
@@ -153,12 +161,19 @@ class BoundRunner:
             self._slots[size] = (binding, image, options)
 
     def __call__(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Records the stages ``pad``, ``upload``, ``run`` and ``download``
+        (:mod:`service.stage_clock`; ``pad`` includes the wait for another call's buffers)."""
         n = len(images)
         size = bucket_for(n, self.sizes)
-        images = _padded(images, size)
+        start = time.perf_counter()
+        images = np.ascontiguousarray(_padded(images, size), np.float32)
         binding, image, options = self._slots[size]
         with self._lock:
-            image.update_inplace(np.ascontiguousarray(images, np.float32))
+            start = stage_clock.record("pad", start)
+            image.update_inplace(images)
+            start = stage_clock.record("upload", start)
             self.sessions[size].run_with_iobinding(binding, options)
+            start = stage_clock.record("run", start)
             outputs = binding.copy_outputs_to_cpu()  # in the order bound
+            stage_clock.record("download", start)
         return tuple(out[:n] for out in outputs)

@@ -206,6 +206,7 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     assert service["failures"] == 0
     assert service["requests"] == 24
     assert set(service["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "response_ms"}
+    assert set(service["split"]["stage_ms"]) == {"stack", "run"}  # the CPU: nothing to pad
     assert report["ratios"]["shipped_rps_over_bare"] > 0
     assert "resident memory" in proc.stdout
     protocols = service["protocols"]
@@ -241,8 +242,11 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
             set(load["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "round_trip_ms"}
             for load in loads
         )
+        assert all({"stack", "run"} <= set(load["split"]["stage_ms"]) for load in loads)
     assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
-    assert "| route | clients | req/s |" in (tmp_path / "serve_gpu.md").read_text()
+    table = (tmp_path / "serve_gpu.md").read_text()
+    assert "| route | clients | req/s |" in table
+    assert "| route | clients | mean batch | stack | pad | upload | run | download |" in table
 
 
 @pytest.mark.parametrize(

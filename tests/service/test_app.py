@@ -262,6 +262,12 @@ def test_metrics_are_labelled_by_route_and_skip_health_checks(make_client):
         "smso_decode_seconds",
     ):
         assert name in text
+    stages = {
+        line.split('stage="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("smso_inference_stage_seconds_count")
+    }
+    assert stages == {"stack"}  # the fake backend records no stages of its own
 
 
 def test_openapi_documents_the_image_body(make_client):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from service import access
+from service import access, stage_clock
 from service.batcher import MicroBatcher, QueueFullError
 
 LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s timeout
@@ -254,3 +254,33 @@ def test_a_requests_queue_and_inference_times_span_all_its_batches():
     record = run(main())
     assert record.queue_s >= 0.03
     assert record.inference_s >= 0.04  # both batches, one after the other
+
+
+def test_each_batch_reports_its_stack_time_and_the_stages_its_run_function_recorded():
+    stats = []
+
+    def timed(images: np.ndarray):
+        start = stage_clock.record("pad", time.perf_counter())
+        time.sleep(0.02)
+        stage_clock.record("run", start)
+        flat = images.reshape(len(images), -1)
+        return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
+
+    def untimed(images: np.ndarray):
+        flat = images.reshape(len(images), -1)
+        return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
+
+    async def main(fn) -> None:
+        batcher = MicroBatcher(fn, 4, 0.0, 16, on_batch=stats.append)
+        batcher.start()
+        await batcher.run_direct(np.stack([image(1.0)]))  # warm-up's stages are not a batch's
+        await asyncio.gather(*batcher.submit_all(np.stack([image(v) for v in range(3)])))
+        await batcher.stop()
+
+    run(main(timed))
+    (first,) = stats
+    assert set(first.stages) == {"stack", "pad", "run"}
+    assert first.stages["run"] >= 0.02
+    assert sum(first.stages.values()) <= first.inference_s
+    run(main(untimed))
+    assert set(stats[1].stages) == {"stack"}

@@ -212,6 +212,17 @@ def test_metrics_carry_each_models_name_and_version(serve, repository):
     assert 'smso_images_total{model="boots",route="/classify",version="1"} 1.0' in text
     assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text
     assert 'smso_inference_seconds_count{model="shirts",version="2"}' in text
+    stages = {  # the exposition may sort the labels: compare them as a set
+        frozenset(line.split("{")[1].split("}")[0].split(","))
+        for line in text.splitlines()
+        if line.startswith("smso_inference_stage_seconds_count")
+    }
+    shirts = {'model="shirts"', 'version="2"'}
+    # the CPU's runner: no padding to buckets, no device copies
+    assert {s - shirts for s in stages if shirts <= s} == {
+        frozenset({'stage="stack"'}),
+        frozenset({'stage="run"'}),
+    }
     assert 'smso_model_queue_depth{model="shirts",version="2"} 0.0' in text
     assert client.post("/v2/repository/models/shirts/unload").status_code == 200
     text = client.get("/metrics").text

@@ -3,12 +3,14 @@ model; the IO-binding runner on the CPU here, and on CUDA where there is a GPU (
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from service import stage_clock
 from service.backend import BackendOptions, OnnxBackend
 from service.providers import CPU, CUDA, has_nvidia_gpu, shaped_session
 from service.runner import BoundRunner, PlainRunner, bucket_for, buckets
@@ -63,6 +65,26 @@ def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
         assert embedding.shape == want_embedding.shape
         np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+
+
+def test_the_runners_record_their_stages_on_the_calling_threads_clock(session):
+    plain, bound = (
+        PlainRunner(session, buckets(8)),
+        BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu"),
+    )
+    for runner, stages in ((plain, {"pad", "run"}), (bound, {"pad", "upload", "run", "download"})):
+        stage_clock.take()
+        start = time.perf_counter()
+        runner(images(3))
+        wall = time.perf_counter() - start
+        times = stage_clock.take()
+        assert set(times) == stages
+        assert all(seconds >= 0 for seconds in times.values())
+        assert sum(times.values()) <= wall
+        assert times["run"] > 0
+    stage_clock.take()
+    PlainRunner(session)(images(3))  # no buckets: nothing to pad
+    assert set(stage_clock.take()) == {"run"}
 
 
 def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):

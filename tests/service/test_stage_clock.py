@@ -1,0 +1,41 @@
+"""The per-thread stage clock that runners record into and the batcher reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from service import stage_clock
+
+
+def test_record_adds_up_per_stage_and_take_starts_afresh():
+    stage_clock.take()
+    start = time.perf_counter()
+    time.sleep(0.01)
+    middle = stage_clock.record("run", start)
+    assert middle >= start + 0.01
+    stage_clock.record("run", middle)  # a stage recorded twice adds up
+    stage_clock.record("pad", time.perf_counter())
+    times = stage_clock.take()
+    assert set(times) == {"run", "pad"}
+    assert times["run"] >= 0.01
+    assert 0 <= times["pad"] < times["run"]
+    assert stage_clock.take() == {}
+
+
+def test_each_thread_has_its_own_clock():
+    stage_clock.take()
+    stage_clock.record("stack", time.perf_counter())
+    seen: list[dict[str, float]] = []
+
+    def other() -> None:
+        seen.append(stage_clock.take())  # nothing recorded in this thread
+        stage_clock.record("upload", time.perf_counter())
+        seen.append(stage_clock.take())
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen[0] == {}
+    assert set(seen[1]) == {"upload"}
+    assert set(stage_clock.take()) == {"stack"}
