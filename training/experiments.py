@@ -366,6 +366,19 @@ def _train_seconds(record: dict[str, Any]) -> float:
     return record["epochs"] * median if median else record["train_seconds"]
 
 
+def _total_time(records: list[dict[str, Any]]) -> str:
+    """The training time of all the runs reported, one after another: the sum of their
+    ``train min`` (epochs x median epoch), and the sum of the epochs' times as measured."""
+    robust = sum(_train_seconds(r) for r in records) / 3600
+    measured = sum(r["train_seconds"] for r in records) / 3600
+    return (
+        f"Training time of these {len(records)} runs, one after another: {robust:.1f} h "
+        f"(the sum of their `train min`); {measured:.1f} h as their epochs measured, "
+        "including epochs slowed by other work on the machine. Validation and test passes "
+        "not included."
+    )
+
+
 def _unfinished(table: str, out: Path) -> list[str]:
     """Runs of ``table`` under ``out`` that have started and not finished: ``"MPN fashion_mnist
     seed 0 (epoch 11 of 45)"``, in table order."""
@@ -430,6 +443,8 @@ def report(table: str, out: Path) -> str:
         "epoch's (metrics.jsonl; runs that shared a machine slowed each other); `train min`: "
         "the epochs x the median epoch's training time (validation and test passes not "
         "included), mean over the seeds.",
+        "",
+        _total_time(list(latest.values())),
     ]
     notes += comparison_section(runs, [r.name for r in TABLES[table]])
     unfinished = _unfinished(table, out)

@@ -296,6 +296,12 @@ def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
     )
     assert "nothing is chosen on the test split" in table
     assert "paper %" not in table  # the paper has no Fashion-MNIST numbers
+    robust = sum(line["epochs"] * line["median_epoch_seconds"] for line in lines) / 3600
+    measured = sum(line["train_seconds"] for line in lines) / 3600
+    assert (
+        f"Training time of these 2 runs, one after another: {robust:.1f} h (the sum of their "
+        f"`train min`); {measured:.1f} h as their epochs measured"
+    ) in table
 
 
 def test_resume_skips_finished_runs_and_refuses_other_settings(
