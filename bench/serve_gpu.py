@@ -264,7 +264,9 @@ def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[st
 def raw_session(
     path: str, mode: str, batches: list[int], providers: str, seconds: float
 ) -> dict[str, Any]:
-    """Images/s and ms per call by batch size, through the service's own backend."""
+    """Images/s and ms per call by batch size, through the service's own backend, and the
+    median ms of each stage the runner records (:mod:`service.stage_clock`)."""
+    from service import stage_clock
     from service.backend import BackendOptions, OnnxBackend
 
     if mode not in RAW_MODES:
@@ -285,15 +287,20 @@ def raw_session(
         images = rng.standard_normal((batch, spec.channels, spec.height, spec.width), np.float32)
         for _ in range(3):  # first call at this shape; a CUDA graph's capture
             backend.run(images)
-        times = []
+        times, stages = [], []
         begin = time.perf_counter()
         while len(times) < 5 or time.perf_counter() - begin < seconds:
+            stage_clock.take()
             t = time.perf_counter()
             backend.run(images)
             times.append(time.perf_counter() - t)
+            stages.append(stage_clock.take())  # what the server's stage table shows, alone
         rows[batch] = {
             "images_per_second": batch * len(times) / sum(times),
             "ms_p50": 1e3 * statistics.median(times),
+            "stages_ms_p50": {
+                name: 1e3 * statistics.median(call[name] for call in stages) for name in stages[0]
+            },
         }
     return {
         "mode": backend.mode,
@@ -673,17 +680,27 @@ def decoding(
 # --- the report ----------------------------------------------------------------------------
 
 
-def stage_table(loads: list[dict[str, Any]]) -> list[str]:
+def stage_table(loads: list[dict[str, Any]], raw: dict[str, Any] | None) -> list[str]:
     """The inference thread's mean ms per batch by stage (``smso_inference_stage_seconds``),
-    a row per load: set ``run`` beside the raw session's time at that batch size to see what
-    the server adds to the onnxruntime call (waits for the GIL, a busy device)."""
+    a row per load, and the raw session's median ``run`` by batch size with the same export
+    and mode (``raw``, where measured): a server's ``run`` well above the raw one at its batch
+    size is what the server adds to the onnxruntime call (waits for the GIL, a busy device)."""
     from service.stage_clock import STAGES
 
     rows = [load for load in loads if load.get("requests") and load["split"].get("stage_ms")]
     if not rows:
         return []
+    alone = ""
+    if raw and "by_batch" in raw:
+        alone = ", ".join(
+            f"{batch}: {row['stages_ms_p50']['run']:.2f}"
+            for batch, row in raw["by_batch"].items()
+            if "run" in row.get("stages_ms_p50", {})
+        )
     lines = [
-        "Inference thread, ms per batch by stage:",
+        "Inference thread, ms per batch by stage"
+        + (f" (the raw session's `run` by batch size: {alone})" if alone else "")
+        + ":",
         "",
         "| route | clients | mean batch | " + " | ".join(STAGES) + " |",
         "|---|--:|--:|" + "--:|" * len(STAGES),
@@ -759,7 +776,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{s['mean_batch']:.1f} | {util} |"
             )
         lines.append("")
-        lines += stage_table(result["loads"])
+        export, env = SERVER_VARIANTS.get(variant, ("", {}))
+        mode = "cuda-graphs" if env.get("SMSO_CUDA_GRAPHS") == "true" else "plain"
+        lines += stage_table(result["loads"], raw.get(f"{export}/{mode}"))
     decode = report.get("decoding")
     if decode:
         lines += ["| JPEG decoding | workers | img/s |", "|---|--:|--:|"]

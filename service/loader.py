@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from service import stage_clock
 from service.backend import Backend, OnnxBackend
 from service.batcher import MicroBatcher, RunFn
 from service.drift import DriftMonitor
@@ -184,18 +186,22 @@ def scored(run: RunFn, typicality: Typicality | None, outputs: list[str] | None 
     answering logits and embedding, and with a reference each image's typicality score and
     p-value as a third output ``(N, 2)``, in the inference thread. The score is the file's own
     output ``typicality`` where it has one (computed by onnxruntime, in float32), else computed
-    here in numpy from the logits, embedding and features."""
+    here in numpy from the logits, embedding and features (the stage ``score`` of
+    :mod:`service.stage_clock`)."""
     in_graph = outputs is not None and "typicality" in outputs
 
     def run_and_score(images: np.ndarray) -> tuple[np.ndarray, ...]:
         logits, embedding, *extra = run(images)
         if typicality is None:
             return logits, embedding
+        start = time.perf_counter()
         if in_graph:
             scores = extra[0].astype(np.float64)
         else:
             scores = typicality.score(logits, embedding, extra[0] if extra else None)
-        return logits, embedding, np.stack([scores, typicality.p_value(scores)], axis=1)
+        scored = np.stack([scores, typicality.p_value(scores)], axis=1)
+        stage_clock.record("score", start)
+        return logits, embedding, scored
 
     return run_and_score
 

@@ -2,13 +2,17 @@
 
 The batcher times a whole batch in its inference thread (``smso_inference_seconds``); the
 runner underneath knows its stages (padding to a bucket, the copy to the device, the
-onnxruntime call, the copy back). They meet here without either knowing the other: the
-runner calls :func:`record` after each stage, and the batcher calls :func:`take` after the
-batch, in the same thread, for ``{stage: seconds}``. Stages a runner does not have are simply
-absent; a run function that records nothing gives ``{}``.
+onnxruntime call, the copy back), and the typicality scoring after it its own. They meet here
+without knowing each other: each calls :func:`record` after its stage, and the batcher calls
+:func:`take` after the batch, in the same thread, for ``{stage: seconds}``. Stages a runner
+does not have are absent: ``upload`` and ``download`` only with IO binding (CUDA graphs);
+elsewhere ``run`` includes onnxruntime's own copies. A run function that records nothing
+gives ``{}``. Together the stages account for the batch's time but for slicing the outputs
+and Python's calls between them.
 
-The clock is thread-local, so batches run by different threads (several models, warm-up)
-never mix, and it costs one ``perf_counter`` call and a dict update per stage.
+The clock is thread-local, so the batchers of several models (a thread each) never mix; the
+batcher takes the clock before each batch too, dropping what a call outside a batch (warm-up)
+left on its thread. It costs one ``perf_counter`` call and a dict update per stage.
 
 A stage that releases the GIL (the onnxruntime call, large copies) includes the wait to take
 it back, up to ``sys.getswitchinterval()`` (5 ms) per release when another thread keeps the
@@ -23,15 +27,18 @@ import time
 
 __all__ = ["STAGES", "record", "take"]
 
-#: the stages the service's runners record, in the order a batch goes through them
-STAGES = ("stack", "pad", "upload", "run", "download")
+#: the stages a batch goes through, in order (a metric label: :func:`record` takes no other)
+STAGES = ("stack", "pad", "upload", "run", "download", "score")
 
 _local = threading.local()
 
 
 def record(stage: str, since: float) -> float:
     """Add ``perf_counter() - since`` seconds to ``stage`` for the calling thread; returns
-    the ``perf_counter()`` it read, the start of the next stage."""
+    the ``perf_counter()`` it read, the start of the next stage. ``stage``: one of
+    :data:`STAGES`."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
     now = time.perf_counter()
     times: dict[str, float] | None = getattr(_local, "times", None)
     if times is None:

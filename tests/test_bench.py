@@ -206,7 +206,8 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     assert service["failures"] == 0
     assert service["requests"] == 24
     assert set(service["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "response_ms"}
-    assert set(service["split"]["stage_ms"]) == {"stack", "run"}  # the CPU: nothing to pad
+    # the CPU: nothing to pad, no device copies; the shipped model's typicality score
+    assert set(service["split"]["stage_ms"]) == {"stack", "run", "score"}
     assert report["ratios"]["shipped_rps_over_bare"] > 0
     assert "resident memory" in proc.stdout
     protocols = service["protocols"]
@@ -229,6 +230,11 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
         report["raw"]
     )
     assert all("by_batch" in run for run in report["raw"].values())
+    assert all(
+        "run" in row["stages_ms_p50"]
+        for run in report["raw"].values()
+        for row in run["by_batch"].values()
+    )
     assert report["ort_profile"]["ms_per_run_by_op"]
     assert set(report["server"]) == {
         "cuda", "cuda-switch", "workers-graphs", "workers-graphs-fp16"

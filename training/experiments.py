@@ -367,15 +367,15 @@ def _train_seconds(record: dict[str, Any]) -> float:
 
 
 def _total_time(records: list[dict[str, Any]]) -> str:
-    """The training time of all the runs reported, one after another: the sum of their
-    ``train min`` (epochs x median epoch), and the sum of the epochs' times as measured."""
+    """The training time of all the runs reported, one after another: each run's epochs x
+    its median epoch, summed, and the sum of the epochs' times as measured."""
     robust = sum(_train_seconds(r) for r in records) / 3600
     measured = sum(r["train_seconds"] for r in records) / 3600
     return (
         f"Training time of these {len(records)} runs, one after another: {robust:.1f} h "
-        f"(the sum of their `train min`); {measured:.1f} h as their epochs measured, "
-        "including epochs slowed by other work on the machine. Validation and test passes "
-        "not included."
+        f"(each run's epochs x its median epoch, summed); {measured:.1f} h as their epochs "
+        "measured, including epochs slowed by other work on the machine. Validation and test "
+        "passes not included."
     )
 
 

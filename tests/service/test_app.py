@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import CLASSES, FakeBackend, grey, png
 
@@ -262,10 +263,11 @@ def test_metrics_are_labelled_by_route_and_skip_health_checks(make_client):
         "smso_decode_seconds",
     ):
         assert name in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
     stages = {
-        line.split('stage="')[1].split('"')[0]
-        for line in text.splitlines()
-        if line.startswith("smso_inference_stage_seconds_count")
+        sample.labels["stage"]
+        for sample in families["smso_inference_stage_seconds"].samples
+        if sample.name.endswith("_count")
     }
     assert stages == {"stack"}  # the fake backend records no stages of its own
 

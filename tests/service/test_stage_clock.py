@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from service import stage_clock
 
 
@@ -39,3 +41,11 @@ def test_each_thread_has_its_own_clock():
     assert seen[0] == {}
     assert set(seen[1]) == {"upload"}
     assert set(stage_clock.take()) == {"stack"}
+
+
+def test_a_stage_outside_the_list_is_refused():
+    """The stage is a metric label: a typo must not open a new series."""
+    stage_clock.take()
+    with pytest.raises(ValueError, match="unknown stage 'runn'; the stages are stack, pad"):
+        stage_clock.record("runn", time.perf_counter())
+    assert stage_clock.take() == {}
