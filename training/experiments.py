@@ -412,6 +412,7 @@ def report(table: str, out: Path) -> str:
     names += ["paper %"] * with_paper + ["images/s", "train min"]
     rows = ["| " + " | ".join(names) + " |", "|---|---|" + "--:|" * (len(names) - 2)]
     order = {r.name: i for i, r in enumerate(TABLES[table])}
+    widest = 1.0  # the largest ratio of a row's fastest seed to its slowest
     for (_, dataset), records in sorted(runs.items(), key=lambda kv: (kv[0][1], order[kv[0][0]])):
         first = records[0]
         speeds = [r["images_per_second"] for r in records if r.get("images_per_second")]
@@ -426,9 +427,13 @@ def report(table: str, out: Path) -> str:
         ]
         if with_paper:
             cells.append("-" if first["paper"] is None else f"{first['paper']:.2f}")
-        cells.append(f"{statistics.mean(speeds):,.0f}" if speeds else "-")
-        cells.append(f"{statistics.mean(_train_seconds(r) for r in records) / 60:.1f}")
+        # medians over the seeds: a run that shared the machine with other work is slower
+        cells.append(f"{statistics.median(speeds):,.0f}" if speeds else "-")
+        if len(speeds) > 1:
+            widest = max(widest, max(speeds) / min(speeds))
+        cells.append(f"{statistics.median(_train_seconds(r) for r in records) / 60:.1f}")
         rows.append("| " + " | ".join(cells) + " |")
+    spread = f": a row's seeds differ by up to {widest:.2f}x here" if widest > 1 else ""
     devices = sorted({r.get("device", "?") for r in latest.values()})
     epochs = sorted({r["epochs"] for r in latest.values()})
     notes = [
@@ -440,9 +445,10 @@ def report(table: str, out: Path) -> str:
         "the checkpoint each run keeps. `test %`: that checkpoint on the test split, "
         "evaluated once per run; nothing is chosen on the test split. Both: mean ± sample "
         "standard deviation over the seeds. `images/s`: training throughput, the median "
-        "epoch's (metrics.jsonl; runs that shared a machine slowed each other); `train min`: "
+        "epoch's (metrics.jsonl), median over the seeds (a run that shared the machine with "
+        f"other work was slower{spread}); `train min`: "
         "the epochs x the median epoch's training time (validation and test passes not "
-        "included), mean over the seeds.",
+        "included), median over the seeds.",
         "",
         _total_time(list(latest.values())),
     ]

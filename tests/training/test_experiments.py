@@ -298,6 +298,9 @@ def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
     assert "nothing is chosen on the test split" in table
     assert "paper %" not in table  # the paper has no Fashion-MNIST numbers
     assert "Training time of these 2 runs, one after another: " in table
+    speeds = [line["images_per_second"] for line in lines]
+    assert f"{statistics.median(speeds):,.0f} | " in row  # the median over the seeds
+    assert f"a row's seeds differ by up to {max(speeds) / min(speeds):.2f}x here" in table
 
 
 def test_the_total_training_time_sums_median_based_and_measured_times() -> None:
