@@ -445,7 +445,7 @@ def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> 
         "round_trip_ms": round_trip,
         "response_ms": mean_ms - decode - queue - round_trip,
         "mean_batch": images / max(batches, 1),
-        # the inference thread's time per batch by stage (stack, pad, upload, run, download)
+        # the inference thread's time per batch by stage (service.stage_clock.STAGES)
         "stage_ms": {
             name: mean(stages, f"[{name}]") for name in STAGES if f"{stages}_count[{name}]" in after
         },

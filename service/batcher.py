@@ -76,7 +76,7 @@ class BatchStats:
     #: the wait for the inference thread (an earlier batch in flight) and for the event loop
     round_trip_s: float = 0.0
     #: ``inference_s`` by stage (:mod:`service.stage_clock`): ``stack`` here, then what the
-    #: run function recorded (``pad``, ``upload``, ``run``, ``download``)
+    #: run function recorded (``pad``, ``upload``, ``run``, ``download``, ``score``)
     stages: dict[str, float] = field(default_factory=dict)
 
 
