@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve install data test lint format bench bench-export model onnx fmnist-table clean
+.PHONY: serve install data test lint format bench bench-export model onnx fmnist-table \
+  fmnist-table-records clean
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -91,10 +92,24 @@ onnx: $(VENV)/.installed-dev data
 # Interrupted? Run it again: finished runs are kept and an unfinished one resumes from its last
 # epoch (a folder started with another recipe is refused; remove runs/fmnist-table to start
 # over). On a GPU, rows x seeds in parallel (40 to 60 minutes, estimated): bench/fmnist_table_gpu.sh.
+# The records of the finished runs (config, metrics per epoch, result; no checkpoints) are kept
+# in docs/results/fmnist-table, so that a fresh checkout skips them: `make fmnist-table-records`
+# copies them there (this target does too, at its end).
 FMNIST_TABLE := runs/fmnist-table
+FMNIST_RECORDS := docs/results/fmnist-table
 fmnist-table: $(VENV)/.installed-dev data
+	mkdir -p $(FMNIST_TABLE) && cp -Rn $(FMNIST_RECORDS)/. $(FMNIST_TABLE)/
 	$(BIN)/smso-experiment run fmnist --seeds 0 1 2 --resume --device cpu --out $(FMNIST_TABLE)
+	$(MAKE) --no-print-directory fmnist-table-records
 	$(BIN)/smso-experiment report fmnist --out $(FMNIST_TABLE) | tee $(FMNIST_TABLE)/table.md
+
+fmnist-table-records:
+	for result in $(FMNIST_TABLE)/*/seed*/result.json; do \
+	  [ -f "$$result" ] || continue; run=$$(dirname "$$result"); \
+	  keep=$(FMNIST_RECORDS)/$${run#$(FMNIST_TABLE)/}; mkdir -p "$$keep"; \
+	  for name in config.json metrics.jsonl result.json splits.json; do \
+	    [ ! -f "$$run/$$name" ] || cp "$$run/$$name" "$$keep/"; done; \
+	done
 
 clean:
 	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .ruff_cache *.egg-info

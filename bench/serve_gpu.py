@@ -179,6 +179,51 @@ class GpuSampler:
         }
 
 
+class CpuMeter:
+    """Where the machine's cores went during a load, from ``/proc`` (Linux): the whole
+    machine's busy cores (``/proc/stat``: all but idle and iowait) and the server's (the CPU
+    seconds of every process in its process group, workers included), each as core-seconds
+    per second of the load. The difference is the clients' and everything else's. ``None``
+    where ``/proc`` cannot be read."""
+
+    def __init__(self, server_group: int) -> None:
+        self.group = server_group
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.start: tuple[float, float, float] | None = None
+        self.result: dict[str, float] | None = None
+
+    def _machine_busy_s(self) -> float:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return (sum(fields[:8]) - idle) / self.tick  # user .. steal; guest is inside user
+
+    def _group_s(self) -> float:
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                # after the command's closing parenthesis: state ppid pgrp ... utime stime
+                rest = stat.read_text().rsplit(")", 1)[1].split()
+                if int(rest[2]) == self.group:
+                    total += int(rest[11]) + int(rest[12])
+        return total / self.tick
+
+    def __enter__(self) -> CpuMeter:
+        with contextlib.suppress(OSError, ValueError):
+            self.start = (time.perf_counter(), self._machine_busy_s(), self._group_s())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.start is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            wall = time.perf_counter() - self.start[0]
+            self.result = {
+                "machine_cores_busy": (self._machine_busy_s() - self.start[1]) / wall,
+                "server_cores": (self._group_s() - self.start[2]) / wall,
+                "cores": float(os.cpu_count() or 0),
+            }
+
+
 # --- 2. the models -------------------------------------------------------------------------
 
 
@@ -209,7 +254,7 @@ EXPORTS: dict[str, tuple[str, bool, int]] = {
 RAW_MODES = ("plain", "io-binding", "cuda-graphs")
 #: Server variants (``--servers``): name -> (export, settings), one change at a time from the
 #: default server. The per-bucket CUDA sessions fix every dimension, so CUDA graphs need no
-#: fixed-size export. SMSO_WORKERS is 4 (2 with ``--smoke``).
+#: fixed-size export. SMSO_WORKERS as named (2 with ``--smoke``).
 SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "cuda": ("fp32-conv", {}),
     "cuda-2-in-flight": ("fp32-conv", {"SMSO_BATCHES_IN_FLIGHT": "2"}),
@@ -217,6 +262,9 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "workers": ("fp32-conv", {"SMSO_WORKERS": "4"}),
     "workers-graphs": ("fp32-conv", {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true"}),
     "workers-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true"}),
+    # is four workers' /v2 bound by the workers' CPU (cores busy (server) near 4)? eight
+    "workers8-graphs": ("fp32-conv", {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true"}),
+    "workers8-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true"}),
     # /classify is bound by decoding: 3 decode threads a worker (12 on 16 cores) instead of
     # the default 2 (half the cores)
     "workers-graphs-decode3": (
@@ -365,56 +413,118 @@ def _client_init(payloads: dict[str, Any]) -> None:
     _PAYLOADS.update(payloads)
 
 
-def _client_process(
-    url: str, kind: str, threads: int, start_at: float, seconds: float
-) -> tuple[list[float], int]:
-    """``threads`` clients in one process, each sending one request after another from
-    ``start_at`` (a ``time.time()``) for ``seconds``: the latencies (s) of the 200 answers and
-    the number of other answers."""
-    import httpx
+_BOUNDARY = "smso-bench-boundary"
 
-    latencies: list[float] = []
-    failures = [0]
-    lock = threading.Lock()
 
-    def post(http: httpx.Client, i: int) -> httpx.Response:
-        items = _PAYLOADS[kind]
-        if kind == "jpeg":
-            return http.post(url, files=[("file", ("i.jpg", items[i % len(items)], "image/jpeg"))])
-        body, length = items[i % len(items)]
-        return http.post(
-            url,
-            content=body,
-            headers={
+def _requests(kind: str) -> list[tuple[bytes, dict[str, str]]]:
+    """Every payload of ``kind`` as a request body and its headers, encoded once."""
+    if kind == "jpeg":
+        head = (
+            f'--{_BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="i.jpg"'
+            "\r\nContent-Type: image/jpeg\r\n\r\n"
+        ).encode()
+        tail = f"\r\n--{_BOUNDARY}--\r\n".encode()
+        kind_header = {"Content-Type": f"multipart/form-data; boundary={_BOUNDARY}"}
+        return [(head + data + tail, kind_header) for data in _PAYLOADS[kind]]
+    return [
+        (
+            body,
+            {
                 "Inference-Header-Content-Length": str(length),
                 "Content-Type": "application/octet-stream",
             },
         )
+        for body, length in _PAYLOADS[kind]
+    ]
 
-    def client(k: int) -> None:
-        mine: list[float] = []
+
+class _StdlibClient:
+    """One keep-alive connection through ``http.client``: a tenth of httpx's CPU per request,
+    so that the clients leave the machine's cores to the server."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        import http.client
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(url)
+        self.path = parts.path
+        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+
+    def post(self, body: bytes, headers: dict[str, str]) -> int:
         try:
-            # a request that takes longer than the load itself has failed
-            with httpx.Client(timeout=seconds + 10) as http:
-                time.sleep(max(0.0, start_at - time.time()))
-                i, end = k, start_at + seconds
-                while time.time() < end:
-                    t = time.perf_counter()
-                    try:
-                        ok = post(http, i).status_code == 200
-                    except httpx.HTTPError:  # a timeout, a refused or dropped connection
-                        ok = False
-                    if ok:  # req/s and latencies count answers only
-                        mine.append(time.perf_counter() - t)
-                    else:
-                        with lock:
-                            failures[0] += 1
-                    i += threads
+            self.connection.request("POST", self.path, body=body, headers=headers)
+            response = self.connection.getresponse()
+            response.read()
+            return response.status
+        except (OSError, ValueError) as error:  # http.client's errors are OSError or ValueError
+            self.connection.close()  # reconnects on the next request
+            raise ConnectionError(str(error)) from error
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class _HttpxClient:
+    """One ``httpx.Client`` (what a Python user of the service would write)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        import httpx
+
+        self.url, self.http = url, httpx.Client(timeout=timeout)
+
+    def post(self, body: bytes, headers: dict[str, str]) -> int:
+        import httpx
+
+        try:
+            return self.http.post(self.url, content=body, headers=headers).status_code
+        except httpx.HTTPError as error:
+            raise ConnectionError(str(error)) from error
+
+    def close(self) -> None:
+        self.http.close()
+
+
+#: ``--client``: the HTTP client each client thread uses.
+CLIENT_KINDS = {"stdlib": _StdlibClient, "httpx": _HttpxClient}
+
+
+def _client_process(
+    url: str, kind: str, threads: int, start_at: float, seconds: float, client: str = "stdlib"
+) -> tuple[list[float], int]:
+    """``threads`` clients in one process, each sending one request after another from
+    ``start_at`` (a ``time.time()``) for ``seconds``: the latencies (s) of the 200 answers and
+    the number of other answers (a timeout, a refused or dropped connection included)."""
+    requests = _requests(kind)
+    latencies: list[float] = []
+    failures = [0]
+    lock = threading.Lock()
+
+    def one_client(k: int) -> None:
+        mine: list[float] = []
+        # a request that takes longer than the load itself has failed
+        http = CLIENT_KINDS[client](url, seconds + 10)
+        try:
+            time.sleep(max(0.0, start_at - time.time()))
+            i, end = k, start_at + seconds
+            while time.time() < end:
+                body, headers = requests[i % len(requests)]
+                t = time.perf_counter()
+                try:
+                    ok = http.post(body, headers) == 200
+                except ConnectionError:
+                    ok = False
+                if ok:  # req/s and latencies count answers only
+                    mine.append(time.perf_counter() - t)
+                else:
+                    with lock:
+                        failures[0] += 1
+                i += threads
         finally:
+            http.close()
             with lock:
                 latencies.extend(mine)
 
-    pool = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
+    pool = [threading.Thread(target=one_client, args=(k,)) for k in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
@@ -425,9 +535,9 @@ def _client_process(
 class Clients:
     """A pool of client processes that drives ``concurrency`` requests at a time."""
 
-    def __init__(self, payloads: dict[str, Any], processes: int) -> None:
+    def __init__(self, payloads: dict[str, Any], processes: int, client: str = "stdlib") -> None:
         spawn = multiprocessing.get_context("spawn")
-        self.processes = processes
+        self.processes, self.client = processes, client
         self.pool = concurrent.futures.ProcessPoolExecutor(
             processes, mp_context=spawn, initializer=_client_init, initargs=(payloads,)
         )
@@ -438,7 +548,10 @@ class Clients:
             concurrency // processes + (k < concurrency % processes) for k in range(processes)
         ]
         start_at = time.time() + 1.0
-        jobs = [self.pool.submit(_client_process, url, kind, t, start_at, seconds) for t in threads]
+        jobs = [
+            self.pool.submit(_client_process, url, kind, t, start_at, seconds, self.client)
+            for t in threads
+        ]
         latencies: list[float] = []
         failures = 0
         for job in jobs:
@@ -613,12 +726,14 @@ def _drive(
         clients.load(url, kind, max(args.concurrency), args.seconds / 2)  # warm connections
         for concurrency in args.concurrency:
             before = scrape(f"{base}/metrics")
-            with GpuSampler() as gpu:
+            with GpuSampler() as gpu, CpuMeter(process.pid) as cpu:
                 load = clients.load(url, kind, concurrency, args.seconds)
             after = scrape(f"{base}/metrics")
             if load.get("requests"):
                 load["split"] = split(before, after, load["mean_ms"])
-            result["loads"].append({"route": route, **load, "gpu": gpu.summary()})
+            result["loads"].append(
+                {"route": route, **load, "gpu": gpu.summary(), "cpu": cpu.result}
+            )
     if profile:
         url, kind = routes["/v2 FP32"]
         worker = threading.Thread(
@@ -757,8 +872,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"Server `{variant}` ({result['env'] or 'defaults'}), {ready}{error}:",
             "",
             "| route | clients | req/s | p50 ms | p95 ms | p99 ms | decode | queue | "
-            "inference | round trip | rest | mean batch | GPU util % |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+            "inference | round trip | rest | mean batch | GPU util % | cores busy (server) |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for load in result["loads"]:
             if not load.get("requests"):
@@ -768,12 +883,14 @@ def markdown(report: dict[str, Any]) -> str:
                 continue
             s, gpu = load["split"], load.get("gpu")
             util = f"{gpu['gpu_util_mean']:.0f}" if gpu else "-"
+            cpu = load.get("cpu")
+            cores = f"{cpu['machine_cores_busy']:.1f} ({cpu['server_cores']:.1f})" if cpu else "-"
             lines.append(
                 f"| {load['route']} | {load['concurrency']} | {load['requests_per_second']:,.0f} "
                 f"| {load['p50_ms']:.1f} | {load['p95_ms']:.1f} | {load['p99_ms']:.1f} | "
                 f"{s['decode_ms']:.2f} | {s['queue_ms']:.2f} | {s['inference_ms']:.2f} | "
                 f"{s.get('round_trip_ms', 0.0):.2f} | {s['response_ms']:.2f} | "
-                f"{s['mean_batch']:.1f} | {util} |"
+                f"{s['mean_batch']:.1f} | {util} | {cores} |"
             )
         lines.append("")
         export, env = SERVER_VARIANTS.get(variant, ("", {}))
@@ -808,6 +925,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--client-processes", type=int, default=8)
+    parser.add_argument(
+        "--client",
+        choices=list(CLIENT_KINDS),
+        default="stdlib",
+        help="the clients' HTTP library: http.client (light, the default) or httpx",
+    )
     parser.add_argument(
         "--models-dir",
         type=Path,
@@ -942,9 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
         card = read_card(paths["fp32-conv"])
         pre = Preprocessor(card.preprocessing, 10**9)
         payloads = {"jpeg": files, "fp32": oip_bodies(files, np.stack([pre(f) for f in files]))}
-        clients = Clients(payloads, args.client_processes)
+        clients = Clients(payloads, args.client_processes, args.client)
         report["server"] = {}
-        workers = "2" if args.smoke else "4"
         try:
             for variant in args.servers:
                 model, env = SERVER_VARIANTS[variant]
@@ -955,8 +1077,8 @@ def main(argv: list[str] | None = None) -> int:
                     report["skipped"].append(f"server {variant}")
                     continue
                 env = {"SMSO_PROVIDERS": providers} | env
-                if "SMSO_WORKERS" in env:
-                    env["SMSO_WORKERS"] = workers
+                if "SMSO_WORKERS" in env and args.smoke:
+                    env["SMSO_WORKERS"] = "2"
                 report["server"][variant] = serve_loads(
                     paths[model],
                     variant,

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,8 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
             for load in loads
         )
         assert all({"stack", "run"} <= set(load["split"]["stage_ms"]) for load in loads)
+        # the cores each load kept busy: the server's processes served it, on this machine
+        assert all(0 < load["cpu"]["server_cores"] <= load["cpu"]["cores"] for load in loads)
     assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
     table = (tmp_path / "serve_gpu.md").read_text()
     assert "| route | clients | req/s |" in table
@@ -344,3 +347,51 @@ def test_a_gpu_server_variant_can_shorten_the_switch_interval() -> None:
         env = serve_gpu.server_env(serve_gpu.SERVER_VARIANTS[variant][1])
         proc = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60)
         assert proc.stdout.strip() == expected, (variant, proc.stderr)
+
+
+@pytest.mark.parametrize("client", ["stdlib", "httpx"])
+def test_gpu_bench_clients_post_the_payloads_and_count_answers(client: str) -> None:
+    """Both client libraries of bench/serve_gpu.py send each payload as the server expects it
+    (a multipart JPEG, a binary tensor with its header) and count 200s and other answers."""
+    import http.server
+    import threading as threads
+
+    from bench import serve_gpu
+
+    seen: list[tuple[str, bytes]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the service
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.headers["Content-Type"], body))
+            status = 200 if self.path == "/ok" else 400
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threads.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    serve_gpu._PAYLOADS.update({"jpeg": [b"JPEGDATA"], "fp32": [(b"TENSOR" + b"{}", 6)]})
+    try:
+        ok, failed = serve_gpu._client_process(f"{base}/ok", "jpeg", 2, time.time(), 0.3, client)
+        assert len(ok) > 0
+        assert failed == 0
+        kind, body = seen[-1]
+        assert kind.startswith("multipart/form-data; boundary=")
+        assert b'name="file"; filename="i.jpg"' in body
+        assert b"\r\n\r\nJPEGDATA\r\n--" in body
+        ok, failed = serve_gpu._client_process(f"{base}/no", "fp32", 1, time.time(), 0.2, client)
+        assert ok == []
+        assert failed > 0
+        assert seen[-1] == ("application/octet-stream", b"TENSOR{}")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        serve_gpu._PAYLOADS.clear()
