@@ -24,7 +24,9 @@ would overrun ``--budget-s`` are skipped and say so):
    it stalls CUDA); for each of ``--servers`` (``SERVER_VARIANTS``), by default: the default
    server, the same with a 0.5 ms GIL switch interval, four workers with CUDA graphs on the
    float32 and on the float16 export (also: one worker with CUDA graphs, two batches in flight,
-   four workers without graphs, with 3 decode threads each, with the short switch interval);
+   four workers without graphs, with 3 decode threads each, with the short switch interval;
+   eight and twelve workers, eight under CUDA MPS, eight with 2 decode threads each); the
+   cores each load kept busy, the machine's and the server's (from ``/proc``);
 6. a sampling profile of the first server under the 64-client ``/v2`` load (``py-spy``, where
    installed: a speedscope file and three dumps of every thread);
 7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px
@@ -250,6 +252,8 @@ EXPORTS: dict[str, tuple[str, bool, int]] = {
     "fp32-conv-448": ("conv", False, 448),
     "fp32-covariance-448": ("covariance", False, 448),
 }
+#: A server variant's setting that runs the server under CUDA MPS (:func:`mps`), not passed on.
+MPS = "SMSO_BENCH_MPS"
 #: Raw-session modes (``--raw EXPORT/MODE``).
 RAW_MODES = ("plain", "io-binding", "cuda-graphs")
 #: Server variants (``--servers``): name -> (export, settings), one change at a time from the
@@ -265,6 +269,18 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     # is four workers' /v2 bound by the workers' CPU (cores busy (server) near 4)? eight
     "workers8-graphs": ("fp32-conv", {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true"}),
     "workers8-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true"}),
+    "workers12-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "12", "SMSO_CUDA_GRAPHS": "true"}),
+    # eight workers' contexts take turns on the GPU (a batch of 1 ran 4.3 ms against 0.65 ms
+    # alone): under CUDA MPS (one daemon, started for the variant) their kernels share it
+    "workers8-graphs-fp16-mps": (
+        "fp16-conv",
+        {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", MPS: "1"},
+    ),
+    # /classify at eight workers left 6 of 16 cores idle with one decode thread a worker
+    "workers8-graphs-fp16-decode2": (
+        "fp16-conv",
+        {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", "SMSO_DECODE_THREADS": "2"},
+    ),
     # /classify is bound by decoding: 3 decode threads a worker (12 on 16 cores) instead of
     # the default 2 (half the cores)
     "workers-graphs-decode3": (
@@ -597,6 +613,43 @@ def server_env(env_extra: dict[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def mps(folder: Path) -> Iterator[dict[str, str]]:
+    """A CUDA MPS control daemon for the duration (``nvidia-cuda-mps-control -d``, its pipes and
+    logs in ``folder``): yields the environment a CUDA process needs to be its client, and
+    quits the daemon on the way out. Raises ``RuntimeError`` where it cannot be started."""
+    exe = shutil.which("nvidia-cuda-mps-control")
+    if exe is None:
+        raise RuntimeError("nvidia-cuda-mps-control is not on PATH")
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(folder / "log"),
+    }
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    started = subprocess.run(
+        [exe, "-d"],
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if started.returncode != 0:
+        raise RuntimeError(f"nvidia-cuda-mps-control -d: {started.stderr.strip()[-300:]}")
+    try:
+        yield env
+    finally:
+        subprocess.run(
+            [exe],
+            input="quit\n",
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+
+@contextlib.contextmanager
 def server(
     model: str, env_extra: dict[str, str], log: Path, ready_timeout_s: float = 90
 ) -> Iterator[tuple[str, Any, float]]:
@@ -683,9 +736,16 @@ def serve_loads(
     A failure part-way is recorded as ``error`` beside the loads already measured."""
 
     result: dict[str, Any] = {"env": env_extra, "loads": []}
-    log = Path(tempfile.mkdtemp(prefix="serve-gpu-log-")) / f"server-{variant}.log"
+    folder = Path(tempfile.mkdtemp(prefix="serve-gpu-log-"))
+    log = folder / f"server-{variant}.log"
+    settings = {k: v for k, v in env_extra.items() if k != MPS}
     try:
-        with server(model, env_extra, log, ready_timeout_s) as (base, process, ready_s):
+        with contextlib.ExitStack() as stack:
+            if env_extra.get(MPS):
+                settings |= stack.enter_context(mps(folder / "mps"))
+            base, process, ready_s = stack.enter_context(
+                server(model, settings, log, ready_timeout_s)
+            )
             _drive(base, process, ready_s, result, clients, args, out, variant, profile)
     except Exception as error:  # one variant's failure: recorded with what it measured
         result["error"] = f"{type(error).__name__}: {error}"

@@ -395,3 +395,29 @@ def test_gpu_bench_clients_post_the_payloads_and_count_answers(client: str) -> N
         httpd.shutdown()
         httpd.server_close()
         serve_gpu._PAYLOADS.clear()
+
+
+def test_the_mps_variant_starts_and_quits_a_daemon_or_says_why_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/serve_gpu.py's MPS variant: the control daemon is started with its pipe folder,
+    the server gets that folder, and the daemon is told to quit afterwards; without the
+    binary, a clear error (recorded as the variant's error)."""
+    from bench import serve_gpu
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(RuntimeError, match="not on PATH"), serve_gpu.mps(tmp_path / "m"):
+        pass
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    # shell builtins only: PATH holds this folder alone
+    script = f'read -r line\necho "$* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$line" >> {calls}\n'
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    with serve_gpu.mps(tmp_path / "m") as env:
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "m" / "pipe")
+        assert Path(env["CUDA_MPS_PIPE_DIRECTORY"]).is_dir()
+    started, quit_ = calls.read_text().splitlines()
+    assert started.startswith(f"-d pipe={tmp_path / 'm' / 'pipe'}")
+    assert quit_ == f" pipe={tmp_path / 'm' / 'pipe'} stdin=quit"
