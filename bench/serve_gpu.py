@@ -25,7 +25,8 @@ would overrun ``--budget-s`` are skipped and say so):
    server, the same with a 0.5 ms GIL switch interval, four workers with CUDA graphs on the
    float32 and on the float16 export (also: one worker with CUDA graphs, two batches in flight,
    four workers without graphs, with 3 decode threads each, with the short switch interval;
-   eight and twelve workers, eight under CUDA MPS, eight with 2 decode threads each); the
+   eight and twelve workers, eight under CUDA MPS, eight with 2 decode threads each, four,
+   eight and twelve workers handing their batches to one session host); the
    cores each load kept busy, the machine's and the server's (from ``/proc``);
 6. a sampling profile of the first server under the 64-client ``/v2`` load (``py-spy``, where
    installed: a speedscope file and three dumps of every thread);
@@ -275,6 +276,19 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "workers8-graphs-fp16-mps": (
         "fp16-conv",
         {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", MPS: "1"},
+    ),
+    # one session host runs every worker's batches, merged: one CUDA context, larger batches
+    "workers-shared-graphs": (
+        "fp32-conv",
+        {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true", "SMSO_SHARED_SESSION": "true"},
+    ),
+    "workers8-shared-graphs-fp16": (
+        "fp16-conv",
+        {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", "SMSO_SHARED_SESSION": "true"},
+    ),
+    "workers12-shared-graphs-fp16": (
+        "fp16-conv",
+        {"SMSO_WORKERS": "12", "SMSO_CUDA_GRAPHS": "true", "SMSO_SHARED_SESSION": "true"},
     ),
     # /classify at eight workers left 6 of 16 cores idle with one decode thread a worker
     "workers8-graphs-fp16-decode2": (

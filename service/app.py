@@ -28,7 +28,7 @@ from service.disconnect import CancelWhenGone
 from service.docs import install_docs
 from service.drain import CloseWhenDraining
 from service.errors import install_error_handlers
-from service.loader import load_model
+from service.loader import close_backend, load_model
 from service.logs import configure_logging
 from service.metrics import MetricsMiddleware
 from service.oip import build_router
@@ -119,6 +119,7 @@ def create_app(
                 await loading
             for model in state.registry.serving():
                 await model.batcher.stop()  # every queued image is answered first
+                close_backend(model.backend)
             state.decoder.shutdown(wait=True)
             if span_pipe is not None:  # the last spans exported, then the exporter stops
                 await asyncio.to_thread(span_pipe.shutdown)

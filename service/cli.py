@@ -9,7 +9,9 @@ Ctrl-C) stops taking new connections, answers the requests in flight and exits w
 
 With ``--workers N`` (N > 1) uvicorn's supervisor runs N server processes on the one port, each
 loading the model with its own session, batcher and decode threads; ``/metrics`` combines their
-values (prometheus_client's multiprocess mode, in a temporary folder).
+values (prometheus_client's multiprocess mode, in a temporary folder). With
+``--shared-session true`` a session host process loads the model first and the workers hand it
+their batches (:mod:`service.session_host`): one session and one CUDA context for all.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from service.drain import DrainingServer, DrainingSupervisor
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
+from service.session_host import start_host
 from service.settings import Settings
 from service.tracing import check_tracing
 
@@ -245,11 +248,23 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     except (CardError, OSError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
+    host = None
+    if settings.shared_session:  # loaded and warmed up before any worker starts
+        log.info(
+            "SMSO session host loading %s for %d workers", settings.model_path, settings.workers
+        )
+        try:
+            host = start_host(settings.model_path, settings.backend_options)
+        except (TimeoutError, ValueError) as error:
+            listener.close()
+            print(f"smso-serve: error: session host: {error}", file=sys.stderr)
+            return 2
+        log.info("SMSO session host ready on %s", ", ".join(host.providers))
     # flags win over the environment, in the workers too
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     with (
         tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
-        _environment(flags | {MULTIPROC_ENV: folder}),
+        _environment(flags | {MULTIPROC_ENV: folder} | (host.environment if host else {})),
     ):
         config = _config(
             settings, "service.app:app_from_environment", factory=True, workers=settings.workers
@@ -263,6 +278,8 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             DrainingSupervisor(config, sockets=[listener]).run()
         finally:
             listener.close()
+            if host is not None:  # after the workers: they answered what was in flight
+                host.stop()
     return 0
 
 

@@ -22,10 +22,12 @@ from service import stage_clock
 from service.backend import Backend, OnnxBackend
 from service.batcher import MicroBatcher, RunFn
 from service.drift import DriftMonitor
+from service.hosted_backend import HostedBackend, host_from_environment
 from service.images import Preprocessor
 from service.pipeline import ServiceState, queue_depth
 from service.registry import LoadedModel, ModelStatus
 from service.runner import buckets
+from service.settings import Settings
 from service.typicality import Typicality
 
 __all__ = ["load_model", "retire", "unload_model"]
@@ -50,7 +52,7 @@ async def load_model(
     try:
         if backend is None:
             backend = await asyncio.get_running_loop().run_in_executor(
-                None, OnnxBackend, source, settings.backend_options
+                None, _backend, source, settings
             )
         card = backend.card
         name, version = name or card.name, version or card.model_version
@@ -139,9 +141,26 @@ async def retire(state: ServiceState, model: LoadedModel) -> None:
         async with asyncio.timeout(state.settings.request_timeout_s):
             await model.users.idle.wait()
     await model.batcher.stop()
+    close_backend(model.backend)
     serving = {(m.name, m.version) for m in state.registry.serving()}
     if (model.name, model.version) not in serving:  # a file replaced under the same number
         state.metrics.forget(model.name, model.version)  # keeps its successor's series
+
+
+def close_backend(backend: Backend) -> None:
+    """Let go of what a backend holds beyond its session (a hosted backend's shared memory)."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+
+
+def _backend(source: Path, settings: Settings) -> Backend:
+    """The model file's backend: its own session, or in a worker started with a session host
+    (``--shared-session``) the host's (:mod:`service.session_host`)."""
+    host = host_from_environment()
+    if host is not None and source == settings.model_path:
+        return HostedBackend(source, *host, slots=settings.batches_in_flight)
+    return OnnxBackend(source, settings.backend_options)
 
 
 def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None:

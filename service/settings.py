@@ -143,6 +143,13 @@ class Settings(BaseSettings):
         description="server processes, each with its own model session, batcher and decode "
         "threads, sharing the port (and the GPU): HTTP, JSON and decoding on more cores",
     )
+    shared_session: bool = Field(
+        False,
+        description="with workers > 1: one process owns the model's session (and the GPU) and "
+        "runs every worker's batches, merged when they arrive together, instead of a session "
+        "and a CUDA context per worker taking turns on the GPU; the workers do HTTP, decoding "
+        "and batching. One model file (model_path), not a repository",
+    )
     decode_threads: int = Field(
         0,
         ge=0,
@@ -218,6 +225,11 @@ class Settings(BaseSettings):
                 f"model file {self.model_path} does not exist; give an ONNX file written by "
                 "smso-export (SMSO_MODEL_PATH or --model-path), or run `make onnx` for the "
                 "shipped one"
+            )
+        if self.shared_session and self.model_repository is not None:
+            raise ValueError(
+                "shared_session serves one model file (model_path), not a model repository: "
+                "unset shared_session, or serve one model with --model-path"
             )
         if self.grpc_port and self.grpc_port == self.port:
             raise ValueError(

@@ -6,7 +6,11 @@ onnxruntime call, the copy back), and the typicality scoring after it its own. T
 without knowing each other: each calls :func:`record` after its stage, and the batcher calls
 :func:`take` after the batch, in the same thread, for ``{stage: seconds}``. Stages a runner
 does not have are absent: ``upload`` and ``download`` only with IO binding (CUDA graphs);
-elsewhere ``run`` includes onnxruntime's own copies. A run function that records nothing
+elsewhere ``run`` includes onnxruntime's own copies. With a shared session
+(:mod:`service.session_host`) the host's process times pad to download and the worker adds
+``handoff`` (the copy into shared memory and the messages both ways) and ``share`` (the wait
+in the host for other workers' batches ahead, and the copy of its rows into the merged batch).
+A run function that records nothing
 gives ``{}``. Together the stages account for the batch's time but for slicing the outputs
 and Python's calls between them.
 
@@ -25,10 +29,10 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["STAGES", "record", "take"]
+__all__ = ["STAGES", "add", "record", "take"]
 
 #: the stages a batch goes through, in order (a metric label: :func:`record` takes no other)
-STAGES = ("stack", "pad", "upload", "run", "download", "score")
+STAGES = ("stack", "handoff", "share", "pad", "upload", "run", "download", "score")
 
 _local = threading.local()
 
@@ -45,6 +49,17 @@ def record(stage: str, since: float) -> float:
         times = _local.times = {}
     times[stage] = times.get(stage, 0.0) + (now - since)
     return now
+
+
+def add(stage: str, seconds: float) -> None:
+    """Add ``seconds`` to ``stage`` for the calling thread (a stage timed elsewhere: in the
+    session host's process). ``stage``: one of :data:`STAGES`."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
+    times: dict[str, float] | None = getattr(_local, "times", None)
+    if times is None:
+        times = _local.times = {}
+    times[stage] = times.get(stage, 0.0) + seconds
 
 
 def take() -> dict[str, float]:

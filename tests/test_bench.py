@@ -223,7 +223,10 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     """bench/serve_gpu.py --smoke: the one-go GPU measurement, tiny, with the shipped model."""
-    proc = run_script("bench/serve_gpu.py", "--smoke", "--out", str(tmp_path))
+    servers = ["cuda", "cuda-switch", "workers-graphs", "workers-shared-graphs"]
+    proc = run_script(
+        "bench/serve_gpu.py", "--smoke", "--out", str(tmp_path), "--servers", *servers
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "serve_gpu.json").read_text())
     assert report["skipped"] == []
@@ -237,9 +240,7 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
         for row in run["by_batch"].values()
     )
     assert report["ort_profile"]["ms_per_run_by_op"]
-    assert set(report["server"]) == {
-        "cuda", "cuda-switch", "workers-graphs", "workers-graphs-fp16"
-    }  # fmt: skip
+    assert set(report["server"]) == set(servers)
     for variant in report["server"]:
         loads = report["server"][variant]["loads"]
         assert len(loads) == 4  # two routes at concurrency 1 and 4
@@ -255,7 +256,10 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
     assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
     table = (tmp_path / "serve_gpu.md").read_text()
     assert "| route | clients | req/s |" in table
-    assert "| route | clients | mean batch | stack | pad | upload | run | download |" in table
+    assert "| route | clients | mean batch | stack | handoff | share | pad | upload |" in table
+    # the shared session's batches went through the host: its share of each batch is timed
+    shared = report["server"]["workers-shared-graphs"]["loads"]
+    assert all({"handoff", "share", "run"} <= set(load["split"]["stage_ms"]) for load in shared)
 
 
 @pytest.mark.parametrize(

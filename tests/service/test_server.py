@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,6 +202,49 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
         )
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_several_workers_can_share_one_session_host(shipped_model):
+    """--workers 2 --shared-session true: a host process runs both workers' batches (the
+    stages show its share), the answers are the model's, and SIGTERM leaves no host, socket
+    or shared memory behind."""
+    hosts = set(Path(tempfile.gettempdir()).glob("smso-session-host-*"))
+    shared = set(Path("/dev/shm").glob("psm_*"))
+    args = ("--workers", "2", "--shared-session", "true", "--log-level", "warning")
+    with real_server(shipped_model, *args) as (base, server):
+        deadline, streak = time.monotonic() + 60, 0
+        while streak < 10:  # both workers ready (each is a fresh connection's luck)
+            assert time.monotonic() < deadline, "a worker never became ready"
+            ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
+            streak = streak + 1 if ok else 0
+            time.sleep(0.02)
+        images = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz")[:8]
+        labels = read_idx(DEFAULT_ROOT / "t10k-labels-idx1-ubyte.gz")[:8]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(
+                pool.map(
+                    lambda i: httpx.post(
+                        f"{base}/classify",
+                        files=[("file", (f"{i}.png", png(images[i % 8]), "image/png"))],
+                        headers={"Connection": "close"},  # spread over both workers
+                        timeout=30,
+                    ),
+                    range(24),
+                )
+            )
+        assert [a.status_code for a in answers] == [200] * 24
+        top = [a.json()["results"][0]["predictions"][0]["index"] for a in answers]
+        assert sum(t == labels[i % 8] for i, t in enumerate(top)) >= 18  # the model's answers
+        metrics = httpx.get(f"{base}/metrics").text
+        for stage in ("handoff", "share", "run"):
+            assert re.search(
+                rf'smso_inference_stage_seconds_count\{{[^}}]*stage="{stage}"', metrics
+            )
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    assert set(Path(tempfile.gettempdir()).glob("smso-session-host-*")) == hosts
+    assert set(Path("/dev/shm").glob("psm_*")) <= shared
 
 
 def serve_on_a_taken_port(

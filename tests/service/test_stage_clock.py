@@ -46,6 +46,20 @@ def test_each_thread_has_its_own_clock():
 def test_a_stage_outside_the_list_is_refused():
     """The stage is a metric label: a typo must not open a new series."""
     stage_clock.take()
-    with pytest.raises(ValueError, match="unknown stage 'runn'; the stages are stack, pad"):
+    with pytest.raises(ValueError, match="unknown stage 'runn'; the stages are stack, handoff"):
         stage_clock.record("runn", time.perf_counter())
+    with pytest.raises(ValueError, match="unknown stage 'gather'"):
+        stage_clock.add("gather", 0.001)
     assert stage_clock.take() == {}
+
+
+def test_seconds_timed_elsewhere_are_added_to_the_stage():
+    """A stage timed in another process (the session host's run) adds up like a recorded one."""
+    stage_clock.take()
+    stage_clock.add("run", 0.002)
+    stage_clock.record("run", time.perf_counter() - 0.001)
+    stage_clock.add("share", 0.0005)
+    seen = stage_clock.take()
+    assert set(seen) == {"run", "share"}
+    assert 0.003 <= seen["run"] < 0.1
+    assert seen["share"] == 0.0005
