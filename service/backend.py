@@ -171,8 +171,11 @@ class OnnxBackend:
         """Warm-up batches and the runner: buckets padded on an accelerator, exact on the CPU."""
         sizes = buckets(options.max_batch)
         first = self.providers[0]
+        #: the batch sizes the runner pads to (None: every size as it comes, on the CPU)
+        self.buckets: list[int] | None = sizes
         if first not in ACCELERATED:
             self.mode = "plain"
+            self.buckets = None
             return sizes, PlainRunner(self.session, outputs=self.outputs)
         sessions: ort.InferenceSession | dict[int, ort.InferenceSession] = self.session
         if first == CUDA:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from service import stage_clock
+from service.runner import bucket_for
 
 __all__ = ["ADDRESS_ENV", "KEY_ENV", "HostHandle", "start_host"]
 
@@ -71,7 +72,10 @@ class _Host:
         spec = backend.card.input
         self.shape = (spec.channels, spec.height, spec.width)
         self.waiting: queue.Queue[_Batch] = queue.Queue()
-        self.buffer = np.empty((max_batch, *self.shape), np.float32)
+        # merged batches are gathered here, padded to the runner's bucket in place (the rows
+        # past a round's images hold zeros or earlier rounds' images; rows are independent)
+        self.buffer = np.zeros((max_batch, *self.shape), np.float32)
+        self.buckets: list[int] | None = getattr(backend, "buckets", None)
         self._carried: _Batch | None = None
 
     def hello(self) -> dict[str, Any]:
@@ -151,8 +155,9 @@ class _Host:
             offsets.append((row, row + n))
             row += n
         gathered = time.perf_counter()
+        size = bucket_for(total, self.buckets) if self.buckets else total
         try:
-            outputs = self.backend.run(self.buffer[:total])
+            outputs = self.backend.run(self.buffer[:size])  # no copy to pad: a whole bucket
         except Exception as error:  # every batch of the round fails with it
             message = f"{type(error).__name__}: {error}"
             for batch in batches:

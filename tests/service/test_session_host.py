@@ -132,6 +132,18 @@ def test_the_host_merges_waiting_batches_up_to_its_largest():
     assert host.waiting.empty()
 
 
+def test_the_host_pads_a_merged_batch_to_its_bucket_in_place():
+    """On an accelerator the runner pads to a bucket: the host hands it a whole bucket of its
+    buffer (no second copy), and each batch still gets only its own rows."""
+    backend = _Recorder()
+    backend.buckets = [1, 2, 4, 8]
+    host = _Host(backend, 8, listener=None)  # type: ignore[arg-type]
+    pipes = _queue(host, [2, 3])
+    host.run_round(*host.next_round())
+    assert backend.sizes == [8]
+    assert [len(p.sent[0][1][0]) for p in pipes] == [2, 3]
+
+
 def test_a_failed_round_fails_every_batch_in_it():
     host = _Host(_Recorder(fail=True), 8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [1, 2])
