@@ -20,9 +20,11 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import typing
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -38,7 +40,7 @@ from service.drain import DrainingServer, DrainingSupervisor
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
-from service.session_host import start_host
+from service.session_host import HostHandle, start_host
 from service.settings import Settings
 from service.tracing import check_tracing
 
@@ -260,6 +262,7 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             print(f"smso-serve: error: session host: {error}", file=sys.stderr)
             return 2
         log.info("SMSO session host ready on %s", ", ".join(host.providers))
+        threading.Thread(target=_watch_host, args=(host,), daemon=True).start()
     # flags win over the environment, in the workers too
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     with (
@@ -280,7 +283,22 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             listener.close()
             if host is not None:  # after the workers: they answered what was in flight
                 host.stop()
+    if host is not None and host.died:
+        return 1  # the workers were stopped because the host died (logged)
     return 0
+
+
+def _watch_host(host: HostHandle) -> None:
+    """Stop the server (as SIGTERM does: the workers drain) if the session host exits while
+    it serves: every batch would fail from then on."""
+    host.process.join()
+    if not host.stopping:
+        host.died = True
+        log.error(
+            "the session host exited (status %s) while serving: stopping the workers",
+            host.process.exitcode,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @contextlib.contextmanager

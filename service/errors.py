@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect
 __all__ = [
     "CLIENT_CLOSED",
     "OIP_PREFIX",
+    "BackendUnavailableError",
     "ServiceError",
     "error_body",
     "install_error_handlers",
@@ -36,6 +37,11 @@ OIP_PREFIX = "/v2"
 #: The status a request is counted with when its client left before it was read (no client
 #: sees it: there is nobody to send it to).
 CLIENT_CLOSED = 499
+
+
+class BackendUnavailableError(RuntimeError):
+    """The model's backend cannot run batches at present (the session host is gone or does
+    not answer): 503, not the request's fault."""
 
 
 class ServiceError(Exception):

@@ -24,6 +24,7 @@ import numpy as np
 
 from service import stage_clock
 from service.card import parse_card
+from service.errors import BackendUnavailableError
 from service.session_host import ADDRESS_ENV, KEY_ENV
 
 __all__ = ["HostedBackend", "host_from_environment"]
@@ -41,8 +42,14 @@ def host_from_environment() -> tuple[str, bytes] | None:
 class HostedBackend:
     """The model served by the session host at ``address``, as a worker's backend."""
 
-    def __init__(self, path: str | Path, address: str, key: bytes, slots: int = 1) -> None:
+    def __init__(
+        self, path: str | Path, address: str, key: bytes, slots: int = 1, timeout_s: float = 60
+    ) -> None:
+        """``timeout_s``: the longest a batch may take in the host (merged with others) before
+        the host is taken for hung."""
         self.path = Path(path)
+        self.timeout_s = timeout_s
+        self._broken: str | None = None  # why the host cannot be used any more
         self._connections: list[Connection] = []
         self._free: queue.SimpleQueue[tuple[Connection, np.ndarray]] = queue.SimpleQueue()
         self._closed = threading.Event()
@@ -62,8 +69,10 @@ class HostedBackend:
                 connection.send((self._memory.name, number * slot_bytes, rows))
                 if connection.recv() != "attached":
                     raise OSError("the host did not attach the shared memory")
-                slot = np.ndarray(shape, np.float32, self._memory.buf, number * slot_bytes)
-                self._free.put((connection, slot))
+                offset = number * slot_bytes
+                self._free.put(
+                    (connection, np.ndarray(shape, np.float32, self._memory.buf, offset))
+                )
         except (OSError, EOFError) as error:
             self.close()
             raise ValueError(f"the session host at {address} did not answer: {error}") from None
@@ -79,15 +88,21 @@ class HostedBackend:
         n = len(images)
         if n > self.max_batch:
             raise ValueError(f"a batch of {n} is larger than the host's {self.max_batch}")
+        if self._broken:
+            raise BackendUnavailableError(self._broken)
         connection, slot = self._free.get()
         try:
             start = time.perf_counter()
             slot[:n] = images
             connection.send(n)
+            if not connection.poll(self.timeout_s):  # a late answer would be the next call's
+                self._broken = f"the session host did not answer within {self.timeout_s:g} s"
+                raise BackendUnavailableError(self._broken)
             answer = connection.recv()
             elapsed = time.perf_counter() - start
         except (OSError, EOFError):
-            raise RuntimeError("the session host is gone (see its log)") from None
+            self._broken = "the session host is gone (see the server's log)"
+            raise BackendUnavailableError(self._broken) from None
         finally:
             self._free.put((connection, slot))
         if answer[0] != "ok":
@@ -108,7 +123,7 @@ class HostedBackend:
             connection.close()
         memory = getattr(self, "_memory", None)
         if memory is not None:
+            memory.unlink()  # the name first: whatever happens next, nothing is left behind
             while not self._free.empty():
                 self._free.get()  # the views of the memory
             memory.close()
-            memory.unlink()

@@ -77,10 +77,14 @@ async def load_model(
     except asyncio.CancelledError:
         if batcher is not None:
             await batcher.stop()
+        if backend is not None:
+            close_backend(backend)
         raise
     except Exception as error:
         if batcher is not None:
             await batcher.stop()
+        if backend is not None:
+            close_backend(backend)
         reason = " ".join(str(error).split()) or type(error).__name__
         failed = name or (source.parent.name if source is not None else "model")
         registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, reason, source)
@@ -159,7 +163,8 @@ def _backend(source: Path, settings: Settings) -> Backend:
     (``--shared-session``) the host's (:mod:`service.session_host`)."""
     host = host_from_environment()
     if host is not None and source == settings.model_path:
-        return HostedBackend(source, *host, slots=settings.batches_in_flight)
+        # one slot: the batcher's inference thread runs one batch at a time
+        return HostedBackend(source, *host, timeout_s=settings.request_timeout_s)
     return OnnxBackend(source, settings.backend_options)
 
 

@@ -24,7 +24,7 @@ from service import access
 from service.admission import Admission
 from service.batcher import QueueFullError
 from service.bodies import BufferedBytes
-from service.errors import ServiceError
+from service.errors import BackendUnavailableError, ServiceError
 from service.images import ImageError, ImageTooLargeError
 from service.inputs import Upload
 from service.metrics import Metrics
@@ -249,6 +249,11 @@ async def run_batched(
         if record is not None:  # its wait, or its inference, ends at the deadline
             record.cut(time.perf_counter())
         raise _deadline_exceeded(state) from None
+    except BackendUnavailableError as error:
+        log.error("inference failed: %s", error)
+        raise ServiceError(
+            503, "backend_unavailable", f"{error}; retry later", headers={"Retry-After": "5"}
+        ) from None
     except Exception as error:
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None

@@ -22,6 +22,7 @@ is the only one that runs the session. The host serves one model file (no reposi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -33,6 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -43,13 +45,15 @@ import numpy as np
 from service import stage_clock
 from service.runner import bucket_for
 
-__all__ = ["ADDRESS_ENV", "KEY_ENV", "HostHandle", "start_host"]
+__all__ = ["ADDRESS_ENV", "KEY_ENV", "PROCESS_NAME", "HostHandle", "start_host"]
 
 log = logging.getLogger(__name__)
 
 #: The environment variables that tell a worker where the host listens, and its key.
 ADDRESS_ENV = "_SMSO_SESSION_HOST"
 KEY_ENV = "_SMSO_SESSION_HOST_KEY"
+#: The host process's name, as ``ps`` shows it (Linux).
+PROCESS_NAME = "smso-host"
 
 
 @dataclass
@@ -77,6 +81,7 @@ class _Host:
         self.buffer = np.zeros((max_batch, *self.shape), np.float32)
         self.buckets: list[int] | None = getattr(backend, "buckets", None)
         self._carried: _Batch | None = None
+        self._orphans: list[SharedMemory] = []
 
     def hello(self) -> dict[str, Any]:
         """What a worker's backend needs to know: the file's metadata (its card), the
@@ -90,8 +95,14 @@ class _Host:
         }
 
     def accept_forever(self) -> None:
+        """Accept connections for ever; one that fails its handshake (a worker killed while
+        connecting, a wrong key) is logged, and the next one accepted."""
         while True:
-            connection = self.listener.accept()
+            try:
+                connection = self.listener.accept()
+            except (OSError, EOFError, AuthenticationError) as error:
+                log.warning("session host: a connection failed its handshake: %r", error)
+                continue
             threading.Thread(target=self._read, args=(connection,), daemon=True).start()
 
     def _read(self, connection: Connection) -> None:
@@ -117,13 +128,31 @@ class _Host:
             connection.close()
             if memory is not None:
                 slot = None  # the view must go before the memory can close
-                with contextlib.suppress(BufferError):  # a batch of it still queued
+                try:
                     memory.close()
+                except BufferError:  # a batch of it still waits: closed after its round
+                    self._orphans.append(memory)
 
     def serve_forever(self) -> None:
-        """Run round after round: every batch waiting, merged."""
+        """Run round after round: every batch waiting, merged. A round that fails in any
+        way answers its batches the error; the host goes on."""
         while True:
-            self.run_round(*self.next_round())
+            batches, total = self.next_round()
+            try:
+                self.run_round(batches, total)
+            except Exception as error:
+                log.exception("session host: a round of %d images failed", total)
+                for batch in batches:
+                    _answer(batch.connection, ("error", f"{type(error).__name__}: {error}"))
+            del batches  # the views into the workers' memory
+            self._close_orphans()
+
+    def _close_orphans(self) -> None:
+        """Close the memory of workers gone while a batch of theirs waited."""
+        for memory in list(self._orphans):
+            with contextlib.suppress(BufferError):
+                memory.close()
+                self._orphans.remove(memory)
 
     def next_round(self) -> tuple[list[_Batch], int]:
         """Every batch waiting, in order of arrival (at least one: waits for it), up to
@@ -185,15 +214,35 @@ def _attach(name: str) -> SharedMemory:
 
 
 def _answer(connection: Connection, message: tuple[Any, ...]) -> None:
-    with contextlib.suppress(OSError):  # the worker went away; its reader closes the connection
+    # the worker went away (its reader thread may have closed the connection meanwhile)
+    with contextlib.suppress(OSError, TypeError, ValueError):
         connection.send(message)
 
 
+def _name_process(name: bytes) -> None:
+    """The process's name in ``/proc/<pid>/comm`` (Linux ``prctl(PR_SET_NAME)``); elsewhere
+    nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)
+
+
+def _exit_with_parent(parent: Connection) -> None:
+    """Exit once the parent closes its end of the pipe: it stopped the host, or it is gone
+    (killed, crashed), when nothing else would end this process and free the GPU."""
+    with contextlib.suppress(EOFError, OSError):
+        parent.recv()
+    os._exit(0)
+
+
 def _host_main(
-    path: str, options: Any, address: str, key: bytes, ready: Connection, warm: bool
+    path: str, options: Any, address: str, key: bytes, parent: Connection, warm: bool
 ) -> None:
-    """The host process: load, warm up every bucket, listen, say so on ``ready``, serve."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C goes to all)
+    """The host process: load, warm up every bucket, listen, say so to the ``parent``, serve
+    until the parent closes the pipe. Ctrl-C and SIGTERM to the process group are left to the
+    parent, which stops the host after the workers have answered what they hold."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _name_process(PROCESS_NAME.encode())  # what ps and top show
     from service.backend import OnnxBackend
 
     try:
@@ -206,24 +255,28 @@ def _host_main(
                 backend.run(rng.standard_normal(shape, np.float32))
         listener = Listener(address, "AF_UNIX", authkey=key)
     except Exception as error:
-        ready.send(("error", f"{type(error).__name__}: {' '.join(str(error).split())}"))
+        parent.send(("error", f"{type(error).__name__}: {' '.join(str(error).split())}"))
         return
     host = _Host(backend, options.max_batch, listener)
     threading.Thread(target=host.accept_forever, daemon=True).start()
-    ready.send(("ok", list(backend.providers)))
-    ready.close()
+    parent.send(("ok", list(backend.providers)))
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     host.serve_forever()
 
 
 @dataclass
 class HostHandle:
-    """A running host: where it listens, its key, its process and providers."""
+    """A running host: where it listens, its key, its process and providers, and the pipe
+    whose closing stops it."""
 
     address: str
     key: bytes
     process: multiprocessing.process.BaseProcess
     providers: list[str]
     folder: tempfile.TemporaryDirectory[str]
+    pipe: Connection
+    stopping: bool = False  # stop() was called
+    died: bool = False  # it exited on its own while serving (the CLI's watcher says so)
 
     @property
     def environment(self) -> dict[str, str]:
@@ -231,13 +284,14 @@ class HostHandle:
         return {ADDRESS_ENV: self.address, KEY_ENV: self.key.hex()}
 
     def stop(self) -> None:
-        """Terminate the host and remove its socket's folder."""
+        """Stop the host (it exits when the pipe closes; killed after 20 s) and remove its
+        socket's folder."""
+        self.stopping = True
+        self.pipe.close()
+        self.process.join(20)
         if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(20)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+            self.process.kill()
+            self.process.join()
         self.folder.cleanup()
 
 
@@ -253,20 +307,20 @@ def start_host(
     address = str(Path(folder.name) / "socket")
     key = secrets.token_bytes(32)
     context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
+    mine, theirs = context.Pipe()
     process = context.Process(
         target=_host_main,
-        args=(str(path), options, address, key, send, warm),
+        args=(str(path), options, address, key, theirs, warm),
         name="smso-session-host",
         daemon=True,
     )
     process.start()
-    send.close()
-    handle = HostHandle(address, key, process, [], folder)
+    theirs.close()
+    handle = HostHandle(address, key, process, [], folder, mine)
     try:
-        if not receive.poll(timeout_s):
+        if not mine.poll(timeout_s):
             raise TimeoutError(f"the session host did not load {path} within {timeout_s:.0f} s")
-        status, detail = receive.recv()
+        status, detail = mine.recv()
     except EOFError:
         handle.stop()
         raise ValueError(f"the session host exited while loading {path}") from None

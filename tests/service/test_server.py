@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,21 +203,45 @@ def test_several_workers_share_the_port_and_their_metrics(shipped_model):
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)
 
 
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``: their names (``/proc/<pid>/comm``)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            name, rest = stat.read_text().rsplit(")", 1)
+            if int(rest.split()[1]) == pid:
+                found[int(stat.parent.name)] = name.split("(", 1)[1]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _workers_ready(base: str) -> None:
+    """Ten fresh connections in a row find a ready worker (each worker warms up on its own)."""
+    deadline, streak = time.monotonic() + 60, 0
+    while streak < 10:
+        assert time.monotonic() < deadline, "a worker never became ready"
+        ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
+        streak = streak + 1 if ok else 0
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 def test_several_workers_can_share_one_session_host(shipped_model):
-    """--workers 2 --shared-session true: a host process runs both workers' batches (the
-    stages show its share), the answers are the model's, and SIGTERM leaves no host, socket
-    or shared memory behind."""
-    hosts = set(Path(tempfile.gettempdir()).glob("smso-session-host-*"))
-    shared = set(Path("/dev/shm").glob("psm_*"))
+    """--workers 2 --shared-session true: a host process (named smso-host) runs both workers'
+    batches (the stages show its share), the answers are the model's, and SIGTERM stops the
+    workers, then the host."""
     args = ("--workers", "2", "--shared-session", "true", "--log-level", "warning")
     with real_server(shipped_model, *args) as (base, server):
-        deadline, streak = time.monotonic() + 60, 0
-        while streak < 10:  # both workers ready (each is a fresh connection's luck)
-            assert time.monotonic() < deadline, "a worker never became ready"
-            ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
-            streak = streak + 1 if ok else 0
-            time.sleep(0.02)
+        _workers_ready(base)
+        hosts = [pid for pid, name in _children(server.pid).items() if name == "smso-host"]
+        assert len(hosts) == 1
         images = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz")[:8]
         labels = read_idx(DEFAULT_ROOT / "t10k-labels-idx1-ubyte.gz")[:8]
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -238,13 +261,24 @@ def test_several_workers_can_share_one_session_host(shipped_model):
         assert sum(t == labels[i % 8] for i, t in enumerate(top)) >= 18  # the model's answers
         metrics = httpx.get(f"{base}/metrics").text
         for stage in ("handoff", "share", "run"):
-            assert re.search(
-                rf'smso_inference_stage_seconds_count\{{[^}}]*stage="{stage}"', metrics
-            )
+            series = rf'smso_inference_stage_seconds_count\{{[^}}]*stage="{stage}"'
+            assert re.search(series, metrics), stage
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
-    assert set(Path(tempfile.gettempdir()).glob("smso-session-host-*")) == hosts
-    assert set(Path("/dev/shm").glob("psm_*")) <= shared
+    assert not _alive(hosts[0])
+
+
+@pytest.mark.slow
+def test_a_session_host_that_dies_stops_the_server_with_status_1(shipped_model):
+    """The host killed while serving: the workers are stopped (their batches could only fail)
+    and the server exits with status 1, for a supervisor to restart it."""
+    args = ("--workers", "2", "--shared-session", "true", "--log-level", "error")
+    with real_server(shipped_model, *args) as (base, server):
+        _workers_ready(base)
+        (host,) = [pid for pid, name in _children(server.pid).items() if name == "smso-host"]
+        os.kill(host, signal.SIGKILL)
+        assert server.wait(timeout=60) == 1
+        assert "the session host exited (status -9) while serving" in server.stdout.read()
 
 
 def serve_on_a_taken_port(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +17,7 @@ import pytest
 
 from service import stage_clock
 from service.backend import BackendOptions, OnnxBackend
+from service.errors import BackendUnavailableError
 from service.hosted_backend import HostedBackend
 from service.session_host import HostHandle, _Batch, _Host, start_host
 from service.settings import Settings
@@ -58,6 +63,7 @@ def test_workers_calling_at_once_each_get_their_own_rows(host: HostHandle, shipp
     first = HostedBackend(shipped_model, host.address, host.key, slots=2)
     second = HostedBackend(shipped_model, host.address, host.key)
     wrong: list[str] = []
+    calls = [0, 0, 0]
 
     def call(backend: HostedBackend, caller: int) -> None:
         for i in range(30):
@@ -65,6 +71,7 @@ def test_workers_calling_at_once_each_get_their_own_rows(host: HostHandle, shipp
             logits = backend.run(batch)[0]
             if not np.allclose(logits, direct.run(batch)[0], atol=1e-5):
                 wrong.append(f"caller {caller}, call {i}")
+            calls[caller] += 1
 
     callers = [(first, 0), (first, 1), (second, 2)]
     threads = [threading.Thread(target=call, args=c) for c in callers]
@@ -73,7 +80,9 @@ def test_workers_calling_at_once_each_get_their_own_rows(host: HostHandle, shipp
             thread.start()
         for thread in threads:
             thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in threads), "a caller hung"
         assert wrong == []
+        assert calls == [30, 30, 30]
     finally:
         first.close()
         second.close()
@@ -151,18 +160,74 @@ def test_a_failed_round_fails_every_batch_in_it():
     assert [p.sent for p in pipes] == [[("error", "RuntimeError: device lost")]] * 2
 
 
-def test_a_worker_sees_the_hosts_failure_as_an_error_that_says_so(
+def test_a_batch_larger_than_the_hosts_is_refused_in_the_worker(
     host: HostHandle, shipped_model: str
 ):
     hosted = HostedBackend(shipped_model, host.address, host.key)
     try:
         with pytest.raises(ValueError, match="larger than the host's 8"):
             hosted.run(images(9))
-        wrong = np.zeros((1, 3, 28, 28), np.float32)  # a shape the model does not take
-        with pytest.raises((RuntimeError, ValueError)):
-            hosted.run(wrong)
     finally:
         hosted.close()
+
+
+@contextlib.contextmanager
+def fake_host(shipped_model: str, answer: Callable[[Connection], None]) -> Iterator[HostHandle]:
+    """A host speaking the protocol in a thread (the hello, the attach) that answers each batch
+    with ``answer(connection)``."""
+    metadata = OnnxBackend(shipped_model, CPU).session.get_modelmeta().custom_metadata_map
+    folder = tempfile.TemporaryDirectory()
+    address, key = f"{folder.name}/socket", b"k" * 32
+    listener = Listener(address, "AF_UNIX", authkey=key)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            connection = listener.accept()
+            connection.recv()  # "hello"
+            hello = {"metadata": dict(metadata), "providers": ["Fake"], "max_batch": 8}
+            connection.send({**hello, "outputs": ["logits", "embedding"]})
+            connection.recv()  # the shared memory
+            connection.send("attached")
+            while True:
+                connection.recv()
+                answer(connection)
+
+    threading.Thread(target=serve, daemon=True).start()
+    handle = HostHandle(address, key, None, ["Fake"], folder, None)  # type: ignore[arg-type]
+    try:
+        yield handle
+    finally:
+        listener.close()
+        folder.cleanup()
+
+
+def test_a_failed_run_in_the_host_is_the_workers_error_with_the_hosts_reason(shipped_model):
+    def fail(connection: Connection) -> None:
+        connection.send(("error", "RuntimeError: device lost"))
+
+    with fake_host(shipped_model, fail) as host:
+        hosted = HostedBackend(shipped_model, host.address, host.key)
+        try:
+            with pytest.raises(RuntimeError, match=r"could not run the batch: .*device lost"):
+                hosted.run(images(2))
+        finally:
+            hosted.close()
+
+
+def test_a_host_that_does_not_answer_is_unavailable_not_a_hang(shipped_model):
+    """A hung host: the call gives up after the timeout, and so do later calls at once (a
+    late answer must never be taken for the next batch's)."""
+    with fake_host(shipped_model, lambda connection: None) as host:
+        hosted = HostedBackend(shipped_model, host.address, host.key, timeout_s=0.3)
+        try:
+            with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.3 s"):
+                hosted.run(images(1))
+            start = time.perf_counter()
+            with pytest.raises(BackendUnavailableError):
+                hosted.run(images(1))
+            assert time.perf_counter() - start < 0.1
+        finally:
+            hosted.close()
 
 
 def test_a_host_that_cannot_load_the_model_says_why(tmp_path: Path):
@@ -177,7 +242,8 @@ def test_a_host_that_is_gone_is_an_error_not_a_hang(shipped_model: str):
     hosted = HostedBackend(shipped_model, handle.address, handle.key)
     try:
         handle.stop()
-        with pytest.raises(RuntimeError, match="session host is gone"):
+        assert handle.process.exitcode == 0  # it exits when its pipe closes
+        with pytest.raises(BackendUnavailableError, match="session host is gone"):
             hosted.run(images(1))
     finally:
         hosted.close()
@@ -196,3 +262,26 @@ def test_nothing_is_left_in_shared_memory(host: HostHandle, shipped_model: str):
     hosted.run(images(2))
     hosted.close()
     assert not (Path("/dev/shm") / name.lstrip("/")).exists()
+
+
+def test_a_host_whose_parent_is_gone_exits(shipped_model: str):
+    """The host exits when its parent's end of the pipe closes: a parent killed outright
+    leaves no process holding the GPU."""
+    handle = start_host(shipped_model, CPU)
+    try:
+        handle.pipe.close()  # what the kernel does when the parent dies
+        handle.process.join(20)
+        assert handle.process.exitcode == 0
+    finally:
+        handle.stop()
+
+
+def test_a_failed_handshake_does_not_stop_the_host_accepting(host: HostHandle, shipped_model):
+    """A worker killed while connecting (or a wrong key) is logged; the next one is served."""
+    with pytest.raises(multiprocessing.AuthenticationError):
+        Client(host.address, "AF_UNIX", authkey=b"wrong" * 8)
+    hosted = HostedBackend(shipped_model, host.address, host.key)
+    try:
+        assert hosted.run(images(1))[0].shape == (1, 10)
+    finally:
+        hosted.close()
