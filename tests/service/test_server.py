@@ -167,20 +167,24 @@ def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
     assert "not a loadable ONNX model" in proc.stderr
 
 
+def _workers_ready(base: str) -> None:
+    """Ten fresh connections in a row find a ready worker: new connections are spread over
+    the workers by the kernel, and each worker warms up on its own."""
+    deadline, streak = time.monotonic() + 60, 0
+    while streak < 10:
+        assert time.monotonic() < deadline, "a worker never became ready"
+        ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
+        streak = streak + 1 if ok else 0
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 def test_several_workers_share_the_port_and_their_metrics(shipped_model):
     """--workers 2: two processes answer on one port, /metrics counts the requests of both,
     SIGTERM stops them all."""
     with real_server(shipped_model, "--workers", "2", "--log-level", "warning") as (base, server):
         image = png(np.full((28, 28), 128, np.uint8))
-        # new connections are spread over the workers by the kernel: wait until ten fresh
-        # connections in a row find a ready worker (each worker warms up on its own)
-        deadline, streak = time.monotonic() + 60, 0
-        while streak < 10:
-            assert time.monotonic() < deadline, "a worker never became ready"
-            ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
-            streak = streak + 1 if ok else 0
-            time.sleep(0.02)
+        _workers_ready(base)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             statuses = list(
                 pool.map(
@@ -220,16 +224,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _workers_ready(base: str) -> None:
-    """Ten fresh connections in a row find a ready worker (each worker warms up on its own)."""
-    deadline, streak = time.monotonic() + 60, 0
-    while streak < 10:
-        assert time.monotonic() < deadline, "a worker never became ready"
-        ok = httpx.get(f"{base}/readyz", headers={"Connection": "close"}).status_code == 200
-        streak = streak + 1 if ok else 0
-        time.sleep(0.02)
 
 
 @pytest.mark.slow
