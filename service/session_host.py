@@ -10,9 +10,10 @@ decoding and batching, and hand their batches to it (:mod:`service.hosted_backen
   batch it may have in flight) and sends ``(slot, n)`` over a Unix socket, one connection per
   slot;
 * the host's batching thread takes every batch that is waiting, up to ``max_batch`` images,
-  copies them into one array, runs it through the runner (padded to a bucket, IO binding, CUDA
-  graphs: :mod:`service.runner`), and answers each connection its rows of the outputs (about
-  12 kB an image for ResNet-50 SMSO p = 2,048 with 1,000 classes) and the seconds by stage.
+  and copies them into one array; its run thread runs that through the runner (padded to a
+  bucket, IO binding, CUDA graphs: :mod:`service.runner`) while the next round is copied, and
+  answers each connection its rows of the outputs (about 12 kB an image for ResNet-50 SMSO
+  p = 2,048 with 1,000 classes) and the seconds by stage.
 
 So the GPU sees one context and batches merged across workers, and each worker's interpreter
 is free of the session's copies. Connections are read by one thread each; the batching thread
@@ -66,6 +67,16 @@ class _Batch:
     received: float  # perf_counter() when it arrived
 
 
+@dataclass
+class _Round:
+    """Batches merged into one run: their rows ``offsets`` in ``buffer``, run as ``size``."""
+
+    batches: list[_Batch]
+    offsets: list[tuple[int, int]]
+    buffer: np.ndarray
+    size: int
+
+
 class _Host:
     """The serving side: the listener, a reader thread per connection, the batching loop."""
 
@@ -76,9 +87,8 @@ class _Host:
         spec = backend.card.input
         self.shape = (spec.channels, spec.height, spec.width)
         self.waiting: queue.Queue[_Batch] = queue.Queue()
-        # merged batches are gathered here, padded to the runner's bucket in place (the rows
-        # past a round's images hold zeros or earlier rounds' images; rows are independent)
-        self.buffer = np.zeros((max_batch, *self.shape), np.float32)
+        # merged batches are gathered here: one round is gathered while the other runs
+        self.buffers = [np.zeros((max_batch, *self.shape), np.float32) for _ in range(2)]
         self.buckets: list[int] | None = getattr(backend, "buckets", None)
         self._carried: _Batch | None = None
         self._orphans: list[SharedMemory] = []
@@ -134,18 +144,48 @@ class _Host:
                     self._orphans.append(memory)
 
     def serve_forever(self) -> None:
-        """Run round after round: every batch waiting, merged. A round that fails in any
-        way answers its batches the error; the host goes on."""
+        """Round after round, in two threads: this one takes what is waiting and copies it
+        into a free buffer (:meth:`gather`) while the other runs the previous round and
+        answers it (:meth:`run_gathered`), so the device is not idle during the copies. Two
+        buffers: at most one round gathered ahead. A round that fails in any way answers its
+        batches the error; the host goes on."""
+        free: queue.Queue[np.ndarray] = queue.Queue()
+        for buffer in self.buffers:
+            free.put(buffer)
+        gathered: queue.Queue[_Round] = queue.Queue(maxsize=1)
+
+        def run_rounds() -> None:
+            while True:
+                round_ = gathered.get()
+                self._guarded(round_.batches, self.run_gathered, round_)
+                free.put(round_.buffer)
+                del round_  # the views into the workers' memory
+                self._close_orphans()
+
+        threading.Thread(target=run_rounds, name="run", daemon=True).start()
         while True:
             batches, total = self.next_round()
-            try:
-                self.run_round(batches, total)
-            except Exception as error:
-                log.exception("session host: a round of %d images failed", total)
-                for batch in batches:
-                    _answer(batch.connection, ("error", f"{type(error).__name__}: {error}"))
-            del batches  # the views into the workers' memory
-            self._close_orphans()
+            buffer = free.get()
+            round_ = self._guarded(batches, self.gather, batches, total, buffer)
+            if round_ is None:
+                free.put(buffer)
+            else:
+                gathered.put(round_)
+            del batches, round_
+
+    def run_round(self, batches: Sequence[_Batch], total: int) -> None:
+        """One round in the calling thread: gather, run, answer."""
+        self.run_gathered(self.gather(batches, total, self.buffers[0]))
+
+    def _guarded(self, batches: Sequence[_Batch], step: Any, *args: Any) -> Any:
+        """``step(*args)``; where it raises, every batch of the round is answered the error."""
+        try:
+            return step(*args)
+        except Exception as error:
+            log.exception("session host: a round of %d batches failed", len(batches))
+            for batch in batches:
+                _answer(batch.connection, ("error", f"{type(error).__name__}: {error}"))
+            return None
 
     def _close_orphans(self) -> None:
         """Close the memory of workers gone while a batch of theirs waited."""
@@ -172,34 +212,38 @@ class _Host:
             total += len(batch.images)
         return batches, total
 
-    def run_round(self, batches: Sequence[_Batch], total: int) -> None:
-        """Copy the batches into one array, run it, answer each batch its rows (or the
-        error, to every batch of the round)."""
-        stage_clock.take()
-        start = time.perf_counter()
+    def gather(self, batches: Sequence[_Batch], total: int, buffer: np.ndarray) -> _Round:
+        """Copy the batches' images into ``buffer``, one after another; the rows up to the
+        runner's bucket are sent too (zeros or earlier rounds' images: rows are independent),
+        so that the runner does not copy again to pad."""
         offsets, row = [], 0
         for batch in batches:
             n = len(batch.images)
-            self.buffer[row : row + n] = batch.images
+            buffer[row : row + n] = batch.images
             offsets.append((row, row + n))
             row += n
-        gathered = time.perf_counter()
         size = bucket_for(total, self.buckets) if self.buckets else total
+        return _Round(list(batches), offsets, buffer, size)
+
+    def run_gathered(self, round_: _Round) -> None:
+        """Run a gathered round and answer each batch its rows, with the seconds by stage:
+        the runner's, and ``share`` (from the batch's arrival to the start of the run: other
+        rounds ahead of it, and the copy)."""
+        stage_clock.take()
+        start = time.perf_counter()
         try:
-            outputs = self.backend.run(self.buffer[:size])  # no copy to pad: a whole bucket
+            outputs = self.backend.run(round_.buffer[: round_.size])
         except Exception as error:  # every batch of the round fails with it
             message = f"{type(error).__name__}: {error}"
-            for batch in batches:
+            for batch in round_.batches:
                 _answer(batch.connection, ("error", message))
             return
         stages = stage_clock.take()
-        for batch, (begin, end) in zip(batches, offsets, strict=True):
-            waited = start - batch.received
+        total = round_.offsets[-1][1]
+        for batch, (begin, end) in zip(round_.batches, round_.offsets, strict=True):
             mine = tuple(np.ascontiguousarray(out[begin:end]) for out in outputs)
-            _answer(
-                batch.connection,
-                ("ok", mine, {**stages, "share": waited + (gathered - start)}, total),
-            )
+            share = {"share": start - batch.received}
+            _answer(batch.connection, ("ok", mine, {**stages, **share}, total))
 
 
 def _attach(name: str) -> SharedMemory:

@@ -153,6 +153,18 @@ def test_the_host_pads_a_merged_batch_to_its_bucket_in_place():
     assert [len(p.sent[0][1][0]) for p in pipes] == [2, 3]
 
 
+def test_a_round_that_cannot_be_gathered_is_answered_the_error():
+    """Whatever fails in a round (here the copy: rows of the wrong shape) is every batch's
+    answer, and the host goes on."""
+    host = _Host(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
+    good, bad = _Pipe(), _Pipe()
+    rows = [np.zeros((1, 1, 2, 2), np.float32), np.zeros((1, 1, 3, 3), np.float32)]
+    batches = [_Batch(pipe, r, 0.0) for pipe, r in zip([good, bad], rows, strict=True)]  # type: ignore[arg-type]
+    assert host._guarded(batches, host.gather, batches, 2, host.buffers[0]) is None
+    assert good.sent[0][0] == bad.sent[0][0] == "error"
+    assert "ValueError" in good.sent[0][1]
+
+
 def test_a_failed_round_fails_every_batch_in_it():
     host = _Host(_Recorder(fail=True), 8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [1, 2])
