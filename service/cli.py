@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import multiprocessing.connection
 import os
-import signal
 import socket
 import sys
 import tempfile
@@ -262,7 +262,6 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             print(f"smso-serve: error: session host: {error}", file=sys.stderr)
             return 2
         log.info("SMSO session host ready on %s", ", ".join(host.providers))
-        threading.Thread(target=_watch_host, args=(host,), daemon=True).start()
     # flags win over the environment, in the workers too
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     with (
@@ -277,8 +276,11 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             settings.workers,
             where_to_go(settings, listener),
         )
+        supervisor = DrainingSupervisor(config, sockets=[listener])
+        if host is not None:
+            threading.Thread(target=_watch_host, args=(host, supervisor), daemon=True).start()
         try:
-            DrainingSupervisor(config, sockets=[listener]).run()
+            supervisor.run()
         finally:
             listener.close()
             if host is not None:  # after the workers: they answered what was in flight
@@ -288,17 +290,15 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     return 0
 
 
-def _watch_host(host: HostHandle) -> None:
-    """Stop the server (as SIGTERM does: the workers drain) if the session host exits while
-    it serves: every batch would fail from then on."""
-    host.process.join()
+def _watch_host(host: HostHandle, supervisor: DrainingSupervisor) -> None:
+    """Stop the server as SIGTERM does (the workers drain) if the session host exits while it
+    serves: every batch would fail from then on. Waits on the process's sentinel (it does not
+    reap it: :meth:`HostHandle.stop` does, once)."""
+    multiprocessing.connection.wait([host.process.sentinel])
     if not host.stopping:
         host.died = True
-        log.error(
-            "the session host exited (status %s) while serving: stopping the workers",
-            host.process.exitcode,
-        )
-        os.kill(os.getpid(), signal.SIGTERM)
+        log.error("the session host exited while serving: stopping the workers")
+        supervisor.handle_term()
 
 
 @contextlib.contextmanager

@@ -30,10 +30,12 @@ import os
 import queue
 import secrets
 import signal
+import socket
+import struct
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
@@ -46,7 +48,7 @@ import numpy as np
 from service import stage_clock
 from service.runner import bucket_for
 
-__all__ = ["ADDRESS_ENV", "KEY_ENV", "PROCESS_NAME", "HostHandle", "start_host"]
+__all__ = ["ADDRESS_ENV", "KEY_ENV", "PROCESS_NAME", "HostHandle", "shared_view", "start_host"]
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +59,53 @@ KEY_ENV = "_SMSO_SESSION_HOST_KEY"
 PROCESS_NAME = "smso-host"
 
 
+#: The longest the host waits to send an answer to a worker that does not read (stopped, or
+#: stuck): then that connection is shut down, and the other workers' answers go on.
+SEND_TIMEOUT_S = 10.0
+
+
+class _Peer:
+    """A worker's connection, as the host answers on it: a send that cannot complete within
+    :data:`SEND_TIMEOUT_S` (or fails) shuts the connection down, so that a worker that stopped
+    reading never blocks the host (its reader thread then sees the end and cleans up)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._socket = socket.socket(fileno=os.dup(connection.fileno()))
+        seconds = int(SEND_TIMEOUT_S)
+        timeval = struct.pack("ll", seconds, int((SEND_TIMEOUT_S - seconds) * 1e6))
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+    def send(self, message: Any) -> None:
+        try:
+            self.connection.send(message)
+        except (OSError, TypeError, ValueError):  # gone, closed meanwhile, or timed out
+            self.shut()
+
+    def shut(self) -> None:
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.connection.close()
+        self._socket.close()
+
+
 @dataclass
 class _Batch:
-    """One worker's batch waiting for the host: its rows in ``images``, the connection to
-    answer on."""
+    """One worker's batch waiting for the host: its rows in ``images``, the peer to answer
+    and the batch's number there (echoed in the answer)."""
 
-    connection: Connection
+    peer: _Peer
+    seq: int
     images: np.ndarray  # (n, C, H, W), a view of the worker's shared memory
     received: float  # perf_counter() when it arrived
+    answered: bool = False
+
+    def answer(self, kind: str, *rest: Any) -> None:
+        if not self.answered:
+            self.answered = True
+            self.peer.send((kind, self.seq, *rest))
 
 
 @dataclass
@@ -91,7 +132,8 @@ class _Host:
         self.buffers = [np.zeros((max_batch, *self.shape), np.float32) for _ in range(2)]
         self.buckets: list[int] | None = getattr(backend, "buckets", None)
         self._carried: _Batch | None = None
-        self._orphans: list[SharedMemory] = []
+        self._orphans: list[SharedMemory] = []  # memory of workers gone, views still in use
+        self._orphans_lock = threading.Lock()
 
     def hello(self) -> dict[str, Any]:
         """What a worker's backend needs to know: the file's metadata (its card), the
@@ -117,8 +159,9 @@ class _Host:
 
     def _read(self, connection: Connection) -> None:
         """A connection asks for the hello (``"hello"``, any number of times), then names its
-        shared memory and slot (``(name, offset, rows)``); then each message ``n`` is a batch
-        of ``n`` images in that slot."""
+        shared memory and slot (``(name, offset, rows)``); then each message ``(seq, n)`` is a
+        batch of ``n`` images in that slot."""
+        peer = _Peer(connection)
         memory = slot = None
         try:
             message = connection.recv()
@@ -127,21 +170,27 @@ class _Host:
                 message = connection.recv()
             name, offset, rows = message
             memory = _attach(name)
-            slot = np.ndarray((rows, *self.shape), np.float32, memory.buf, offset)
+            slot = shared_view(memory, offset, (rows, *self.shape))
             connection.send("attached")
             while True:
-                n = connection.recv()
-                self.waiting.put(_Batch(connection, slot[:n], time.perf_counter()))
+                seq, n = connection.recv()
+                self.waiting.put(_Batch(peer, seq, slot[:n], time.perf_counter()))
         except (EOFError, OSError):  # the worker closed its connection (or exited)
             pass
         finally:
-            connection.close()
+            peer.close()
             if memory is not None:
                 slot = None  # the view must go before the memory can close
-                try:
-                    memory.close()
-                except BufferError:  # a batch of it still waits: closed after its round
-                    self._orphans.append(memory)
+                self._let_go(memory)
+
+    def _let_go(self, memory: SharedMemory) -> None:
+        """Close a gone worker's memory, or, while a batch of it still waits or runs (its
+        views export the buffer: closing raises), once that batch's round is over."""
+        try:
+            memory.close()
+        except BufferError:
+            with self._orphans_lock:
+                self._orphans.append(memory)
 
     def serve_forever(self) -> None:
         """Round after round, in two threads: this one takes what is waiting and copies it
@@ -155,12 +204,13 @@ class _Host:
         gathered: queue.Queue[_Round] = queue.Queue(maxsize=1)
 
         def run_rounds() -> None:
-            while True:
-                round_ = gathered.get()
-                self._guarded(round_.batches, self.run_gathered, round_)
-                free.put(round_.buffer)
-                del round_  # the views into the workers' memory
-                self._close_orphans()
+            with _or_exit("the run thread"):
+                while True:
+                    round_ = gathered.get()
+                    self._guarded(round_.batches, self.run_gathered, round_)
+                    free.put(round_.buffer)
+                    del round_  # the views into the workers' memory
+                    self._close_orphans()
 
         threading.Thread(target=run_rounds, name="run", daemon=True).start()
         while True:
@@ -183,16 +233,17 @@ class _Host:
             return step(*args)
         except Exception as error:
             log.exception("session host: a round of %d batches failed", len(batches))
-            for batch in batches:
-                _answer(batch.connection, ("error", f"{type(error).__name__}: {error}"))
+            for batch in batches:  # those not answered yet
+                batch.answer("error", f"{type(error).__name__}: {error}")
             return None
 
     def _close_orphans(self) -> None:
         """Close the memory of workers gone while a batch of theirs waited."""
-        for memory in list(self._orphans):
-            with contextlib.suppress(BufferError):
-                memory.close()
-                self._orphans.remove(memory)
+        with self._orphans_lock:
+            for memory in list(self._orphans):
+                with contextlib.suppress(BufferError):
+                    memory.close()
+                    self._orphans.remove(memory)
 
     def next_round(self) -> tuple[list[_Batch], int]:
         """Every batch waiting, in order of arrival (at least one: waits for it), up to
@@ -236,14 +287,13 @@ class _Host:
         except Exception as error:  # every batch of the round fails with it
             message = f"{type(error).__name__}: {error}"
             for batch in round_.batches:
-                _answer(batch.connection, ("error", message))
+                batch.answer("error", message)
             return
         stages = stage_clock.take()
         total = round_.offsets[-1][1]
         for batch, (begin, end) in zip(round_.batches, round_.offsets, strict=True):
             mine = tuple(np.ascontiguousarray(out[begin:end]) for out in outputs)
-            share = {"share": start - batch.received}
-            _answer(batch.connection, ("ok", mine, {**stages, **share}, total))
+            batch.answer("ok", mine, {**stages, "share": start - batch.received}, total)
 
 
 def _attach(name: str) -> SharedMemory:
@@ -257,10 +307,25 @@ def _attach(name: str) -> SharedMemory:
         return SharedMemory(name=name)
 
 
-def _answer(connection: Connection, message: tuple[Any, ...]) -> None:
-    # the worker went away (its reader thread may have closed the connection meanwhile)
-    with contextlib.suppress(OSError, TypeError, ValueError):
-        connection.send(message)
+def shared_view(memory: SharedMemory, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    """``shape`` float32 at ``offset`` in ``memory``, through a slice of its memoryview: the
+    array (and every view of it) holds an export of the buffer, so that the memory cannot be
+    closed under it (``close`` raises ``BufferError``: a numpy array made on ``memory.buf``
+    directly does not, and reading it after ``close`` is a segmentation fault)."""
+    count = int(np.prod(shape))
+    window = memory.buf[offset : offset + 4 * count]
+    return np.frombuffer(window, np.float32, count).reshape(shape)
+
+
+@contextlib.contextmanager
+def _or_exit(what: str) -> Iterator[None]:
+    """End the host process if the block raises: a host without its batching or run thread
+    would hang every worker; an exited one is seen by the server, which stops."""
+    try:
+        yield
+    except BaseException:
+        log.exception("session host: %s failed; the host exits", what)
+        os._exit(1)
 
 
 def _name_process(name: bytes) -> None:
@@ -305,7 +370,8 @@ def _host_main(
     threading.Thread(target=host.accept_forever, daemon=True).start()
     parent.send(("ok", list(backend.providers)))
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    host.serve_forever()
+    with _or_exit("the batching thread"):
+        host.serve_forever()
 
 
 @dataclass

@@ -238,18 +238,24 @@ def test_several_workers_can_share_one_session_host(shipped_model):
         assert len(hosts) == 1
         images = read_idx(DEFAULT_ROOT / "t10k-images-idx3-ubyte.gz")[:8]
         labels = read_idx(DEFAULT_ROOT / "t10k-labels-idx1-ubyte.gz")[:8]
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            answers = list(
-                pool.map(
-                    lambda i: httpx.post(
-                        f"{base}/classify",
-                        files=[("file", (f"{i}.png", png(images[i % 8]), "image/png"))],
-                        headers={"Connection": "close"},  # spread over both workers
-                        timeout=30,
-                    ),
-                    range(24),
+
+        def classify(i: int) -> httpx.Response:
+            # a fresh connection each (spread over both workers); a worker that started
+            # after the others were ready may still be loading (503 model_loading): again
+            deadline = time.monotonic() + 60
+            while True:
+                answer = httpx.post(
+                    f"{base}/classify",
+                    files=[("file", (f"{i}.png", png(images[i % 8]), "image/png"))],
+                    headers={"Connection": "close"},
+                    timeout=30,
                 )
-            )
+                if answer.status_code != 503 or time.monotonic() > deadline:
+                    return answer
+                time.sleep(0.1)
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(classify, range(24)))
         assert [a.status_code for a in answers] == [200] * 24
         top = [a.json()["results"][0]["predictions"][0]["index"] for a in answers]
         assert sum(t == labels[i % 8] for i, t in enumerate(top)) >= 18  # the model's answers
@@ -272,7 +278,7 @@ def test_a_session_host_that_dies_stops_the_server_with_status_1(shipped_model):
         (host,) = [pid for pid, name in _children(server.pid).items() if name == "smso-host"]
         os.kill(host, signal.SIGKILL)
         assert server.wait(timeout=60) == 1
-        assert "the session host exited (status -9) while serving" in server.stdout.read()
+        assert "the session host exited while serving" in server.stdout.read()
 
 
 def serve_on_a_taken_port(

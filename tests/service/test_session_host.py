@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +23,7 @@ from service import stage_clock
 from service.backend import BackendOptions, OnnxBackend
 from service.errors import BackendUnavailableError
 from service.hosted_backend import HostedBackend
-from service.session_host import HostHandle, _Batch, _Host, start_host
+from service.session_host import HostHandle, _Batch, _Host, shared_view, start_host
 from service.settings import Settings
 
 CPU = BackendOptions(providers="CPUExecutionProvider", max_batch=8)
@@ -118,7 +122,7 @@ def _queue(host: _Host, sizes: list[int]) -> list[_Pipe]:
     for k, n in enumerate(sizes):
         pipe = _Pipe()
         rows = np.full((n, 1, 2, 2), float(k), np.float32)
-        host.waiting.put(_Batch(pipe, rows, time.perf_counter()))  # type: ignore[arg-type]
+        host.waiting.put(_Batch(pipe, k, rows, time.perf_counter()))  # type: ignore[arg-type]
         pipes.append(pipe)
     return pipes
 
@@ -133,8 +137,8 @@ def test_the_host_merges_waiting_batches_up_to_its_largest():
     host.run_round(*host.next_round())
     assert backend.sizes == [7, 2]
     for k, (pipe, n) in enumerate(zip(pipes, [3, 4, 2], strict=True)):
-        ((status, outputs, stages, merged),) = pipe.sent
-        assert status == "ok"
+        ((status, seq, outputs, stages, merged),) = pipe.sent
+        assert (status, seq) == ("ok", k)
         np.testing.assert_array_equal(outputs[0], np.full((n, 1), float(k)))
         assert merged == (7 if k < 2 else 2)
         assert stages["share"] >= 0
@@ -150,7 +154,7 @@ def test_the_host_pads_a_merged_batch_to_its_bucket_in_place():
     pipes = _queue(host, [2, 3])
     host.run_round(*host.next_round())
     assert backend.sizes == [8]
-    assert [len(p.sent[0][1][0]) for p in pipes] == [2, 3]
+    assert [len(p.sent[0][2][0]) for p in pipes] == [2, 3]
 
 
 def test_a_round_that_cannot_be_gathered_is_answered_the_error():
@@ -159,17 +163,22 @@ def test_a_round_that_cannot_be_gathered_is_answered_the_error():
     host = _Host(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
     good, bad = _Pipe(), _Pipe()
     rows = [np.zeros((1, 1, 2, 2), np.float32), np.zeros((1, 1, 3, 3), np.float32)]
-    batches = [_Batch(pipe, r, 0.0) for pipe, r in zip([good, bad], rows, strict=True)]  # type: ignore[arg-type]
+    pairs = zip([good, bad], rows, strict=True)
+    batches = [_Batch(pipe, k, r, 0.0) for k, (pipe, r) in enumerate(pairs)]  # type: ignore[arg-type]
     assert host._guarded(batches, host.gather, batches, 2, host.buffers[0]) is None
-    assert good.sent[0][0] == bad.sent[0][0] == "error"
-    assert "ValueError" in good.sent[0][1]
+    assert good.sent[0][:2] == ("error", 0)
+    assert bad.sent[0][:2] == ("error", 1)
+    assert "ValueError" in good.sent[0][2]
 
 
 def test_a_failed_round_fails_every_batch_in_it():
     host = _Host(_Recorder(fail=True), 8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [1, 2])
     host.run_round(*host.next_round())
-    assert [p.sent for p in pipes] == [[("error", "RuntimeError: device lost")]] * 2
+    assert [p.sent for p in pipes] == [
+        [("error", 0, "RuntimeError: device lost")],
+        [("error", 1, "RuntimeError: device lost")],
+    ]
 
 
 def test_a_batch_larger_than_the_hosts_is_refused_in_the_worker(
@@ -184,9 +193,11 @@ def test_a_batch_larger_than_the_hosts_is_refused_in_the_worker(
 
 
 @contextlib.contextmanager
-def fake_host(shipped_model: str, answer: Callable[[Connection], None]) -> Iterator[HostHandle]:
-    """A host speaking the protocol in a thread (the hello, the attach) that answers each batch
-    with ``answer(connection)``."""
+def fake_host(
+    shipped_model: str, answer: Callable[[Connection, int], None]
+) -> Iterator[HostHandle]:
+    """A host speaking the protocol in a thread (the hello, the attach) that answers each
+    batch ``seq`` with ``answer(connection, seq)``; it accepts one connection only."""
     metadata = OnnxBackend(shipped_model, CPU).session.get_modelmeta().custom_metadata_map
     folder = tempfile.TemporaryDirectory()
     address, key = f"{folder.name}/socket", b"k" * 32
@@ -201,8 +212,8 @@ def fake_host(shipped_model: str, answer: Callable[[Connection], None]) -> Itera
             connection.recv()  # the shared memory
             connection.send("attached")
             while True:
-                connection.recv()
-                answer(connection)
+                seq, _ = connection.recv()
+                answer(connection, seq)
 
     threading.Thread(target=serve, daemon=True).start()
     handle = HostHandle(address, key, None, ["Fake"], folder, None)  # type: ignore[arg-type]
@@ -214,8 +225,8 @@ def fake_host(shipped_model: str, answer: Callable[[Connection], None]) -> Itera
 
 
 def test_a_failed_run_in_the_host_is_the_workers_error_with_the_hosts_reason(shipped_model):
-    def fail(connection: Connection) -> None:
-        connection.send(("error", "RuntimeError: device lost"))
+    def fail(connection: Connection, seq: int) -> None:
+        connection.send(("error", seq, "RuntimeError: device lost"))
 
     with fake_host(shipped_model, fail) as host:
         hosted = HostedBackend(shipped_model, host.address, host.key)
@@ -226,18 +237,36 @@ def test_a_failed_run_in_the_host_is_the_workers_error_with_the_hosts_reason(shi
             hosted.close()
 
 
-def test_a_host_that_does_not_answer_is_unavailable_not_a_hang(shipped_model):
-    """A hung host: the call gives up after the timeout, and so do later calls at once (a
-    late answer must never be taken for the next batch's)."""
-    with fake_host(shipped_model, lambda connection: None) as host:
-        hosted = HostedBackend(shipped_model, host.address, host.key, timeout_s=0.3)
+def test_answers_to_earlier_batches_are_not_taken_for_this_ones(shipped_model):
+    """A round that failed part-way may answer a batch twice (its rows, then the error): the
+    worker reads answers until the one numbered as its batch."""
+    logits, embedding = np.ones((1, 10), np.float32), np.ones((1, 64), np.float32)
+
+    def twice(connection: Connection, seq: int) -> None:
+        connection.send(("error", seq - 1, "late, for the batch before"))
+        connection.send(("ok", seq, (logits * seq, embedding), {"run": 0.001}, 1))
+
+    with fake_host(shipped_model, twice) as host:
+        hosted = HostedBackend(shipped_model, host.address, host.key)
         try:
-            with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.3 s"):
+            for seq in range(3):
+                assert hosted.run(images(1))[0][0, 0] == seq
+        finally:
+            hosted.close()
+
+
+def test_a_host_that_does_not_answer_is_unavailable_not_a_hang(shipped_model):
+    """A hung host: each call gives up after the timeout (the second one while reconnecting:
+    a late answer on the first connection must never be taken for a later batch's)."""
+    with fake_host(shipped_model, lambda connection, seq: None) as host:
+        hosted = HostedBackend(shipped_model, host.address, host.key, timeout_s=0.5)
+        try:
+            with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.5 s"):
                 hosted.run(images(1))
             start = time.perf_counter()
-            with pytest.raises(BackendUnavailableError):
-                hosted.run(images(1))
-            assert time.perf_counter() - start < 0.1
+            with pytest.raises(BackendUnavailableError, match="session host is gone"):
+                hosted.run(images(1))  # the fake accepts one connection: no handshake
+            assert time.perf_counter() - start < 5
         finally:
             hosted.close()
 
@@ -276,16 +305,90 @@ def test_nothing_is_left_in_shared_memory(host: HostHandle, shipped_model: str):
     assert not (Path("/dev/shm") / name.lstrip("/")).exists()
 
 
-def test_a_host_whose_parent_is_gone_exits(shipped_model: str):
-    """The host exits when its parent's end of the pipe closes: a parent killed outright
-    leaves no process holding the GPU."""
-    handle = start_host(shipped_model, CPU)
+PARENT = """
+import sys, time
+from service.backend import BackendOptions
+from service.session_host import start_host
+if __name__ == "__main__":
+    host = start_host(sys.argv[1], BackendOptions(providers="CPUExecutionProvider"))
+    print(host.process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an exited child nobody has reaped yet)."""
     try:
-        handle.pipe.close()  # what the kernel does when the parent dies
-        handle.process.join(20)
-        assert handle.process.exitcode == 0
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_host_whose_parent_is_killed_exits(shipped_model: str):
+    """A parent killed outright (SIGKILL: no clean-up of its own) leaves no host holding the
+    GPU: the host sees its pipe to the parent close, and exits."""
+    root = str(Path(__file__).resolve().parents[2])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, shipped_model],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    try:
+        host = int(parent.stdout.readline())
+        assert _running(host)
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _running(host):
+            assert time.monotonic() < deadline, "the host outlived its killed parent"
+            time.sleep(0.1)
     finally:
-        handle.stop()
+        parent.kill()
+        parent.wait(timeout=30)
+        parent.stdout.close()
+
+
+def test_the_host_goes_on_after_a_round_that_failed(shipped_model: str):
+    """The host's own loop (two threads, two buffers): a batch that cannot be gathered is
+    answered its error, and the rounds after it (more than there are buffers) are served."""
+    backend = _Recorder()
+    host = _Host(backend, 8, listener=None)  # type: ignore[arg-type]
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    bad = _Pipe()
+    host.waiting.put(_Batch(bad, 0, np.zeros((1, 1, 3, 3), np.float32), 0.0))  # type: ignore[arg-type]
+    deadline = time.monotonic() + 10
+    while not bad.sent:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert bad.sent[0][:2] == ("error", 0)
+    for k in range(1, 6):
+        good = _Pipe()
+        host.waiting.put(_Batch(good, k, np.full((2, 1, 2, 2), k, np.float32), 0.0))  # type: ignore[arg-type]
+        while not good.sent:
+            assert time.monotonic() < deadline, f"round {k} was not served"
+            time.sleep(0.01)
+        assert good.sent[0][:2] == ("ok", k)
+        np.testing.assert_array_equal(good.sent[0][2][0], np.full((2, 1), k))
+
+
+def test_a_gone_workers_memory_is_closed_only_once_its_batches_are_done():
+    """A worker that exits with a batch still waiting: its memory stays mapped until that
+    batch's round is over (closing it under the batch's view would crash the host)."""
+    memory = SharedMemory(create=True, size=4 * 8 * 4)
+    try:
+        host = _Host(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
+        batch = shared_view(memory, 0, (8, 1, 2, 2))[:3]  # what a waiting batch holds
+        host._let_go(memory)  # the reader thread's clean-up
+        assert host._orphans == [memory]
+        assert batch.sum() == 0  # still readable
+        del batch
+        host._close_orphans()
+        assert host._orphans == []
+    finally:
+        memory.unlink()
 
 
 def test_a_failed_handshake_does_not_stop_the_host_accepting(host: HostHandle, shipped_model):
