@@ -37,10 +37,10 @@ from service.backend import OnnxBackend, read_card
 from service.card import CardError
 from service.connections import ServerConfig
 from service.drain import DrainingServer, DrainingSupervisor
+from service.host_process import HostHandle, start_host
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
-from service.session_host import HostHandle, start_host
 from service.settings import Settings
 from service.tracing import check_tracing
 

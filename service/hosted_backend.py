@@ -30,7 +30,8 @@ import numpy as np
 from service import stage_clock
 from service.card import parse_card
 from service.errors import BackendUnavailableError
-from service.session_host import ADDRESS_ENV, KEY_ENV, shared_view
+from service.host_process import ADDRESS_ENV, KEY_ENV
+from service.session_host import shared_view
 
 __all__ = ["HostedBackend", "host_from_environment"]
 

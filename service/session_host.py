@@ -1,38 +1,33 @@
-"""One process that owns the model's session and runs the batches of every worker process.
+"""The session host's loop: one session running the batches of every worker process.
 
 With ``--workers N`` each worker has a session of its own, and on a GPU a CUDA context of its
 own: the contexts take turns on the device (on an H200, eight workers' batches of one image took
 4.3 ms each against 0.65 ms for the session alone), and every worker batches only its own share
-of the requests. With ``--shared-session`` the parent starts this host first; the workers do HTTP,
-decoding and batching, and hand their batches to it (:mod:`service.hosted_backend`):
+of the requests. With ``--shared-session`` the parent starts a host process first
+(:mod:`service.host_process`), which runs :class:`SessionHost`; the workers do HTTP, decoding
+and batching, and hand their batches to it (:mod:`service.hosted_backend`):
 
-* a worker writes its batch ``(n, C, H, W)`` float32 into shared memory of its own (one slot per
-  batch it may have in flight) and sends ``(slot, n)`` over a Unix socket, one connection per
-  slot;
+* a worker writes its batch ``(n, C, H, W)`` float32 into shared memory of its own and sends
+  ``(seq, n)`` over a Unix socket (the batch's number and size);
 * the host's batching thread takes every batch that is waiting, up to ``max_batch`` images,
   and copies them into one array; its run thread runs that through the runner (padded to a
   bucket, IO binding, CUDA graphs: :mod:`service.runner`) while the next round is copied, and
-  answers each connection its rows of the outputs (about 12 kB an image for ResNet-50 SMSO
-  p = 2,048 with 1,000 classes) and the seconds by stage.
+  answers each batch ``(kind, seq, ...)``: its rows of the outputs (about 12 kB an image for
+  ResNet-50 SMSO p = 2,048 with 1,000 classes) and the seconds by stage, or the error.
 
 So the GPU sees one context and batches merged across workers, and each worker's interpreter
-is free of the session's copies. Connections are read by one thread each; the batching thread
-is the only one that runs the session. The host serves one model file (no repository).
+is free of the session's copies. Connections are read by one thread each; the run thread is
+the only one that runs the session. The host serves one model file (no repository).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import multiprocessing
 import os
 import queue
-import secrets
-import signal
 import socket
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,7 +35,6 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from multiprocessing.shared_memory import SharedMemory
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,17 +42,9 @@ import numpy as np
 from service import stage_clock
 from service.runner import bucket_for
 
-__all__ = ["ADDRESS_ENV", "KEY_ENV", "PROCESS_NAME", "HostHandle", "shared_view", "start_host"]
+__all__ = ["SEND_TIMEOUT_S", "SessionHost", "or_exit", "shared_view"]
 
 log = logging.getLogger(__name__)
-
-#: The environment variables that tell a worker where the host listens, and its key.
-ADDRESS_ENV = "_SMSO_SESSION_HOST"
-KEY_ENV = "_SMSO_SESSION_HOST_KEY"
-#: The host process's name, as ``ps`` shows it (Linux).
-PROCESS_NAME = "smso-host"
-
-
 #: The longest the host waits to send an answer to a worker that does not read (stopped, or
 #: stuck): then that connection is shut down, and the other workers' answers go on.
 SEND_TIMEOUT_S = 10.0
@@ -118,7 +104,7 @@ class _Round:
     size: int
 
 
-class _Host:
+class SessionHost:
     """The serving side: the listener, a reader thread per connection, the batching loop."""
 
     def __init__(self, backend: Any, max_batch: int, listener: Listener) -> None:
@@ -204,7 +190,7 @@ class _Host:
         gathered: queue.Queue[_Round] = queue.Queue(maxsize=1)
 
         def run_rounds() -> None:
-            with _or_exit("the run thread"):
+            with or_exit("the run thread"):
                 while True:
                     round_ = gathered.get()
                     self._guarded(round_.batches, self.run_gathered, round_)
@@ -318,7 +304,7 @@ def shared_view(memory: SharedMemory, offset: int, shape: tuple[int, ...]) -> np
 
 
 @contextlib.contextmanager
-def _or_exit(what: str) -> Iterator[None]:
+def or_exit(what: str) -> Iterator[None]:
     """End the host process if the block raises: a host without its batching or run thread
     would hang every worker; an exited one is seen by the server, which stops."""
     try:
@@ -326,119 +312,3 @@ def _or_exit(what: str) -> Iterator[None]:
     except BaseException:
         log.exception("session host: %s failed; the host exits", what)
         os._exit(1)
-
-
-def _name_process(name: bytes) -> None:
-    """The process's name in ``/proc/<pid>/comm`` (Linux ``prctl(PR_SET_NAME)``); elsewhere
-    nothing."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)
-
-
-def _exit_with_parent(parent: Connection) -> None:
-    """Exit once the parent closes its end of the pipe: it stopped the host, or it is gone
-    (killed, crashed), when nothing else would end this process and free the GPU."""
-    with contextlib.suppress(EOFError, OSError):
-        parent.recv()
-    os._exit(0)
-
-
-def _host_main(
-    path: str, options: Any, address: str, key: bytes, parent: Connection, warm: bool
-) -> None:
-    """The host process: load, warm up every bucket, listen, say so to the ``parent``, serve
-    until the parent closes the pipe. Ctrl-C and SIGTERM to the process group are left to the
-    parent, which stops the host after the workers have answered what they hold."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _name_process(PROCESS_NAME.encode())  # what ps and top show
-    from service.backend import OnnxBackend
-
-    try:
-        backend = OnnxBackend(path, options)
-        if warm:
-            spec = backend.card.input
-            rng = np.random.default_rng(0)
-            for size in backend.warmup_batches:
-                shape = (size, spec.channels, spec.height, spec.width)
-                backend.run(rng.standard_normal(shape, np.float32))
-        listener = Listener(address, "AF_UNIX", authkey=key)
-    except Exception as error:
-        parent.send(("error", f"{type(error).__name__}: {' '.join(str(error).split())}"))
-        return
-    host = _Host(backend, options.max_batch, listener)
-    threading.Thread(target=host.accept_forever, daemon=True).start()
-    parent.send(("ok", list(backend.providers)))
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    with _or_exit("the batching thread"):
-        host.serve_forever()
-
-
-@dataclass
-class HostHandle:
-    """A running host: where it listens, its key, its process and providers, and the pipe
-    whose closing stops it."""
-
-    address: str
-    key: bytes
-    process: multiprocessing.process.BaseProcess
-    providers: list[str]
-    folder: tempfile.TemporaryDirectory[str]
-    pipe: Connection
-    stopping: bool = False  # stop() was called
-    died: bool = False  # it exited on its own while serving (the CLI's watcher says so)
-
-    @property
-    def environment(self) -> dict[str, str]:
-        """What the worker processes need in their environment to use the host."""
-        return {ADDRESS_ENV: self.address, KEY_ENV: self.key.hex()}
-
-    def stop(self) -> None:
-        """Stop the host (it exits when the pipe closes; killed after 20 s) and remove its
-        socket's folder."""
-        self.stopping = True
-        self.pipe.close()
-        self.process.join(20)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.folder.cleanup()
-
-
-def start_host(
-    path: str | Path, options: Any, timeout_s: float = 900, warm: bool = True
-) -> HostHandle:
-    """Start the host process on the model file ``path`` with the backend ``options``
-    (:class:`service.backend.BackendOptions`) and wait until it has loaded and warmed up the
-    model (TensorRT may build engines: ``timeout_s``). Raises ``ValueError`` with the host's
-    reason where it could not load the model, ``TimeoutError`` past ``timeout_s``."""
-    folder = tempfile.TemporaryDirectory(prefix="smso-session-host-")
-    os.chmod(folder.name, 0o700)
-    address = str(Path(folder.name) / "socket")
-    key = secrets.token_bytes(32)
-    context = multiprocessing.get_context("spawn")
-    mine, theirs = context.Pipe()
-    process = context.Process(
-        target=_host_main,
-        args=(str(path), options, address, key, theirs, warm),
-        name="smso-session-host",
-        daemon=True,
-    )
-    process.start()
-    theirs.close()
-    handle = HostHandle(address, key, process, [], folder, mine)
-    try:
-        if not mine.poll(timeout_s):
-            raise TimeoutError(f"the session host did not load {path} within {timeout_s:.0f} s")
-        status, detail = mine.recv()
-    except EOFError:
-        handle.stop()
-        raise ValueError(f"the session host exited while loading {path}") from None
-    except BaseException:
-        handle.stop()
-        raise
-    if status != "ok":
-        handle.stop()
-        raise ValueError(detail)
-    handle.providers = detail
-    return handle

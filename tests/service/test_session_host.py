@@ -22,8 +22,9 @@ import pytest
 from service import stage_clock
 from service.backend import BackendOptions, OnnxBackend
 from service.errors import BackendUnavailableError
+from service.host_process import HostHandle, start_host
 from service.hosted_backend import HostedBackend
-from service.session_host import HostHandle, _Batch, _Host, shared_view, start_host
+from service.session_host import SessionHost, _Batch, shared_view
 from service.settings import Settings
 
 CPU = BackendOptions(providers="CPUExecutionProvider", max_batch=8)
@@ -117,7 +118,7 @@ class _Pipe:
         self.sent.append(message)
 
 
-def _queue(host: _Host, sizes: list[int]) -> list[_Pipe]:
+def _queue(host: SessionHost, sizes: list[int]) -> list[_Pipe]:
     pipes = []
     for k, n in enumerate(sizes):
         pipe = _Pipe()
@@ -131,7 +132,7 @@ def test_the_host_merges_waiting_batches_up_to_its_largest():
     """Batches of 3, 4 and 2 waiting with a largest batch of 8: one round of 7 (the first two),
     then the third alone; each batch gets its own rows back."""
     backend = _Recorder()
-    host = _Host(backend, 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(backend, 8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [3, 4, 2])
     host.run_round(*host.next_round())
     host.run_round(*host.next_round())
@@ -150,7 +151,7 @@ def test_the_host_pads_a_merged_batch_to_its_bucket_in_place():
     buffer (no second copy), and each batch still gets only its own rows."""
     backend = _Recorder()
     backend.buckets = [1, 2, 4, 8]
-    host = _Host(backend, 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(backend, 8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [2, 3])
     host.run_round(*host.next_round())
     assert backend.sizes == [8]
@@ -160,7 +161,7 @@ def test_the_host_pads_a_merged_batch_to_its_bucket_in_place():
 def test_a_round_that_cannot_be_gathered_is_answered_the_error():
     """Whatever fails in a round (here the copy: rows of the wrong shape) is every batch's
     answer, and the host goes on."""
-    host = _Host(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
     good, bad = _Pipe(), _Pipe()
     rows = [np.zeros((1, 1, 2, 2), np.float32), np.zeros((1, 1, 3, 3), np.float32)]
     pairs = zip([good, bad], rows, strict=True)
@@ -172,7 +173,7 @@ def test_a_round_that_cannot_be_gathered_is_answered_the_error():
 
 
 def test_a_failed_round_fails_every_batch_in_it():
-    host = _Host(_Recorder(fail=True), 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(_Recorder(fail=True), 8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [1, 2])
     host.run_round(*host.next_round())
     assert [p.sent for p in pipes] == [
@@ -308,7 +309,7 @@ def test_nothing_is_left_in_shared_memory(host: HostHandle, shipped_model: str):
 PARENT = """
 import sys, time
 from service.backend import BackendOptions
-from service.session_host import start_host
+from service.host_process import start_host
 if __name__ == "__main__":
     host = start_host(sys.argv[1], BackendOptions(providers="CPUExecutionProvider"))
     print(host.process.pid, flush=True)
@@ -355,7 +356,7 @@ def test_the_host_goes_on_after_a_round_that_failed(shipped_model: str):
     """The host's own loop (two threads, two buffers): a batch that cannot be gathered is
     answered its error, and the rounds after it (more than there are buffers) are served."""
     backend = _Recorder()
-    host = _Host(backend, 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(backend, 8, listener=None)  # type: ignore[arg-type]
     threading.Thread(target=host.serve_forever, daemon=True).start()
     bad = _Pipe()
     host.waiting.put(_Batch(bad, 0, np.zeros((1, 1, 3, 3), np.float32), 0.0))  # type: ignore[arg-type]
@@ -379,7 +380,7 @@ def test_a_gone_workers_memory_is_closed_only_once_its_batches_are_done():
     batch's round is over (closing it under the batch's view would crash the host)."""
     memory = SharedMemory(create=True, size=4 * 8 * 4)
     try:
-        host = _Host(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
+        host = SessionHost(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
         batch = shared_view(memory, 0, (8, 1, 2, 2))[:3]  # what a waiting batch holds
         host._let_go(memory)  # the reader thread's clean-up
         assert host._orphans == [memory]
