@@ -257,6 +257,15 @@ EXPORTS: dict[str, tuple[str, bool, int]] = {
 MPS = "SMSO_BENCH_MPS"
 #: Raw-session modes (``--raw EXPORT/MODE``).
 RAW_MODES = ("plain", "io-binding", "cuda-graphs")
+
+
+def _graphs(export: str, workers: int, **settings: str) -> tuple[str, dict[str, str]]:
+    """A variant of ``workers`` worker processes with CUDA graphs, on ``export``, and
+    ``settings`` beside."""
+    return export, {"SMSO_WORKERS": str(workers), "SMSO_CUDA_GRAPHS": "true", **settings}
+
+
+SHARED = {"SMSO_SHARED_SESSION": "true"}
 #: Server variants (``--servers``): name -> (export, settings), one change at a time from the
 #: default server. The per-bucket CUDA sessions fix every dimension, so CUDA graphs need no
 #: fixed-size export. SMSO_WORKERS as named (2 with ``--smoke``).
@@ -265,49 +274,28 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "cuda-2-in-flight": ("fp32-conv", {"SMSO_BATCHES_IN_FLIGHT": "2"}),
     "cuda-graphs": ("fp32-conv", {"SMSO_CUDA_GRAPHS": "true"}),
     "workers": ("fp32-conv", {"SMSO_WORKERS": "4"}),
-    "workers-graphs": ("fp32-conv", {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true"}),
-    "workers-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true"}),
+    "workers-graphs": _graphs("fp32-conv", 4),
+    "workers-graphs-fp16": _graphs("fp16-conv", 4),
     # is four workers' /v2 bound by the workers' CPU (cores busy (server) near 4)? eight
-    "workers8-graphs": ("fp32-conv", {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true"}),
-    "workers8-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true"}),
-    "workers12-graphs-fp16": ("fp16-conv", {"SMSO_WORKERS": "12", "SMSO_CUDA_GRAPHS": "true"}),
+    "workers8-graphs": _graphs("fp32-conv", 8),
+    "workers8-graphs-fp16": _graphs("fp16-conv", 8),
+    "workers12-graphs-fp16": _graphs("fp16-conv", 12),
     # eight workers' contexts take turns on the GPU (a batch of 1 ran 4.3 ms against 0.65 ms
     # alone): under CUDA MPS (one daemon, started for the variant) their kernels share it
-    "workers8-graphs-fp16-mps": (
-        "fp16-conv",
-        {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", MPS: "1"},
-    ),
+    "workers8-graphs-fp16-mps": _graphs("fp16-conv", 8, **{MPS: "1"}),
     # one session host runs every worker's batches, merged: one CUDA context, larger batches
-    "workers-shared-graphs": (
-        "fp32-conv",
-        {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true", "SMSO_SHARED_SESSION": "true"},
-    ),
-    "workers8-shared-graphs-fp16": (
-        "fp16-conv",
-        {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", "SMSO_SHARED_SESSION": "true"},
-    ),
-    "workers12-shared-graphs-fp16": (
-        "fp16-conv",
-        {"SMSO_WORKERS": "12", "SMSO_CUDA_GRAPHS": "true", "SMSO_SHARED_SESSION": "true"},
-    ),
+    "workers-shared-graphs": _graphs("fp32-conv", 4, **SHARED),
+    "workers8-shared-graphs-fp16": _graphs("fp16-conv", 8, **SHARED),
+    "workers12-shared-graphs-fp16": _graphs("fp16-conv", 12, **SHARED),
     # /classify at eight workers left 6 of 16 cores idle with one decode thread a worker
-    "workers8-graphs-fp16-decode2": (
-        "fp16-conv",
-        {"SMSO_WORKERS": "8", "SMSO_CUDA_GRAPHS": "true", "SMSO_DECODE_THREADS": "2"},
-    ),
+    "workers8-graphs-fp16-decode2": _graphs("fp16-conv", 8, SMSO_DECODE_THREADS="2"),
     # /classify is bound by decoding: 3 decode threads a worker (12 on 16 cores) instead of
     # the default 2 (half the cores)
-    "workers-graphs-decode3": (
-        "fp32-conv",
-        {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true", "SMSO_DECODE_THREADS": "3"},
-    ),
+    "workers-graphs-decode3": _graphs("fp32-conv", 4, SMSO_DECODE_THREADS="3"),
     # the inference thread's time per batch is several times the raw session's in a busy
     # server: does it wait for the GIL? (a switch interval of 0.5 ms instead of 5 ms)
     "cuda-switch": ("fp32-conv", {"SMSO_BENCH_SWITCH_INTERVAL_MS": "0.5"}),
-    "workers-graphs-switch": (
-        "fp32-conv",
-        {"SMSO_WORKERS": "4", "SMSO_CUDA_GRAPHS": "true", "SMSO_BENCH_SWITCH_INTERVAL_MS": "0.5"},
-    ),
+    "workers-graphs-switch": _graphs("fp32-conv", 4, SMSO_BENCH_SWITCH_INTERVAL_MS="0.5"),
 }
 
 
