@@ -107,7 +107,7 @@ fmnist-table-records:
 	for result in $(FMNIST_TABLE)/*/seed*/result.json; do \
 	  [ -f "$$result" ] || continue; run=$$(dirname "$$result"); \
 	  keep=$(FMNIST_RECORDS)/$${run#$(FMNIST_TABLE)/}; mkdir -p "$$keep"; \
-	  for name in config.json metrics.jsonl result.json splits.json; do \
+	  for name in config.json metrics.jsonl result.json splits.json test.json; do \
 	    [ ! -f "$$run/$$name" ] || cp "$$run/$$name" "$$keep/"; done; \
 	done
 
