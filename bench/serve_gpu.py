@@ -70,6 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.serve import (  # noqa: E402  (the repository root goes on the path first)
+    cpu_seconds,
     free_port,
     jpegs,
     oip_bodies,
@@ -201,14 +202,12 @@ class CpuMeter:
         return (sum(fields[:8]) - idle) / self.tick  # user .. steal; guest is inside user
 
     def _group_s(self) -> float:
-        total = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                # after the command's closing parenthesis: state ppid pgrp ... utime stime
-                rest = stat.read_text().rsplit(")", 1)[1].split()
-                if int(rest[2]) == self.group:
-                    total += int(rest[11]) + int(rest[12])
-        return total / self.tick
+        total = 0.0
+        for folder in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile
+                if os.getpgid(int(folder.name)) == self.group:
+                    total += cpu_seconds(int(folder.name))
+        return total
 
     def __enter__(self) -> CpuMeter:
         with contextlib.suppress(OSError, ValueError):

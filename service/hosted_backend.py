@@ -16,7 +16,6 @@ import itertools
 import os
 import queue
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from service import stage_clock
 from service.card import parse_card
 from service.errors import BackendUnavailableError
 from service.host_process import ADDRESS_ENV, KEY_ENV
-from service.session_host import shared_view
+from service.session_host import shared_view, timeval
 
 __all__ = ["HostedBackend", "host_from_environment"]
 
@@ -86,10 +85,8 @@ def _connect(address: str, key: bytes, timeout_s: float) -> Connection:
 def _socket_timeouts(sock: socket.socket, seconds: float) -> None:
     """Send and receive timeouts of the socket itself (``SO_SNDTIMEO``, ``SO_RCVTIMEO``; 0:
     none), which bound the blocking reads and writes of a ``Connection`` on it."""
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(seconds))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(seconds))
 
 
 class HostedBackend:

@@ -42,12 +42,19 @@ import numpy as np
 from service import stage_clock
 from service.runner import bucket_for
 
-__all__ = ["SEND_TIMEOUT_S", "SessionHost", "or_exit", "shared_view"]
+__all__ = ["SEND_TIMEOUT_S", "SessionHost", "or_exit", "shared_view", "timeval"]
 
 log = logging.getLogger(__name__)
 #: The longest the host waits to send an answer to a worker that does not read (stopped, or
 #: stuck): then that connection is shut down, and the other workers' answers go on.
 SEND_TIMEOUT_S = 10.0
+
+
+def timeval(seconds: float) -> bytes:
+    """``seconds`` as the ``struct timeval`` that ``SO_SNDTIMEO`` and ``SO_RCVTIMEO`` take
+    (0: no limit)."""
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
 
 
 class _Peer:
@@ -58,9 +65,7 @@ class _Peer:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._socket = socket.socket(fileno=os.dup(connection.fileno()))
-        seconds = int(SEND_TIMEOUT_S)
-        timeval = struct.pack("ll", seconds, int((SEND_TIMEOUT_S - seconds) * 1e6))
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(SEND_TIMEOUT_S))
 
     def send(self, message: Any) -> None:
         try:
