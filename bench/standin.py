@@ -2,10 +2,12 @@
 
 On a 2-core CPU the real model's inference hides the cost of everything around it; on a GPU it
 does not (ResNet-50 SMSO runs a batch of 64 in about 12 ms on an H100). :class:`StandinBackend`
-answers like a GPU would: it sleeps ``latency_ms + per_image_ms * N`` per batch with the GIL
-released, as onnxruntime's CUDA provider waits for the device, and returns outputs of the right
-shapes. Its card is ResNet-50's at 224 px (1,000 classes, p = 2,048, ImageNet preprocessing:
-resize 256, crop 224), so decoding and request bodies cost what they cost with the real model.
+answers like a GPU would: it copies the batch's images into an array it keeps (as
+``service.runner.BoundRunner`` does before the upload), sleeps ``latency_ms + per_image_ms * N``
+per batch with the GIL released, as onnxruntime's CUDA provider waits for the device, and
+returns outputs of the right shapes. Its card is ResNet-50's at 224 px (1,000 classes,
+p = 2,048, ImageNet preprocessing: resize 256, crop 224), so decoding and request bodies cost
+what they cost with the real model.
 
     python bench/standin.py --port 8000 [--latency-ms 1.3 --per-image-ms 0.19] [--SMSO settings]
 
@@ -20,6 +22,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +49,16 @@ CARD: dict[str, Any] = {
 
 
 class StandinBackend:
-    """Sleeps like a GPU batch, answers zeros of the right shapes; counts batches."""
+    """Copies the images, sleeps like a GPU batch, answers zeros of the right shapes; counts
+    batches."""
 
     def __init__(self, latency_ms: float = 1.3, per_image_ms: float = 0.19) -> None:
         sys.path.insert(0, str(ROOT))
         from service.card import parse_card
+        from service.runner import fill
+
+        self._fill = fill
+        self._host = np.zeros((0, 3, 224, 224), np.float32)  # grows to the largest batch
 
         self.card, self.card_dict = parse_card({"smso.model_card": json.dumps(CARD)})
         self.providers = ["StandinExecutionProvider"]
@@ -58,9 +66,12 @@ class StandinBackend:
         self.batches = 0
         self._lock = threading.Lock()  # one batch at a time, as one GPU stream runs them
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         n = len(images)
         with self._lock:
+            if len(self._host) < n:
+                self._host = np.zeros((n, 3, 224, 224), np.float32)
+            self._fill(self._host, images)
             time.sleep(self.latency_s + self.per_image_s * n)
             self.batches += 1
         classes, dim = len(self.card.classes), self.card.model.embedding_dim

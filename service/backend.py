@@ -30,7 +30,7 @@ from service.providers import (
     has_nvidia_gpu,
     shaped_session,
 )
-from service.runner import BoundRunner, PlainRunner, Runner, buckets
+from service.runner import Batch, BoundRunner, PlainRunner, Runner, buckets
 
 __all__ = ["Backend", "BackendOptions", "OnnxBackend", "choose_providers", "read_card"]
 
@@ -44,8 +44,9 @@ class Backend(Protocol):
     card_dict: dict[str, Any]
     providers: list[str]
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(N, C, H, W)`` float32 -> ``(logits (N, K), embedding (N, p))``; thread-safe."""
+    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """N images ``(C, H, W)`` float32 (:data:`service.runner.Batch`) -> ``(logits (N, K),
+        embedding (N, p))``; thread-safe."""
         ...
 
 
@@ -205,6 +206,6 @@ class OnnxBackend:
         shape = next(o.shape for o in self.session.get_outputs() if o.name == name)
         return tuple(int(d) for d in shape[1:])
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
+    def run(self, images: Batch) -> tuple[np.ndarray, ...]:
         """``(logits, embedding)``, then the typicality score or the features (``outputs``)."""
         return self._runner(images)

@@ -1,8 +1,8 @@
 """The micro-batcher: images from many requests gathered into one onnxruntime call.
 
 A bounded ``asyncio.Queue`` of jobs (one image each, with a future); one consumer task takes the
-first job, then more until ``max_batch`` jobs or ``max_wait`` seconds have passed, stacks them,
-runs the backend in a worker thread (never on the event loop) and resolves each job's future
+first job, then more until ``max_batch`` jobs or ``max_wait`` seconds have passed, hands their
+images to the backend in a worker thread (never on the event loop) and resolves each job's future
 with its row of the outputs.
 
 Callers may :meth:`~MicroBatcher.announce` images before they are ready (while they are being
@@ -32,6 +32,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
 from service import access, stage_clock
+from service.runner import Batch
 from service.tracing import Spans
 
 __all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "QueueFullError"]
@@ -42,9 +43,10 @@ log = logging.getLogger(__name__)
 #: inference time for them (at least ``max_wait``).
 PATIENCE = 0.25
 
-#: A batch ``(N, C, H, W)`` -> its outputs, each with N rows: logits and embedding, and the
+#: A batch's N images (``service.runner.Batch``: the jobs' ``(C, H, W)`` arrays, or one
+#: ``(N, C, H, W)`` array) -> its outputs, each with N rows: logits and embedding, and the
 #: typicality scores where the model has a reference (``service.loader.scored``).
-RunFn = Callable[[np.ndarray], tuple[np.ndarray, ...]]
+RunFn = Callable[[Batch], tuple[np.ndarray, ...]]
 
 
 class QueueFullError(RuntimeError):
@@ -70,13 +72,13 @@ class BatchStats:
 
     size: int
     queue_wait_s: list[float]
-    #: the inference thread's time on the batch: stacking, padding, the onnxruntime call, copies
+    #: the inference thread's time on the batch: the copy into one batch, the onnxruntime call
     inference_s: float
     #: from the batch's dispatch to its results back on the event loop: ``inference_s`` plus
     #: the wait for the inference thread (an earlier batch in flight) and for the event loop
     round_trip_s: float = 0.0
-    #: ``inference_s`` by stage (:mod:`service.stage_clock`): ``stack`` here, then what the
-    #: run function recorded (``pad``, ``upload``, ``run``, ``download``, ``score``)
+    #: ``inference_s`` by stage (:mod:`service.stage_clock`): what the run function recorded
+    #: (``stack``, ``upload``, ``run``, ``download``, ``score``...)
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -186,7 +188,7 @@ class MicroBatcher:
             except Exception:  # as for on_batch: the consumer must go on
                 log.exception("the on_depth hook failed")
 
-    async def run_direct(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
+    async def run_direct(self, images: Batch) -> tuple[np.ndarray, ...]:
         """Run a whole batch in the worker thread, bypassing the queue (warm-up)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._run, images)
@@ -263,19 +265,16 @@ class MicroBatcher:
                 "inference", span, start_ns, end_ns, {**attributes, "smso.images": images}
             )
 
-    def _stack_run(
+    def _run_batch(
         self, images: list[np.ndarray]
     ) -> tuple[tuple[np.ndarray, ...], float, dict[str, float]]:
-        """Stack and run, in the worker thread: a batch of 64 ImageNet-sized images is 38 MB
-        to copy, which would hold up the event loop for milliseconds. Also returns the
-        thread's seconds on it, in all and by stage."""
+        """Run the batch's images in the worker thread; the run function copies them where it
+        needs them (a batch of 64 ImageNet-sized images is 38 MB, which would hold up the event
+        loop for milliseconds). Also returns the thread's seconds on it, in all and by stage."""
         stage_clock.take()  # whatever an earlier call (warm-up) left on this thread's clock
         start = time.perf_counter()
-        batch = np.stack(images)  # (N, C, H, W) in
-        stacked = time.perf_counter()
-        outputs = self._run(batch)
-        seconds = time.perf_counter() - start
-        return outputs, seconds, {"stack": stacked - start, **stage_clock.take()}
+        outputs = self._run(images)
+        return outputs, time.perf_counter() - start, stage_clock.take()
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
@@ -286,7 +285,7 @@ class MicroBatcher:
         try:
             images = [job.image for job in jobs]
             outputs, inference, stages = await loop.run_in_executor(
-                self._executor, self._stack_run, images
+                self._executor, self._run_batch, images
             )
         except Exception as error:  # delivered to every caller of the batch
             for job in jobs:

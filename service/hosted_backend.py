@@ -4,9 +4,10 @@ It looks like :class:`service.backend.OnnxBackend` to the batcher (card, provide
 ``run``) but holds no session: ``run`` writes the batch into shared memory, sends the host its
 size and waits for the outputs. One slot of shared memory (``max_batch`` images) and one
 connection per batch the worker may have in flight (``slots``), so concurrent calls never share
-either. Stages (:mod:`service.stage_clock`): the host's own (pad, upload, run, download), with
-``share`` (waiting behind other workers' batches, and the copy into the merged batch) and
-``handoff`` (the rest of the call: the copy into shared memory, the messages both ways).
+either. Stages (:mod:`service.stage_clock`): ``stack`` (the images into the shared memory),
+the host's own (upload, run, download; its ``stack`` is next to none: a merged round is already
+of its bucket's size), ``share`` (waiting behind other workers' batches, and the copy into the
+merged batch) and ``handoff`` (the rest of the call: the messages both ways).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from service import stage_clock
 from service.card import parse_card
 from service.errors import BackendUnavailableError
 from service.host_process import ADDRESS_ENV, KEY_ENV
+from service.runner import Batch, fill
 from service.session_host import shared_view, timeval
 
 __all__ = ["HostedBackend", "host_from_environment"]
@@ -147,8 +149,10 @@ class HostedBackend:
             slot.connection.close()
             slot.connection = None
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(N, C, H, W)`` float32 -> the outputs, in the order of ``outputs``."""
+    def run(self, images: Batch) -> tuple[np.ndarray, ...]:
+        """N images ``(C, H, W)`` float32 (:data:`service.runner.Batch`) -> the outputs, in the
+        order of ``outputs``. Records ``stack`` (the images into the shared memory) and
+        ``handoff`` (the messages both ways), with the host's stages."""
         n = len(images)
         if n > self.max_batch:
             raise ValueError(f"a batch of {n} is larger than the host's {self.max_batch}")
@@ -160,7 +164,8 @@ class HostedBackend:
             assert connection is not None
             seq = next(self._seq)
             start = time.perf_counter()
-            slot.view[:n] = images
+            fill(slot.view, images)
+            start = stage_clock.record("stack", start)
             connection.send((seq, n))
             while True:  # answers to earlier batches (a round failed part-way) are dropped
                 left = start + self.timeout_s - time.perf_counter()

@@ -26,7 +26,7 @@ from service.hosted_backend import HostedBackend, host_from_environment
 from service.images import Preprocessor
 from service.pipeline import ServiceState, queue_depth
 from service.registry import LoadedModel, ModelStatus
-from service.runner import buckets
+from service.runner import Batch, buckets
 from service.settings import Settings
 from service.typicality import Typicality
 
@@ -214,7 +214,7 @@ def scored(run: RunFn, typicality: Typicality | None, outputs: list[str] | None 
     :mod:`service.stage_clock`)."""
     in_graph = outputs is not None and "typicality" in outputs
 
-    def run_and_score(images: np.ndarray) -> tuple[np.ndarray, ...]:
+    def run_and_score(images: Batch) -> tuple[np.ndarray, ...]:
         logits, embedding, *extra = run(images)
         if typicality is None:
             return logits, embedding

@@ -140,10 +140,10 @@ class Metrics:
         )
         self.inference_stage = Histogram(
             "smso_inference_stage_seconds",
-            "The inference thread's time on a batch by stage: stack, handoff and share (with "
-            "a shared session: to the session host and back, and the wait there), pad (to a "
-            "batch-size bucket), upload (to the device), run (the onnxruntime call), download, "
-            "score (typicality)",
+            "The inference thread's time on a batch by stage: stack (the images into one "
+            "batch, padded to a batch-size bucket), handoff and share (with a shared session: "
+            "to the session host and back, and the wait there), upload (to the device), run "
+            "(the onnxruntime call), download, score (typicality)",
             [*MODEL, "stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,

@@ -1,18 +1,17 @@
 """Where the inference thread's time on a batch goes: seconds by stage, per thread.
 
 The batcher times a whole batch in its inference thread (``smso_inference_seconds``); the
-runner underneath knows its stages (padding to a bucket, the copy to the device, the
-onnxruntime call, the copy back), and the typicality scoring after it its own. They meet here
-without knowing each other: each calls :func:`record` after its stage, and the batcher calls
-:func:`take` after the batch, in the same thread, for ``{stage: seconds}``. Stages a runner
-does not have are absent: ``upload`` and ``download`` only with IO binding (CUDA graphs);
-elsewhere ``run`` includes onnxruntime's own copies. With a shared session
-(:mod:`service.session_host`) the host's process times pad to download and the worker adds
-``handoff`` (the copy into shared memory and the messages both ways) and ``share`` (the wait
-in the host for other workers' batches ahead, and the copy of its rows into the merged batch).
-A run function that records nothing
-gives ``{}``. Together the stages account for the batch's time but for slicing the outputs
-and Python's calls between them.
+runner underneath knows its stages (the images into one array, padded to a bucket; the copy to
+the device, the onnxruntime call, the copy back), and the typicality scoring after it its own.
+They meet here without knowing each other: each calls :func:`record` after its stage, and the
+batcher calls :func:`take` after the batch, in the same thread, for ``{stage: seconds}``.
+Stages a runner does not have are absent: ``upload`` and ``download`` only with IO binding
+(CUDA graphs); elsewhere ``run`` includes onnxruntime's own copies. With a shared session
+(:mod:`service.session_host`) the worker times ``stack`` (into shared memory), the host's
+process upload to download, and the worker adds ``handoff`` (the messages both ways) and
+``share`` (the wait in the host for other workers' batches ahead, and the copy of its rows into
+the merged batch). A run function that records nothing gives ``{}``. Together the stages
+account for the batch's time but for slicing the outputs and Python's calls between them.
 
 The clock is thread-local, so the batchers of several models (a thread each) never mix; the
 batcher takes the clock before each batch too, dropping what a call outside a batch (warm-up)
@@ -32,7 +31,7 @@ import time
 __all__ = ["STAGES", "add", "record", "take"]
 
 #: the stages a batch goes through, in order (a metric label: :func:`record` takes no other)
-STAGES = ("stack", "handoff", "share", "pad", "upload", "run", "download", "score")
+STAGES = ("stack", "handoff", "share", "upload", "run", "download", "score")
 
 _local = threading.local()
 

@@ -256,7 +256,7 @@ def test_gpu_serve_benchmark_runs_every_stage_on_the_cpu(tmp_path: Path) -> None
     assert {row["kind"] for row in report["decoding"]["rows"]} == {"threads", "processes"}
     table = (tmp_path / "serve_gpu.md").read_text()
     assert "| route | clients | req/s |" in table
-    assert "| route | clients | mean batch | stack | handoff | share | pad | upload |" in table
+    assert "| route | clients | mean batch | stack | handoff | share | upload | run |" in table
     # the shared session's batches went through the host: its share of each batch is timed
     shared = report["server"]["workers-shared-graphs"]["loads"]
     assert all({"handoff", "share", "run"} <= set(load["split"]["stage_ms"]) for load in shared)

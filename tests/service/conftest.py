@@ -17,9 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from service import stage_clock
 from service.app import create_app
 from service.card import ModelCard, parse_card
-from service.runner import buckets
+from service.runner import Batch, buckets, stacked
 from service.settings import DEFAULT_MODEL, Settings
 
 CLASSES = [f"class{k}" for k in range(10)]
@@ -49,7 +50,7 @@ class FakeBackend:
         self.calls = 0
         self.lock = threading.Lock()
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
         with self.lock:
             self.calls += 1
             warming = self.calls <= self.warmups
@@ -58,7 +59,9 @@ class FakeBackend:
             self.batches.append(len(images))
             if self.fail:
                 raise RuntimeError("the accelerator fell over")
-        flat = images.reshape(len(images), -1)
+        start = time.perf_counter()
+        flat = stacked(images).reshape(len(images), -1)
+        stage_clock.record("stack", start)  # as a runner does
         mean = flat.mean(1, keepdims=True)
         logits = mean * np.arange(10, dtype=np.float32)
         embedding = np.concatenate(

@@ -269,7 +269,7 @@ def test_metrics_are_labelled_by_route_and_skip_health_checks(make_client):
         for sample in families["smso_inference_stage_seconds"].samples
         if sample.name.endswith("_count")
     }
-    assert stages == {"stack"}  # the fake backend records no stages of its own
+    assert stages == {"stack"}  # the one stage the fake backend records
 
 
 def test_openapi_documents_the_image_body(make_client):

@@ -17,7 +17,7 @@ LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s tim
 def recorder(batches: list[int]):
     def run(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         batches.append(len(images))
-        flat = images.reshape(len(images), -1)
+        flat = np.stack(images).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     return run
@@ -195,7 +195,7 @@ def test_with_two_in_flight_the_next_batch_is_dispatched_while_one_runs():
         started.append(len(images))
         if len(started) == 1:
             release.wait(5)  # the first batch holds the thread until the second is queued
-        flat = images.reshape(len(images), -1)
+        flat = np.stack(images).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     async def main() -> None:
@@ -256,18 +256,18 @@ def test_a_requests_queue_and_inference_times_span_all_its_batches():
     assert record.inference_s >= 0.04  # both batches, one after the other
 
 
-def test_each_batch_reports_its_stack_time_and_the_stages_its_run_function_recorded():
+def test_each_batch_reports_the_stages_its_run_function_recorded():
     stats = []
 
     def timed(images: np.ndarray):
-        start = stage_clock.record("pad", time.perf_counter())
+        start = stage_clock.record("stack", time.perf_counter())
         time.sleep(0.02)
         stage_clock.record("run", start)
-        flat = images.reshape(len(images), -1)
+        flat = np.stack(images).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     def untimed(images: np.ndarray):
-        flat = images.reshape(len(images), -1)
+        flat = np.stack(images).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     async def main(fn) -> None:
@@ -279,8 +279,8 @@ def test_each_batch_reports_its_stack_time_and_the_stages_its_run_function_recor
 
     run(main(timed))
     (first,) = stats
-    assert set(first.stages) == {"stack", "pad", "run"}
+    assert set(first.stages) == {"stack", "run"}
     assert first.stages["run"] >= 0.02
     assert sum(first.stages.values()) <= first.inference_s
     run(main(untimed))
-    assert set(stats[1].stages) == {"stack"}
+    assert stats[1].stages == {}

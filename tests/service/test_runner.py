@@ -13,7 +13,7 @@ import pytest
 from service import stage_clock
 from service.backend import BackendOptions, OnnxBackend
 from service.providers import CPU, CUDA, has_nvidia_gpu, shaped_session
-from service.runner import BoundRunner, PlainRunner, bucket_for, buckets
+from service.runner import BoundRunner, PlainRunner, bucket_for, buckets, fill, stacked
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,10 @@ def test_the_runners_record_their_stages_on_the_calling_threads_clock(session):
         PlainRunner(session, buckets(8)),
         BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu"),
     )
-    for runner, stages in ((plain, {"pad", "run"}), (bound, {"pad", "upload", "run", "download"})):
+    for runner, stages in (
+        (plain, {"stack", "run"}),
+        (bound, {"stack", "upload", "run", "download"}),
+    ):
         stage_clock.take()
         start = time.perf_counter()
         runner(images(3))
@@ -83,8 +86,8 @@ def test_the_runners_record_their_stages_on_the_calling_threads_clock(session):
         assert sum(times.values()) <= wall
         assert times["run"] > 0
     stage_clock.take()
-    PlainRunner(session)(images(3))  # no buckets: nothing to pad
-    assert set(stage_clock.take()) == {"run"}
+    PlainRunner(session)(list(images(3)))  # no buckets: stacked as they are
+    assert set(stage_clock.take()) == {"stack", "run"}
 
 
 def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):
@@ -177,3 +180,36 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
         # CUDA's convolutions use TF32 (10-bit mantissa) by default: 1.2e-3 seen on an H100
         np.testing.assert_allclose(logits, want_logits, rtol=5e-3, atol=5e-3)
         np.testing.assert_allclose(embedding, want_embedding, rtol=5e-3, atol=5e-3)
+
+
+def test_fill_copies_a_list_or_an_array_into_the_first_rows_and_refuses_an_overflow():
+    out = np.full((4, 1, 2, 2), 7.0, np.float32)
+    batch = [np.full((1, 2, 2), v, np.float32) for v in (1.0, 2.0)]
+    assert fill(out, batch) == 2
+    assert out[:, 0, 0, 0].tolist() == [1.0, 2.0, 7.0, 7.0]  # the rows after: as they were
+    assert fill(out, np.stack(batch) * 3) == 2
+    assert out[:, 0, 0, 0].tolist() == [3.0, 6.0, 7.0, 7.0]
+    assert fill(out, []) == 0
+    with pytest.raises(ValueError, match="a batch of 5 does not fit in 4 rows"):
+        fill(out, np.zeros((5, 1, 2, 2), np.float32))
+    array = np.zeros((2, 1, 2, 2), np.float32)
+    assert stacked(array) is array
+    np.testing.assert_array_equal(stacked(batch), np.stack(batch))
+
+
+@pytest.mark.parametrize("kind", ["plain", "bound"])
+def test_the_runners_answer_a_list_of_images_as_the_same_batch_as_an_array(session, kind):
+    sizes = buckets(8)
+    runner = (
+        PlainRunner(session, sizes)
+        if kind == "plain"
+        else BoundRunner(session, (1, 28, 28), 10, 64, sizes, device="cpu")
+    )
+    for n in (3, 4, 8):  # padded, and exactly a bucket (an array of it is used as it is)
+        batch = images(n, seed=20 + n)
+        from_array = runner(batch)
+        from_list = runner(list(batch))
+        want = reference(session, batch)
+        for got_array, got_list, expected in zip(from_array, from_list, want, strict=True):
+            np.testing.assert_array_equal(got_array, got_list)
+            np.testing.assert_allclose(got_array, expected, rtol=1e-5, atol=1e-5)
