@@ -4,7 +4,8 @@
 # `bash bench/gpu_stage.sh .gpu-stage` (the machine is given back when idle, and /tmp with it).
 #   step 1 (carry .gpu-stage/part1 .gpu-stage/wheels): install the wheels, export the five
 #          ResNet-50 models in the background (bench/serve_gpu.py --export-only);
-#   step 2 (carry .gpu-stage/part2), step 3 (carry .gpu-stage/part3): collect the parts;
+#   step 2 (carry .gpu-stage/part2), step 3 (carry .gpu-stage/part3): collect the parts; step 3
+#          also measures JPEG decoding on the GPU (bench/decode_gpu.py, about a minute);
 #   step 4 (carry .gpu-stage/part4 .gpu-stage/wheels-late): check that everything arrived,
 #          unpack onnxruntime-gpu, the CUDA tests, then bench/serve_gpu.py on the exports;
 #          the whole step keeps within STEP4_S seconds (default 540), results in $OUT.
@@ -44,7 +45,13 @@ case $step in
   fi
   sleep 5; cat $tmp/export.log
   ;;
-2 | 3) ls -la "$parts" "$models"; tail -3 $tmp/export.log ;;
+2) ls -la "$parts" "$models"; tail -3 $tmp/export.log ;;
+3)
+  ls -la "$parts" "$models"; tail -3 $tmp/export.log
+  # JPEG decoding on the GPU (nvJPEG through the machine's torchvision) against Pillow
+  PYTHONPATH=$site:$PWD timeout 150 python3 bench/decode_gpu.py --device cuda \
+    --json "$OUT"/decode_gpu.json || echo "bench/decode_gpu.py failed (status $?)"
+  ;;
 4)
   budget=${STEP4_S:-540}
   # what earlier calls left: gone if the machine was given back in between

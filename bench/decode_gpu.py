@@ -1,0 +1,181 @@
+"""JPEG decoding on the GPU (nvJPEG through torchvision) against the service's CPU path.
+
+``/classify`` at thousands of images/s needs about 4 ms of one core per 640x480 JPEG on the CPU
+(``docs/results/gpu.md``): more cores than a 16-core machine has once HTTP is paid for. This
+measures the alternative before the service is built around it: the same preprocessing (RGB,
+resize the shorter side to 256 bilinear antialiased with torchvision's size rounding, centre
+crop 224, ImageNet mean and std) with the decode on the device.
+
+* **cpu (Pillow)**: ``service.images.Preprocessor``, one image at a time in this thread: what
+  one decode thread of the service does.
+* **torchvision on DEVICE, batch B**: ``torchvision.io.decode_jpeg`` on a list of B files
+  (on CUDA one batched nvJPEG call), then per image ``resize`` (antialiased), ``center_crop``
+  and the normalisation on the device, stacked into ``(B, 3, 224, 224)`` float32 and
+  synchronised.
+
+For each: images/s on the wall clock, this process's CPU milliseconds per image (every thread,
+nvJPEG's host work included: what a server would pay in cores), and the largest and mean
+difference from Pillow's output in grey levels (nvJPEG's IDCT and chroma upsampling and a
+float resize are not bit-exact with libjpeg-turbo and Pillow's fixed-point resize).
+torchvision's image decoders are deprecated since 0.29 (for TorchCodec); nvImageCodec, NVIDIA's
+own package, is the other candidate for a service that decodes on the GPU.
+
+    python bench/decode_gpu.py --device cuda        # on a GPU machine
+    python bench/decode_gpu.py --quick              # the same code on the CPU (a smoke test)
+
+Prints a markdown table and writes ``bench/results/decode_gpu.json`` (``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.serve import jpegs  # noqa: E402
+from service.card import Preprocessing  # noqa: E402
+from service.images import Preprocessor  # noqa: E402
+
+DEFAULT_JSON = ROOT / "bench" / "results" / "decode_gpu.json"
+IMAGENET = Preprocessing(
+    colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
+)
+
+
+def torch_preprocess(device: str, spec: Preprocessing) -> Callable[[Sequence[bytes]], Any]:
+    """Encoded JPEGs -> ``(B, 3, crop, crop)`` float32 on ``device``, synchronised."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+
+    mean = torch.tensor(spec.mean, device=device).view(3, 1, 1) * 255
+    scale = 1 / (torch.tensor(spec.std, device=device).view(3, 1, 1) * 255)
+
+    def run(files: Sequence[bytes]) -> Any:
+        datas = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in files]
+        with warnings.catch_warnings():  # deprecated since 0.29 in favour of TorchCodec
+            warnings.filterwarnings("ignore", message=".*decoding and encoding capabilities")
+            images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+        out = torch.empty((len(files), 3, spec.crop, spec.crop), device=device)
+        for k, image in enumerate(images):
+            resized = F.resize(image, [spec.resize], antialias=True)
+            cropped = F.center_crop(resized, [spec.crop])
+            out[k] = (cropped.float() - mean) * scale
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
+    """Median wall and process-CPU seconds of ``fn()`` over ``rounds`` calls (one untimed
+    call first)."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(rounds):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w)
+        cpu.append(time.process_time() - c)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def grey_levels(got: np.ndarray, want: np.ndarray, spec: Preprocessing) -> tuple[float, float]:
+    """Largest and mean absolute difference of two normalised batches, in grey levels."""
+    std = np.asarray(spec.std, np.float32).reshape(1, 3, 1, 1)
+    levels = np.abs(got - want) * std * 255
+    return float(levels.max()), float(levels.mean())
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    files = jpegs(max(args.batches))
+    pre = Preprocessor(IMAGENET, 10**9)
+    want = np.stack([pre(data) for data in files])
+    rows = []
+    for batch in args.batches:
+        chunk = files[:batch]
+        wall, cpu = timed(lambda chunk=chunk: [pre(data) for data in chunk], args.rounds)
+        rows.append(_row("cpu (Pillow), one thread", batch, wall, cpu, (0.0, 0.0)))
+    try:
+        run = torch_preprocess(args.device, IMAGENET)
+        got = run(files).cpu().numpy()
+    except Exception as error:  # no torchvision, or no nvJPEG: say why, keep the CPU rows
+        return {"rows": rows, "torchvision_error": f"{type(error).__name__}: {error}"}
+    difference = grey_levels(got, want, IMAGENET)
+    for batch in args.batches:
+        chunk = files[:batch]
+        wall, cpu = timed(lambda chunk=chunk: run(chunk), args.rounds)
+        rows.append(_row(f"torchvision on {args.device}", batch, wall, cpu, difference))
+    return {"rows": rows}
+
+
+def _row(
+    path: str, batch: int, wall: float, cpu: float, difference: tuple[float, float]
+) -> dict[str, Any]:
+    return {
+        "path": path,
+        "batch": batch,
+        "images_per_second": batch / wall,
+        "cpu_ms_per_image": 1e3 * cpu / batch,
+        "max_grey_levels": difference[0],
+        "mean_grey_levels": difference[1],
+    }
+
+
+def versions() -> dict[str, Any]:
+    found: dict[str, Any] = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import torch
+        import torchvision
+
+        found |= {"torch": torch.__version__, "torchvision": torchvision.__version__}
+        if torch.cuda.is_available():
+            found["gpu"] = torch.cuda.get_device_name()
+    except ImportError as error:
+        found["torch"] = f"missing: {error}"
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--quick", action="store_true", help="batches 1 and 4, 2 rounds")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.rounds = [1, 4], 2
+    report = {"device": args.device, "versions": versions(), **measure(args)}
+    print(f"JPEG 640x480 -> 3x224x224 float32 ({args.device}):\n")
+    print("| path | batch | images/s | CPU ms / image | max / mean grey levels off Pillow |")
+    print("|---|--:|--:|--:|--:|")
+    for row in report["rows"]:
+        print(
+            f"| {row['path']} | {row['batch']} | {row['images_per_second']:,.0f} | "
+            f"{row['cpu_ms_per_image']:.2f} | "
+            f"{row['max_grey_levels']:.1f} / {row['mean_grey_levels']:.2f} |"
+        )
+    if "torchvision_error" in report:
+        print(f"\ntorchvision's path did not run: {report['torchvision_error']}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
