@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from service.card import ModelCard, parse_card
+from service.card import InputSpec, ModelCard, parse_card
 from service.providers import (
     ACCELERATED,
     CPU,
@@ -32,7 +33,14 @@ from service.providers import (
 )
 from service.runner import Batch, BoundRunner, PlainRunner, Runner, buckets
 
-__all__ = ["Backend", "BackendOptions", "OnnxBackend", "choose_providers", "read_card"]
+__all__ = [
+    "Backend",
+    "BackendOptions",
+    "OnnxBackend",
+    "choose_providers",
+    "read_card",
+    "warm_up_inputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,14 @@ def read_card(path: str | Path) -> ModelCard:
         message = str(error).splitlines()[0][:300]
         raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
     return parse_card(metadata)[0]
+
+
+def warm_up_inputs(spec: InputSpec, sizes: Sequence[int]) -> Iterator[np.ndarray]:
+    """What warm-up runs: one batch ``(size, C, H, W)`` float32 of standard normal values
+    (seed 0) per size in ``sizes``, for the input ``spec``."""
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        yield rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
 
 
 def _may_accelerate(spec: str) -> bool:

@@ -24,8 +24,6 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from service.session_host import SessionHost, or_exit
 
 __all__ = ["ADDRESS_ENV", "KEY_ENV", "PROCESS_NAME", "HostHandle", "start_host"]
@@ -54,25 +52,19 @@ def _exit_with_parent(parent: Connection) -> None:
     os._exit(0)
 
 
-def _host_main(
-    path: str, options: Any, address: str, key: bytes, parent: Connection, warm: bool
-) -> None:
+def _host_main(path: str, options: Any, address: str, key: bytes, parent: Connection) -> None:
     """The host process: load, warm up every bucket, listen, say so to the ``parent``, serve
     until the parent closes the pipe. Ctrl-C and SIGTERM to the process group are left to the
     parent, which stops the host after the workers have answered what they hold."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(PROCESS_NAME.encode())  # what ps and top show
-    from service.backend import OnnxBackend
+    from service.backend import OnnxBackend, warm_up_inputs
 
     try:
         backend = OnnxBackend(path, options)
-        if warm:
-            spec = backend.card.input
-            rng = np.random.default_rng(0)
-            for size in backend.warmup_batches:
-                shape = (size, spec.channels, spec.height, spec.width)
-                backend.run(rng.standard_normal(shape, np.float32))
+        for images in warm_up_inputs(backend.card.input, backend.warmup_batches):
+            backend.run(images)
         listener = Listener(address, "AF_UNIX", authkey=key)
     except Exception as error:
         parent.send(("error", f"{type(error).__name__}: {' '.join(str(error).split())}"))
@@ -116,9 +108,7 @@ class HostHandle:
         self.folder.cleanup()
 
 
-def start_host(
-    path: str | Path, options: Any, timeout_s: float = 900, warm: bool = True
-) -> HostHandle:
+def start_host(path: str | Path, options: Any, timeout_s: float = 900) -> HostHandle:
     """Start the host process on the model file ``path`` with the backend ``options``
     (:class:`service.backend.BackendOptions`) and wait until it has loaded and warmed up the
     model (TensorRT may build engines: ``timeout_s``). Raises ``ValueError`` with the host's
@@ -131,7 +121,7 @@ def start_host(
     mine, theirs = context.Pipe()
     process = context.Process(
         target=_host_main,
-        args=(str(path), options, address, key, theirs, warm),
+        args=(str(path), options, address, key, theirs),
         name="smso-session-host",
         daemon=True,
     )

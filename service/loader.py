@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from service import stage_clock
-from service.backend import Backend, OnnxBackend
+from service.backend import Backend, OnnxBackend, warm_up_inputs
 from service.batcher import MicroBatcher, RunFn
 from service.drift import DriftMonitor
 from service.hosted_backend import HostedBackend, host_from_environment
@@ -75,16 +75,10 @@ async def load_model(
         await _warm_up(backend, batcher, settings.max_batch_size)
         preprocess = Preprocessor(card.preprocessing, settings.max_pixels)
     except asyncio.CancelledError:
-        if batcher is not None:
-            await batcher.stop()
-        if backend is not None:
-            close_backend(backend)
+        await _discard(batcher, backend)
         raise
     except Exception as error:
-        if batcher is not None:
-            await batcher.stop()
-        if backend is not None:
-            close_backend(backend)
+        await _discard(batcher, backend)
         reason = " ".join(str(error).split()) or type(error).__name__
         failed = name or (source.parent.name if source is not None else "model")
         registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, reason, source)
@@ -243,12 +237,18 @@ def _depth_reporter(state: ServiceState, name: str, version: str) -> Callable[[i
     return report
 
 
+async def _discard(batcher: MicroBatcher | None, backend: Backend | None) -> None:
+    """Stop the batcher and close the backend of a model that failed to load (either may not
+    exist yet)."""
+    if batcher is not None:
+        await batcher.stop()
+    if backend is not None:
+        close_backend(backend)
+
+
 async def _warm_up(backend: Backend, batcher: MicroBatcher, max_batch_size: int) -> None:
     """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
     ``max_batch_size``) so that no request pays for a first call."""
-    spec = backend.card.input
-    rng = np.random.default_rng(0)
     sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
-    for size in sizes:
-        images = rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
+    for images in warm_up_inputs(backend.card.input, sizes):
         await batcher.run_direct(images)

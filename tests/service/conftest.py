@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -94,6 +95,25 @@ def wait_ready(client: TestClient, timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the app did not become ready")
         time.sleep(0.01)
+
+
+def process_running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an exited child nobody has reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Whether ``pid`` has exited (or is a zombie) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while process_running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ from service.cli import main
 from service.settings import Settings
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
-from .conftest import free_port, png, wait_http_ready, wait_ready
+from .conftest import free_port, png, process_running, wait_http_ready, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,14 +218,6 @@ def _children(pid: int) -> dict[int, str]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.slow
 def test_several_workers_can_share_one_session_host(shipped_model):
     """--workers 2 --shared-session true: a host process (named smso-host) runs both workers'
@@ -265,7 +257,7 @@ def test_several_workers_can_share_one_session_host(shipped_model):
             assert re.search(series, metrics), stage
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
-    assert not _alive(hosts[0])
+    assert not process_running(hosts[0])
 
 
 @pytest.mark.slow

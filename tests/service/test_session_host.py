@@ -27,6 +27,8 @@ from service.hosted_backend import HostedBackend
 from service.session_host import SessionHost, _Batch, shared_view
 from service.settings import Settings
 
+from .conftest import process_running, wait_gone
+
 CPU = BackendOptions(providers="CPUExecutionProvider", max_batch=8)
 
 
@@ -317,15 +319,6 @@ if __name__ == "__main__":
 """
 
 
-def _running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie (an exited child nobody has reaped yet)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def test_a_host_whose_parent_is_killed_exits(shipped_model: str):
     """A parent killed outright (SIGKILL: no clean-up of its own) leaves no host holding the
     GPU: the host sees its pipe to the parent close, and exits."""
@@ -339,13 +332,10 @@ def test_a_host_whose_parent_is_killed_exits(shipped_model: str):
     )
     try:
         host = int(parent.stdout.readline())
-        assert _running(host)
+        assert process_running(host)
         parent.kill()
         parent.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while _running(host):
-            assert time.monotonic() < deadline, "the host outlived its killed parent"
-            time.sleep(0.1)
+        assert wait_gone(host, 30), "the host outlived its killed parent"
     finally:
         parent.kill()
         parent.wait(timeout=30)

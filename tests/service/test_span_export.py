@@ -28,6 +28,8 @@ from opentelemetry.trace.span import TraceState
 from service.span_export import EXPORTER_NICENESS, SpanPipe, _consume, from_record, to_record
 from service.tracing import Spans
 
+from .conftest import wait_gone
+
 
 def _sdk_span():
     exporter = InMemorySpanExporter()
@@ -157,13 +159,7 @@ def test_the_exporter_process_exits_when_the_server_dies_abruptly():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     exporter = int(server.stdout.split()[0])
-    deadline = time.monotonic() + 20
-    while Path(f"/proc/{exporter}").exists() and time.monotonic() < deadline:
-        status = Path(f"/proc/{exporter}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if status == "Z":  # exited; its parent (gone) never reaped it
-            break
-        time.sleep(0.05)
-    assert not Path(f"/proc/{exporter}").exists() or status == "Z"
+    assert wait_gone(exporter, 20)  # exited (a zombie: its parent, gone, never reaped it)
 
 
 def test_a_server_error_or_an_exception_marks_the_request_span(service_spans):
