@@ -1,0 +1,224 @@
+"""The app's own CPU per request on the event loop, through ASGI alone (no sockets, no HTTP).
+
+What the event-loop thread spends on one request beyond the network: middleware, routing,
+dependencies, reading the body, parsing, the hand-off to the batcher and back, the answer. The
+backend is the GPU-like stand-in (``bench/standin.py``) with no sleep, so the inference thread
+costs only its copy; requests go one at a time through ``app(scope, receive, send)``, the body in
+64 kB chunks as uvicorn delivers them. Measured with ``time.thread_time()`` of the loop's thread
+(its CPU only: waits for the inference thread do not count), for two arrangements of the routes
+in interleaved rounds (this machine is shared and noisy):
+
+* **included**: ``app.include_router`` for the service's and the Open Inference Protocol's
+  routers, as FastAPI's tutorials do (FastAPI 0.16x matches an included router's routes behind
+  a wrapper, once to pick the router and again inside it);
+* **flat**: what ``service.app.create_app`` does: the routes in the app's own list, the image
+  routes first.
+
+    python bench/app_overhead.py            # /v2 binary FP32 and /classify JPEG, about a minute
+    python bench/app_overhead.py --quick    # fewer requests and rounds (a smoke test)
+
+Prints a markdown table and writes ``bench/results/app_overhead.json`` (``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.serve import jpegs, oip_bodies  # noqa: E402
+from bench.standin import CARD, StandinBackend  # noqa: E402
+from service.app import create_app  # noqa: E402
+from service.card import parse_card  # noqa: E402
+from service.images import Preprocessor  # noqa: E402
+from service.oip import build_router  # noqa: E402
+from service.routes import build_routes  # noqa: E402
+from service.settings import Settings  # noqa: E402
+
+DEFAULT_JSON = ROOT / "bench" / "results" / "app_overhead.json"
+ARRANGEMENTS = ("included", "flat")
+CHUNK = 65536  # what uvicorn hands the app per message at most, about
+
+
+def include_routers(app: Any) -> None:
+    """Replace the app's flat routes by the two routers, included."""
+    ours = {route.path for router in (build_routes(), build_router()) for route in router.routes}
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ours]
+    app.include_router(build_routes())
+    app.include_router(build_router())
+
+
+def request(path: str, body: bytes, headers: dict[str, str]) -> tuple[dict[str, Any], list[bytes]]:
+    """An ASGI HTTP scope for ``POST path`` and the body's chunks."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    raw += [(b"host", b"bench"), (b"content-length", str(len(body)).encode())]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": raw,
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 80),
+        "state": {},
+    }
+    return scope, [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)] or [b""]
+
+
+async def call(app: Any, scope: dict[str, Any], chunks: list[bytes]) -> int:
+    """One request through the app; its status."""
+    sent = 0
+    status = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent < len(chunks):
+            sent += 1
+            more = sent < len(chunks)
+            return {"type": "http.request", "body": chunks[sent - 1], "more_body": more}
+        await asyncio.sleep(3600)  # the client stays: no disconnect
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(dict(scope), receive, send)
+    return status[0]
+
+
+async def lifespan(app: Any) -> Callable[[], Any]:
+    """Start the app's lifespan (the model loads, the batcher starts); returns its stop."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    task = asyncio.create_task(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, inbox.get, outbox.put)
+    )
+    started = await outbox.get()
+    if started["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"the app did not start: {started}")
+
+    async def stop() -> None:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await outbox.get()
+        await task
+
+    return stop
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    card, _ = parse_card({"smso.model_card": json.dumps(CARD)})
+    files = jpegs(4)
+    pre = Preprocessor(card.preprocessing, 10**9)
+    bodies = oip_bodies(files, np.stack([pre(data) for data in files]))
+    settings = Settings(log_level="warning")
+    apps = {name: create_app(settings, StandinBackend(0.0, 0.0)) for name in ARRANGEMENTS}
+    include_routers(apps["included"])
+    boundary = "bench-boundary"
+    routes = {
+        "/v2 binary FP32": [
+            request(
+                f"/v2/models/{card.name}/infer",
+                body,
+                {
+                    "content-type": "application/octet-stream",
+                    "inference-header-content-length": str(length),
+                },
+            )
+            for body, length in bodies
+        ],
+        "/classify JPEG": [
+            request(
+                "/classify",
+                (
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+                    f'filename="i.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+                ).encode()
+                + data
+                + f"\r\n--{boundary}--\r\n".encode(),
+                {"content-type": f"multipart/form-data; boundary={boundary}"},
+            )
+            for data in files
+        ],
+    }
+    stops = [await lifespan(app) for app in apps.values()]
+    rows = []
+    try:
+        for route, requests in routes.items():
+            for app in apps.values():  # warm: first calls, caches
+                for i in range(20):
+                    await call(app, *requests[i % len(requests)])
+            ms: dict[str, list[float]] = {name: [] for name in ARRANGEMENTS}
+            for _ in range(args.rounds):
+                for name, app in apps.items():
+                    start = time.thread_time()
+                    for i in range(args.requests):
+                        status = await call(app, *requests[i % len(requests)])
+                        if status != 200:
+                            raise RuntimeError(f"{route} answered {status} ({name})")
+                    ms[name].append(1e3 * (time.thread_time() - start) / args.requests)
+            ratios = [i / f for i, f in zip(ms["included"], ms["flat"], strict=True)]
+            rows.append(
+                {
+                    "route": route,
+                    "loop_cpu_ms": {name: statistics.median(v) for name, v in ms.items()},
+                    "rounds_ms": ms,
+                    "included_over_flat": statistics.median(ratios),
+                }
+            )
+    finally:
+        for stop in stops:
+            await stop()
+    return {"rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="per round and arrangement")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="30 requests, 2 rounds")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.rounds = 30, 2
+    report = {
+        "python": platform.python_version(),
+        "requests": args.requests,
+        "rounds": args.rounds,
+        **asyncio.run(measure(args)),
+    }
+    print("Event-loop CPU per request through ASGI (ms, median of rounds):\n")
+    print("| route | included routers | flat, image routes first | included / flat |")
+    print("|---|--:|--:|--:|")
+    for row in report["rows"]:
+        cpu = row["loop_cpu_ms"]
+        print(
+            f"| {row['route']} | {cpu['included']:.3f} | {cpu['flat']:.3f} | "
+            f"{row['included_over_flat']:.2f}x |"
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
