@@ -23,9 +23,10 @@ cores the one copy takes 2.1 times less at 31 images, 1.6 at 64 (``bench/batch_c
 
 * :class:`PlainRunner`: ``session.run`` on numpy arrays (onnxruntime copies the input to the
   device and the outputs back inside the call).
-* :class:`BoundRunner`: per bucket a host array and an IO binding of an input and two outputs
-  that live on the device at fixed addresses, reused by every call: the images are copied into
-  the host array, that is copied to the device in place, the outputs copied back once. Fixed
+* :class:`BoundRunner`: a host array of the largest bucket's rows, and per bucket an IO binding
+  of an input and two outputs that live on the device at fixed addresses, reused by every call:
+  the images are copied into the host array, its bucket's rows to the device in place, the
+  outputs copied back once. Fixed
   addresses are what a CUDA graph needs (``gpu_graph_id`` = bucket number + 1); the same class
   runs on the CPU (``device="cpu"``), which is how it is tested without a GPU.
 """
@@ -190,8 +191,9 @@ class BoundRunner:
         self.graphs = graphs
         self._lock = threading.Lock()  # a binding's buffers serve one call at a time
         self._slots: dict[int, tuple[ort.IOBinding, ort.OrtValue, ort.RunOptions]] = {}
-        #: per bucket, the host array the images are copied into (then to the device)
-        self._host = {size: np.zeros((size, *input_shape), np.float32) for size in self.sizes}
+        #: the host array the images are copied into, then a bucket's first rows to the device
+        #: (one for every bucket: the lock lets one call at a time use it)
+        self._host = np.zeros((self.sizes[-1], *input_shape), np.float32)
 
         def value(shape: tuple[int, ...]) -> ort.OrtValue:
             return ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, device_id)
@@ -221,7 +223,7 @@ class BoundRunner:
         binding, image, options = self._slots[size]
         direct = _whole(images, size)
         with self._lock:
-            host = images if direct else self._host[size]
+            host = images if direct else self._host[:size]
             if not direct:
                 fill(host, images)
             start = stage_clock.record("stack", start)
