@@ -12,6 +12,9 @@ crop 224, ImageNet mean and std) with the decode on the device.
   (on CUDA one batched nvJPEG call), then per image ``resize`` (antialiased), ``center_crop``
   and the normalisation on the device, stacked into ``(B, 3, 224, 224)`` float32 and
   synchronised.
+* **one image per call from THREADS threads**, for Pillow and for torchvision (each thread on
+  a CUDA stream of its own): how the service's decode threads would call a GPU decoder without
+  gathering images across requests first.
 
 For each: images/s on the wall clock, this process's CPU milliseconds per image (every thread,
 nvJPEG's host work included: what a server would pay in cores), and the largest and mean
@@ -29,10 +32,12 @@ Prints a markdown table and writes ``bench/results/decode_gpu.json`` (``--json P
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import platform
 import statistics
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -74,10 +79,22 @@ def torch_preprocess(device: str, spec: Preprocessing) -> Callable[[Sequence[byt
             cropped = F.center_crop(resized, [spec.crop])
             out[k] = (cropped.float() - mean) * scale
         if device.startswith("cuda"):
-            torch.cuda.synchronize()
+            torch.cuda.current_stream(device).synchronize()
         return out
 
-    return run
+    if not device.startswith("cuda"):
+        return run
+    streams = threading.local()
+
+    def on_own_stream(files: Sequence[bytes]) -> Any:
+        """``run`` on a CUDA stream of the calling thread's own (threads do not wait for each
+        other's work, as they would on the default stream)."""
+        if not hasattr(streams, "stream"):
+            streams.stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(streams.stream):
+            return run(files)
+
+    return on_own_stream
 
 
 def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
@@ -119,6 +136,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         chunk = files[:batch]
         wall, cpu = timed(lambda chunk=chunk: run(chunk), args.rounds)
         rows.append(_row(f"torchvision on {args.device}", batch, wall, cpu, difference))
+    # as the service's decode threads would call it: one image per call, from several threads
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        for path, one in (
+            (f"cpu (Pillow), {args.threads} threads", pre),
+            (
+                f"torchvision on {args.device}, one image per call, {args.threads} threads",
+                lambda data: run([data]),
+            ),
+        ):
+            wall, cpu = timed(lambda one=one: list(pool.map(one, files)), args.rounds)
+            same = (0.0, 0.0) if one is pre else difference
+            rows.append(_row(path, len(files), wall, cpu, same))
     return {"rows": rows}
 
 
@@ -154,11 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=8, help="for the one-image-per-call rows")
     parser.add_argument("--quick", action="store_true", help="batches 1 and 4, 2 rounds")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
     if args.quick:
-        args.batches, args.rounds = [1, 4], 2
+        args.batches, args.rounds, args.threads = [1, 4], 2, 2
     report = {"device": args.device, "versions": versions(), **measure(args)}
     print(f"JPEG 640x480 -> 3x224x224 float32 ({args.device}):\n")
     print("| path | batch | images/s | CPU ms / image | max / mean grey levels off Pillow |")
