@@ -3,6 +3,7 @@ the same code as on a GPU but for the device, against Pillow's path; what falls 
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 
 import numpy as np
@@ -106,3 +107,24 @@ def test_the_setting_refuses_a_device_it_cannot_use_and_says_why(tmp_path, monke
 
 def test_the_loader_decodes_with_pillow_unless_asked():
     assert type(_preprocessor(SPEC, Settings())) is Preprocessor
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    device_decoding_unavailable("cuda") is not None, reason="needs torchvision and a CUDA GPU"
+)
+def test_on_cuda_jpegs_come_out_close_to_pillows_from_any_thread(monkeypatch):
+    monkeypatch.setattr(Preprocessor, "_draft", lambda self, image: None)
+    device, pillow = DevicePreprocessor(SPEC, 10**8, "cuda"), Preprocessor(SPEC, 10**8)
+    files = [jpeg(*size, seed=k) for k, size in enumerate([(640, 480), (480, 640), (100, 80)])]
+    alone = [device(data) for data in files]
+    for got, data in zip(alone, files, strict=True):
+        want = pillow(data)
+        print(f"nvJPEG against Pillow: {grey_levels(got, want):.1f} grey levels at most")
+        assert grey_levels(got, want) <= 8  # nvJPEG's IDCT and upsampling, a float resize
+        assert float(np.abs(got - want).mean()) * 0.229 * 255 <= 1.0
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # a CUDA stream per thread
+        together = list(pool.map(device, files * 4))
+    for got, want in zip(together, alone * 4, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert device.counts == {"device": 15, "pillow": 0}
