@@ -65,14 +65,14 @@ def torch_preprocess(device: str, spec: Preprocessing) -> Callable[[Sequence[byt
     from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.transforms.v2 import functional as F
 
+    # deprecated since 0.29 in favour of TorchCodec: said once (not per call, from threads)
+    warnings.filterwarnings("ignore", message=".*decoding and encoding capabilities")
     mean = torch.tensor(spec.mean, device=device).view(3, 1, 1) * 255
     scale = 1 / (torch.tensor(spec.std, device=device).view(3, 1, 1) * 255)
 
     def run(files: Sequence[bytes]) -> Any:
         datas = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in files]
-        with warnings.catch_warnings():  # deprecated since 0.29 in favour of TorchCodec
-            warnings.filterwarnings("ignore", message=".*decoding and encoding capabilities")
-            images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+        images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
         out = torch.empty((len(files), 3, spec.crop, spec.crop), device=device)
         for k, image in enumerate(images):
             resized = F.resize(image, [spec.resize], antialias=True)

@@ -6,21 +6,22 @@ thousands of ``/classify`` images a second need more cores than a GPU host has. 
 1. the header is read by Pillow as on the CPU path (:class:`service.images.Preprocessor`:
    formats, the pixel limit and the aspect ratio are refused the same way, before decoding);
 2. a baseline or progressive JPEG in RGB or grey, upright (no EXIF orientation other than 1),
-   for a model whose colour is RGB, is decoded by ``torchvision.io.decode_jpeg`` on the device
-   (nvJPEG) to ``(3, H, W)`` uint8; everything else (other formats, CMYK, rotated, grey models,
-   a file nvJPEG refuses) goes through Pillow unchanged, with its errors;
+   whole (it ends with the end-of-image marker: nvJPEG's hardware decoder may not refuse a
+   truncated file that Pillow refuses), smaller than four times the resize on its shorter side
+   (larger ones Pillow decodes cheaply at a reduced scale, and on the device they would take
+   hundreds of MB each), for a model whose colour is RGB, is decoded by
+   ``torchvision.io.decode_jpeg`` on the device (nvJPEG) to ``(3, H, W)`` uint8; everything
+   else (other formats, CMYK, rotated, grey models, a file nvJPEG refuses) goes through Pillow
+   unchanged, with its errors;
 3. resize the shorter side to ``resize`` (bilinear, antialiased, torchvision's size rounding),
    centre crop ``crop`` (zero padding when smaller), ``(v - 255 mean) / (255 std)`` in float32,
    all on the device; the ``(3, S, S)`` result is copied back for the batcher.
 
 The result is not bit-exact with Pillow's: nvJPEG's IDCT and chroma upsampling differ from
 libjpeg-turbo's, the resize runs in floating point where Pillow rounds to 8 bits between its two
-passes (on the CPU, torchvision's decode and resize stay within 2 grey levels of Pillow's at
-full scale; ``bench/decode_gpu.py`` measures the GPU's difference), and a JPEG at least four
-times the resize is decoded at full scale, as training decoded it, where Pillow's path decodes
-it at a reduced scale (its draft mode; about 4 grey levels apart at most for 640x480 to 64).
-PyTorch and torchvision are needed (``pip install torch torchvision``); the service's images do
-not carry them.
+passes (on the CPU, torchvision's decode and resize stay within 2 grey levels of Pillow's;
+``bench/decode_gpu.py`` measures the GPU's difference). PyTorch and torchvision are needed
+(``pip install torch torchvision``); the service's images do not carry them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ from service.images import Preprocessor, _formats
 __all__ = ["DevicePreprocessor", "device_decoding_unavailable"]
 
 _ORIENTATION = 0x0112  # the EXIF tag
+_END_OF_IMAGE = b"\xff\xd9"
+
+# torchvision 0.29 deprecates its decoders in favour of TorchCodec: said once, here, for the
+# process (warnings.catch_warnings around each call from several threads is not thread-safe)
+warnings.filterwarnings("ignore", message=".*decoding and encoding capabilities")
 
 
 def device_decoding_unavailable(device: str) -> str | None:
@@ -51,8 +57,20 @@ def device_decoding_unavailable(device: str) -> str | None:
             f"decoding on {device} needs PyTorch and torchvision (pip install torch "
             f"torchvision): {error}"
         )
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return f"decoding on {device} needs a CUDA GPU, and PyTorch sees none"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return f"decoding on {device} needs a CUDA GPU, and PyTorch sees none"
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            return f"there is no {device}: PyTorch sees {torch.cuda.device_count()} GPU(s)"
+    probe = io.BytesIO()  # a 16 x 16 grey JPEG: can this torchvision decode on the device?
+    Image.new("L", (16, 16), 128).save(probe, "JPEG")
+    try:
+        from torchvision.io import decode_jpeg
+
+        decode_jpeg(torch.frombuffer(bytearray(probe.getvalue()), dtype=torch.uint8), device=device)
+    except Exception as error:  # torchvision without nvJPEG, a device that fails
+        return f"torchvision could not decode a JPEG on {device} ({type(error).__name__}: {error})"
     return None
 
 
@@ -91,6 +109,8 @@ class DevicePreprocessor:
             return (
                 image.format == "JPEG"
                 and image.mode in ("RGB", "L")
+                and not self.cpu.drafts(image)
+                and data.rstrip(b"\x00")[-2:] == _END_OF_IMAGE
                 and image.getexif().get(_ORIENTATION, 1) == 1
             )
 
@@ -130,9 +150,7 @@ class DevicePreprocessor:
 
         stream = self._stream()
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with context, warnings.catch_warnings():
-            # torchvision 0.29 deprecates its decoders in favour of TorchCodec
-            warnings.filterwarnings("ignore", message=".*decoding and encoding capabilities")
+        with context:
             encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             image = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
             if self.spec.resize is not None:

@@ -45,11 +45,9 @@ def device() -> DevicePreprocessor:
     return DevicePreprocessor(SPEC, 10**8, "cpu")
 
 
-@pytest.mark.parametrize("size", [(160, 120), (120, 160), (100, 100), (50, 40), (640, 480)])
-def test_jpegs_come_out_within_a_grey_level_or_two_of_pillows(device, size, monkeypatch):
+@pytest.mark.parametrize("size", [(160, 120), (120, 160), (100, 100), (50, 40), (340, 255)])
+def test_jpegs_come_out_within_a_grey_level_or_two_of_pillows(device, size):
     data = jpeg(*size, seed=size[0])
-    # the device decodes at full scale, where Pillow's path decodes 640x480 at half scale
-    monkeypatch.setattr(Preprocessor, "_draft", lambda self, image: None)
     got, want = device(data), Preprocessor(SPEC, 10**8)(data)
     assert got.shape == want.shape == (3, 56, 56)
     assert got.dtype == np.float32
@@ -83,6 +81,19 @@ def test_other_formats_rotated_jpegs_and_grey_models_go_through_pillow_unchanged
     assert grey_device.counts == {"device": 0, "pillow": 1}
 
 
+def test_large_jpegs_and_jpegs_without_their_end_go_through_pillow(device):
+    pillow = Preprocessor(SPEC, 10**8)
+    large = jpeg(340, 256)  # shorter side 4 x the resize: Pillow decodes it at half scale
+    np.testing.assert_array_equal(device(large), pillow(large))
+    assert device.counts == {"device": 0, "pillow": 1}
+    padded = jpeg(160, 120) + b"\x00" * 16  # zeros after the end-of-image marker: whole
+    assert grey_levels(device(padded), pillow(padded)) <= 2
+    assert device.counts == {"device": 1, "pillow": 1}
+    with pytest.raises(ImageError):  # cut before its end: Pillow refuses it, says why
+        device(jpeg(160, 120)[:-2])
+    assert device.counts == {"device": 1, "pillow": 2}
+
+
 def test_bad_files_get_pillows_errors(device):
     with pytest.raises(ImageError, match="truncated"):
         device(jpeg(160, 120)[:-300])
@@ -113,9 +124,11 @@ def test_the_loader_decodes_with_pillow_unless_asked():
 @pytest.mark.skipif(
     device_decoding_unavailable("cuda") is not None, reason="needs torchvision and a CUDA GPU"
 )
-def test_on_cuda_jpegs_come_out_close_to_pillows_from_any_thread(monkeypatch):
-    monkeypatch.setattr(Preprocessor, "_draft", lambda self, image: None)
-    device, pillow = DevicePreprocessor(SPEC, 10**8, "cuda"), Preprocessor(SPEC, 10**8)
+def test_on_cuda_jpegs_come_out_close_to_pillows_from_any_thread():
+    imagenet = Preprocessing(
+        colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
+    )
+    device, pillow = DevicePreprocessor(imagenet, 10**8, "cuda"), Preprocessor(imagenet, 10**8)
     files = [jpeg(*size, seed=k) for k, size in enumerate([(640, 480), (480, 640), (100, 80)])]
     alone = [device(data) for data in files]
     for got, data in zip(alone, files, strict=True):
@@ -128,3 +141,6 @@ def test_on_cuda_jpegs_come_out_close_to_pillows_from_any_thread(monkeypatch):
     for got, want in zip(together, alone * 4, strict=True):
         np.testing.assert_array_equal(got, want)
     assert device.counts == {"device": 15, "pillow": 0}
+    for cut in (files[0][:-2], files[0][: len(files[0]) // 2], files[1][:-100] + b"\xff\xd9"):
+        with pytest.raises(ImageError):  # refused as Pillow refuses it, whichever decodes
+            device(cut)
