@@ -38,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchlib import write_json  # noqa: E402
 from bench.serve import jpegs, oip_bodies  # noqa: E402
 from bench.standin import CARD, StandinBackend  # noqa: E402
 from service.app import create_app  # noqa: E402
@@ -214,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['route']} | {cpu['included']:.3f} | {cpu['flat']:.3f} | "
             f"{row['included_over_flat']:.2f}x |"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     print(f"\nwrote {args.json}")
     return 0
 

@@ -23,9 +23,9 @@ Prints a markdown table and writes ``bench/results/batch_copy.json`` (``--json P
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,9 +34,12 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.runner import bucket_for, buckets, fill
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.benchlib import write_json  # noqa: E402
+from service.runner import bucket_for, buckets, fill  # noqa: E402
+
 DEFAULT_JSON = ROOT / "bench" / "results" / "batch_copy.json"
 WAYS = ("stack, pad", "fill")
 
@@ -131,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "onnxruntime": ort.__version__,
         "rows": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     print(f"\nwrote {args.json}")
     return 0
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import platform
 import statistics
 import sys
@@ -49,6 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.benchlib import write_json  # noqa: E402
 from bench.serve import jpegs  # noqa: E402
 from service.card import Preprocessing  # noqa: E402
 from service.images import Preprocessor  # noqa: E402
@@ -201,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "torchvision_error" in report:
         print(f"\ntorchvision's path did not run: {report['torchvision_error']}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     print(f"\nwrote {args.json}")
     return 0
 
