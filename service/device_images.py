@@ -48,7 +48,10 @@ warnings.filterwarnings("ignore", message=".*decoding and encoding capabilities"
 
 
 def device_decoding_unavailable(device: str) -> str | None:
-    """Why images cannot be decoded on ``device`` here (None: they can)."""
+    """Why images cannot be decoded on ``device`` here (None: they may be), without touching
+    the GPU (the settings check runs in the server's parent process too, which should not hold
+    a CUDA context): PyTorch and torchvision importable, the device there. Whether torchvision
+    can decode on it is tried by :class:`DevicePreprocessor` (:func:`_probe`)."""
     try:
         import torch
         import torchvision  # noqa: F401
@@ -63,15 +66,24 @@ def device_decoding_unavailable(device: str) -> str | None:
         index = int(device.partition(":")[2] or 0)
         if index >= torch.cuda.device_count():
             return f"there is no {device}: PyTorch sees {torch.cuda.device_count()} GPU(s)"
-    probe = io.BytesIO()  # a 16 x 16 grey JPEG: can this torchvision decode on the device?
+    return None
+
+
+def _probe(device: str) -> None:
+    """Decode a 16 x 16 grey JPEG on ``device``; ``ValueError`` with the reason where this
+    torchvision cannot (built without nvJPEG, a device that fails)."""
+    import torch
+    from torchvision.io import decode_jpeg
+
+    probe = io.BytesIO()
     Image.new("L", (16, 16), 128).save(probe, "JPEG")
     try:
-        from torchvision.io import decode_jpeg
-
         decode_jpeg(torch.frombuffer(bytearray(probe.getvalue()), dtype=torch.uint8), device=device)
-    except Exception as error:  # torchvision without nvJPEG, a device that fails
-        return f"torchvision could not decode a JPEG on {device} ({type(error).__name__}: {error})"
-    return None
+    except Exception as error:
+        raise ValueError(
+            f"SMSO_DECODE_DEVICE={device}: torchvision could not decode a JPEG there "
+            f"({type(error).__name__}: {error}); decode on the cpu instead"
+        ) from None
 
 
 class DevicePreprocessor:
@@ -83,6 +95,7 @@ class DevicePreprocessor:
     def __init__(self, spec: Preprocessing, max_pixels: int, device: str) -> None:
         import torch
 
+        _probe(device)
         self.spec, self.device = spec, device
         self.cpu = Preprocessor(spec, max_pixels)
         self.on_device = spec.colour == "RGB"  # grey models: Pillow's luma, on the CPU

@@ -116,6 +116,17 @@ def test_the_setting_refuses_a_device_it_cannot_use_and_says_why(tmp_path, monke
         Settings(decode_device="cuda")
 
 
+def test_a_torchvision_that_cannot_decode_on_the_device_is_refused_at_load(monkeypatch):
+    import torchvision.io
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("nvJPEG is not available in this build")
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", broken)
+    with pytest.raises(ValueError, match=r"could not decode a JPEG there.*nvJPEG is not available"):
+        DevicePreprocessor(SPEC, 10**8, "cpu")
+
+
 def test_the_loader_decodes_with_pillow_unless_asked():
     assert type(_preprocessor(SPEC, Settings())) is Preprocessor
 
