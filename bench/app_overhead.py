@@ -116,6 +116,14 @@ async def lifespan(app: Any) -> Callable[[], Any]:
     started = await outbox.get()
     if started["type"] != "lifespan.startup.complete":
         raise RuntimeError(f"the app did not start: {started}")
+    # the model loads and warms up after start-up: wait until /readyz answers 200
+    scope, chunks = request("/readyz", b"", {})
+    scope["method"] = "GET"
+    deadline = time.monotonic() + 120
+    while await call(app, scope, chunks) != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the app was not ready within 120 s")
+        await asyncio.sleep(0.05)
 
     async def stop() -> None:
         await inbox.put({"type": "lifespan.shutdown"})
