@@ -5,8 +5,7 @@
 #   step 1 (carry .gpu-stage/part1 .gpu-stage/wheels): install the wheels, export the five
 #          ResNet-50 models in the background (bench/serve_gpu.py --export-only);
 #   step 2 (carry .gpu-stage/part2), step 3 (carry .gpu-stage/part3): collect the parts; step 3
-#          also measures JPEG decoding on the GPU (bench/decode_gpu.py, about a minute) and
-#          runs the service's GPU decoder's CUDA test;
+#          also measures JPEG decoding on the GPU (bench/decode_gpu.py, about a minute);
 #   step 4 (carry .gpu-stage/part4 .gpu-stage/wheels-late): check that everything arrived,
 #          unpack onnxruntime-gpu, the CUDA tests, then bench/serve_gpu.py on the exports;
 #          the whole step keeps within STEP4_S seconds (default 540), results in $OUT.
@@ -52,10 +51,6 @@ case $step in
   # JPEG decoding on the GPU (nvJPEG through the machine's torchvision) against Pillow
   PYTHONPATH=$site:$PWD timeout 150 python3 bench/decode_gpu.py --device cuda \
     --json "$OUT"/decode_gpu.json || echo "bench/decode_gpu.py failed (status $?)"
-  # the service's decoder on the GPU (SMSO_DECODE_DEVICE=cuda) against Pillow's
-  PYTHONPATH=$site:$PWD timeout 90 python3 -m pytest -m cuda -s -q -p no:cacheprovider \
-    tests/service/test_device_images.py >"$OUT/pytest-device-images.log" 2>&1
-  echo "pytest -m cuda tests/service/test_device_images.py: $(tail -1 "$OUT/pytest-device-images.log")"
   ;;
 4)
   budget=${STEP4_S:-540}

@@ -233,19 +233,14 @@ class Preprocessor:
                 f"{MAX_ASPECT_RATIO}:1"
             )
 
-    def drafts(self, image: Image.Image) -> bool:
-        """Whether ``image`` (opened, not decoded) is a JPEG large enough to be decoded at a
-        reduced scale: its shorter side at least four times the resize."""
-        if image.format not in ("JPEG", "MPO") or self.spec.resize is None:
-            return False
-        return min(image.size) >= 4 * self.spec.resize
-
     def _draft(self, image: Image.Image) -> None:
         """Let a large JPEG decode at 1/2, 1/4 or 1/8 scale while staying >= 2x the resize."""
-        if self.drafts(image):
-            assert self.spec.resize is not None
-            width, height = image.size
-            scale = min(width, height) / (2 * self.spec.resize)  # twice what the resize needs
+        if image.format not in ("JPEG", "MPO") or self.spec.resize is None:
+            return
+        width, height = image.size
+        target = 2 * self.spec.resize  # keep twice the resolution the resize needs
+        if min(width, height) >= 2 * target:
+            scale = min(width, height) / target
             image.draft(self.mode, (int(width / scale), int(height / scale)))
 
     def geometry(self, image: Image.Image) -> Image.Image:

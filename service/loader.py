@@ -21,8 +21,6 @@ import numpy as np
 from service import stage_clock
 from service.backend import Backend, OnnxBackend, warm_up_inputs
 from service.batcher import MicroBatcher, RunFn
-from service.card import Preprocessing
-from service.device_images import DevicePreprocessor
 from service.drift import DriftMonitor
 from service.hosted_backend import HostedBackend, host_from_environment
 from service.images import Preprocessor
@@ -75,7 +73,7 @@ async def load_model(
         )
         batcher.start()
         await _warm_up(backend, batcher, settings.max_batch_size)
-        preprocess = _preprocessor(card.preprocessing, settings)
+        preprocess = Preprocessor(card.preprocessing, settings.max_pixels)
     except asyncio.CancelledError:
         await _discard(batcher, backend)
         raise
@@ -237,13 +235,6 @@ def _depth_reporter(state: ServiceState, name: str, version: str) -> Callable[[i
         metrics.queue_depth.set(queue_depth(state))
 
     return report
-
-
-def _preprocessor(spec: Preprocessing, settings: Settings) -> Preprocessor | DevicePreprocessor:
-    """Pillow's, or with ``decode_device`` (cuda) the one that decodes JPEGs on the GPU."""
-    if settings.decode_device == "cpu":
-        return Preprocessor(spec, settings.max_pixels)
-    return DevicePreprocessor(spec, settings.max_pixels, settings.decode_device)
 
 
 async def _discard(batcher: MicroBatcher | None, backend: Backend | None) -> None:

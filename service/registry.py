@@ -20,7 +20,6 @@ from pathlib import Path
 from service.backend import Backend
 from service.batcher import MicroBatcher
 from service.card import ModelCard
-from service.device_images import DevicePreprocessor
 from service.drift import DriftMonitor
 from service.errors import ServiceError
 from service.images import Preprocessor
@@ -56,8 +55,7 @@ class LoadedModel:
     version: str
     card: ModelCard
     backend: Backend
-    #: encoded bytes -> the model's input ``(C, S, S)`` float32 (Pillow's, or on a GPU)
-    preprocess: Preprocessor | DevicePreprocessor
+    preprocess: Preprocessor
     batcher: MicroBatcher
     source: Path | None = None
     users: _Users = field(default_factory=_Users, repr=False)

@@ -157,13 +157,6 @@ class Settings(BaseSettings):
         description="threads decoding images, per worker; 0: half the CPU cores over the workers, "
         "at least 1 (more threads than that contend with onnxruntime and the event loop)",
     )
-    decode_device: str = Field(
-        "cpu",
-        pattern=r"^(cpu|cuda(:\d+)?)$",
-        description="where JPEGs are decoded and preprocessed: cpu (Pillow, in the decode "
-        "threads) or cuda / cuda:N (nvJPEG through PyTorch's torchvision, for models with RGB "
-        "input; other images still go through Pillow). cuda needs torch and torchvision",
-    )
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
     intra_op_spinning: bool = Field(
         False,
@@ -233,12 +226,6 @@ class Settings(BaseSettings):
                 "smso-export (SMSO_MODEL_PATH or --model-path), or run `make onnx` for the "
                 "shipped one"
             )
-        if self.decode_device != "cpu":
-            from service.device_images import device_decoding_unavailable
-
-            reason = device_decoding_unavailable(self.decode_device)
-            if reason is not None:
-                raise ValueError(f"decode_device: {reason}; or decode on the cpu (the default)")
         if self.shared_session and self.model_repository is not None:
             raise ValueError(
                 "shared_session serves one model file (model_path), not a model repository: "

@@ -43,34 +43,17 @@ def test_packages_import() -> None:
     assert all(m.__doc__ for m in (export, service, training))
 
 
-#: The one opt-in use of PyTorch in the service: SMSO_DECODE_DEVICE=cuda decodes JPEGs through
-#: torchvision, imported inside the functions that do it (never when the module is imported).
-LAZY_TORCH = {ROOT / "service" / "device_images.py": {"torch", "torchvision"}}
-
-
 def test_service_never_imports_torch_or_training() -> None:
-    """Statically (every import statement under service/, but torch and torchvision inside the
-    functions of :data:`LAZY_TORCH`'s modules) and at run time (sys.modules, after importing
-    every module of the service)."""
+    """Statically (every import statement under service/) and at run time (sys.modules)."""
     for path in (ROOT / "service").rglob("*.py"):
-        tree = ast.parse(path.read_text(), str(path))
-        in_functions = {
-            id(inner)
-            for outer in ast.walk(tree)
-            if isinstance(outer, ast.FunctionDef | ast.AsyncFunctionDef)
-            for inner in ast.walk(outer)
-        }
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
             for name in names:
-                root = name.split(".")[0]
-                if root in LAZY_TORCH.get(path, set()) and id(node) in in_functions:
-                    continue
-                assert root not in FORBIDDEN_IN_SERVICE, f"{path}: imports {name}"
+                assert name.split(".")[0] not in FORBIDDEN_IN_SERVICE, f"{path}: imports {name}"
     code = (
         "import pkgutil, sys, service\n"
         "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
