@@ -64,6 +64,16 @@ install_project "$tmp/serve-gpu" "$(cd "$root" && context serve service)"
 "$tmp/serve-gpu/bin/python" -c "import service.app, service.cli, onnxruntime" \
   || fail "the service does not import in the GPU serving venv"
 "$tmp/serve-gpu/bin/smso-serve" --help >/dev/null || fail "smso-serve --help in the GPU serving venv"
+# GPU JPEG decoding from the installed package (its graph is package data): here on
+# nvImageCodec's CPU decoder and onnxruntime's CPU provider, the code the GPU runs
+"$tmp/serve-gpu/bin/python" - <<'PY' || fail "GPU JPEG decoding (service.gpu_jpeg) does not run in the GPU serving venv"
+from service.card import Preprocessing
+from service.gpu_jpeg import GpuJpegPreprocessor
+from service.images import Preprocessor
+
+spec = Preprocessing(colour="RGB", resize=256, crop=224, mean=[0.5] * 3, std=[0.25] * 3)
+GpuJpegPreprocessor(Preprocessor(spec, 10**7), "cpu")  # decodes and checks a probe JPEG
+PY
 if "$tmp/serve-gpu/bin/python" -c "import torch" 2>/dev/null; then
   fail "torch is importable in the serving venv: the serving extra must not pull it"
 fi

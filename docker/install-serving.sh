@@ -3,7 +3,8 @@
 # into a virtual environment. The serving Dockerfiles run it, and so does CI (`make docker-check`),
 # in a fresh venv, so a broken install step fails CI without a Docker engine.
 #
-#   docker/install-serving.sh VENV              the extra as pyproject.toml says (onnxruntime-gpu)
+#   docker/install-serving.sh VENV              the extra as pyproject.toml says (onnxruntime-gpu),
+#                                               and `gpu-decode` (nvImageCodec, nvJPEG)
 #   docker/install-serving.sh VENV --cpu        the `serving-cpu` extra: the same, with onnxruntime
 #                                               for onnxruntime-gpu (same version range, a tenth
 #                                               of the download: slim CPU image)
@@ -37,9 +38,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 
-extra=serving
-[ "$cpu" = 0 ] || extra=serving-cpu
-requirements=$("$venv/bin/python" "$here/requirements.py" "$extra")
+extras="serving gpu-decode"  # gpu-decode: JPEGs decoded on the GPU (SMSO_DECODE_DEVICE=cuda)
+[ "$cpu" = 0 ] || extras=serving-cpu
+# shellcheck disable=SC2086  # two extras, one word each
+requirements=$("$venv/bin/python" "$here/requirements.py" $extras)
 echo "install-serving.sh: installing into $venv:" $requirements
 mapfile -t reqs <<<"$requirements"
 "$venv/bin/python" -m pip install --quiet "${reqs[@]}"

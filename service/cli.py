@@ -90,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings(**overrides)
         check_tracing()
+        _check_decoding(settings)
     except ValidationError as error:
         print(f"smso-serve: error: {_one_line(error, overrides)}", file=sys.stderr)
         return 2
@@ -205,6 +206,15 @@ def _try_once(backend: OnnxBackend, path: os.PathLike[str]) -> None:
     except Exception as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise ModelCannotRunError(f"{path} loaded but cannot run: {reason}") from None
+
+
+def _check_decoding(settings: Settings) -> None:
+    """With ``decode_device=cuda``: a ValueError saying what is missing (nvImageCodec,
+    onnxruntime's CUDA provider, a GPU) before the server starts."""
+    if settings.decode_device != "cpu":
+        from service.gpu_jpeg import check_available  # needs nvImageCodec: imported only then
+
+        check_available(settings.decode_device)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 
@@ -48,9 +49,14 @@ __all__ = [
     "AspectRatioError",
     "ImageError",
     "ImageTooLargeError",
+    "Preprocess",
     "Preprocessor",
     "UnsupportedFormatError",
 ]
+
+#: What a served model decodes its uploads with: ``(encoded bytes, file name) -> (C, S, S)``
+#: float32 (a :class:`Preprocessor`, or ``service.gpu_jpeg``'s for JPEGs on the GPU).
+Preprocess = Callable[[bytes, str], np.ndarray]
 
 # Pillow's own bomb check is replaced by the service's max_pixels, checked before decoding.
 Image.MAX_IMAGE_PIXELS = None
@@ -193,7 +199,7 @@ class Preprocessor:
             raise ImageError(f"{name}: the file is empty")
         try:
             image = Image.open(io.BytesIO(data), formats=_formats())
-            self._check_size(image, name)
+            self.check_size(image, name)
             self._draft(image)
             image.seek(0)
             image.load()
@@ -216,7 +222,7 @@ class Preprocessor:
                 f"{name}: the image could not be decoded ({type(error).__name__}: {error})"
             ) from None
 
-    def _check_size(self, image: Image.Image, name: str) -> None:
+    def check_size(self, image: Image.Image, name: str) -> None:
         """Refuse, from the header, more than ``max_pixels`` pixels or too long a strip."""
         width, height = image.size
         if width * height > self.max_pixels:

@@ -21,9 +21,10 @@ import numpy as np
 from service import stage_clock
 from service.backend import Backend, OnnxBackend, warm_up_inputs
 from service.batcher import MicroBatcher, RunFn
+from service.card import ModelCard
 from service.drift import DriftMonitor
 from service.hosted_backend import HostedBackend, host_from_environment
-from service.images import Preprocessor
+from service.images import Preprocess, Preprocessor
 from service.pipeline import ServiceState, queue_depth
 from service.registry import LoadedModel, ModelStatus
 from service.runner import Batch, buckets
@@ -33,6 +34,21 @@ from service.typicality import Typicality
 __all__ = ["load_model", "retire", "unload_model"]
 
 log = logging.getLogger("service")
+
+
+def _preprocessor(state: ServiceState, card: ModelCard) -> Preprocess:
+    """Pillow's preprocessing of the card, or with ``decode_device=cuda`` the GPU's for common
+    JPEGs (:mod:`service.gpu_jpeg`; imported only then: it needs nvImageCodec)."""
+    settings = state.settings
+    pillow = Preprocessor(card.preprocessing, settings.max_pixels)
+    if settings.decode_device == "cpu":
+        return pillow
+    from service.gpu_jpeg import GpuJpegPreprocessor
+
+    decoded = state.metrics.decoded
+    return GpuJpegPreprocessor(
+        pillow, settings.decode_device, on_decoded=lambda where: decoded.labels(where).inc()
+    )
 
 
 async def load_model(
@@ -73,7 +89,7 @@ async def load_model(
         )
         batcher.start()
         await _warm_up(backend, batcher, settings.max_batch_size)
-        preprocess = Preprocessor(card.preprocessing, settings.max_pixels)
+        preprocess = await asyncio.to_thread(_preprocessor, state, card)  # GPU's: a probe
     except asyncio.CancelledError:
         await _discard(batcher, backend)
         raise

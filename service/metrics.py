@@ -113,6 +113,13 @@ class Metrics:
             "Images not decoded because their request had passed its deadline or its client left",
             registry=r,
         )
+        self.decoded = Counter(
+            "smso_images_decoded_total",
+            "With decode_device=cuda, images decoded by where: device (nvJPEG on the GPU) or "
+            "pillow (the decode threads' CPU: the images the GPU's path does not take)",
+            ["decoder"],
+            registry=r,
+        )
         self.spans_dropped = Counter(
             "smso_spans_dropped_total",
             "Trace spans not exported: the exporter's queue was full, or its process had gone",

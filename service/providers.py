@@ -41,6 +41,7 @@ __all__ = [
     "has_nvidia_gpu",
     "prepare_engine_cache",
     "provider_options",
+    "quiet_native_output",
     "shaped_session",
 ]
 
@@ -144,7 +145,7 @@ def check_providers(spec: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet_native_output() -> Iterator[None]:
     """Silence file descriptors 1 and 2 (C++ logs and print()) for the duration."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -245,7 +246,8 @@ def choose_providers(
         # TensorRT hands the nodes it cannot build to CUDA, then the CPU
         names = [p for p in ACCELERATED[i:] if p in available] + [CPU]
         try:
-            with _quiet():  # a missing CUDA library is reported by the C++ logger and print()
+            # a missing CUDA library is reported by the C++ logger and print()
+            with quiet_native_output():
                 session = _session(path, with_options(names), threads, spinning)
         except Exception as error:  # onnxruntime raises bare RuntimeErrors of its own types
             log.info("%s is not usable here (%s)", accelerated, str(error).splitlines()[0][:200])

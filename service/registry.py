@@ -22,7 +22,7 @@ from service.batcher import MicroBatcher
 from service.card import ModelCard
 from service.drift import DriftMonitor
 from service.errors import ServiceError
-from service.images import Preprocessor
+from service.images import Preprocess
 from service.typicality import Typicality
 
 __all__ = ["LoadedModel", "ModelEntry", "ModelStatus", "Registry"]
@@ -55,7 +55,7 @@ class LoadedModel:
     version: str
     card: ModelCard
     backend: Backend
-    preprocess: Preprocessor
+    preprocess: Preprocess
     batcher: MicroBatcher
     source: Path | None = None
     users: _Users = field(default_factory=_Users, repr=False)

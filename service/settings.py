@@ -157,6 +157,13 @@ class Settings(BaseSettings):
         description="threads decoding images, per worker; 0: half the CPU cores over the workers, "
         "at least 1 (more threads than that contend with onnxruntime and the event loop)",
     )
+    decode_device: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="cuda: decode common JPEGs on the GPU (nvImageCodec) and resize them there "
+        "(onnxruntime's CUDA provider), within a grey level or two of Pillow's; other images, "
+        "and every image with cpu, are decoded by Pillow on the decode threads. Needs "
+        "smso[gpu-decode]",
+    )
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
     intra_op_spinning: bool = Field(
         False,

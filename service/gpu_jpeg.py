@@ -1,0 +1,285 @@
+"""JPEGs decoded on the GPU: the ``cuda`` decode device (``SMSO_DECODE_DEVICE=cuda``).
+
+Decoding a 640 x 480 JPEG and resizing it take about 3.5 ms each of one core with Pillow, so
+a CPU-bound server tops out far below its GPU. Here the common case runs on the GPU:
+
+1. the header, read by Pillow (no pixels decoded), decides the route and refuses what
+   :class:`~service.images.Preprocessor` refuses (over the pixel limit, too long a strip), with
+   the same errors;
+2. nvImageCodec decodes the JPEG (nvJPEG; ``nvidia-nvimgcodec-cu13`` and ``nvidia-nvjpeg``) to
+   ``(H, W, 3)`` uint8 RGB;
+3. the colour step, resize, centre crop and normalisation run as one onnxruntime graph
+   (:mod:`service.preprocess_graph`) on the CUDA provider, returning the ``(C, S, S)`` float32
+   input of the model card.
+
+Everything else takes Pillow's path, unchanged: another format, CMYK, an EXIF orientation
+other than upright, a file that does not end with the end-of-image marker (a truncated JPEG is
+refused there, as it always was), one large enough for Pillow's reduced-scale (draft) decoding,
+a model card without a resize or an image smaller than the crop after it, and any image the GPU
+decoder gives up on. From the same decoded pixels the graph's result is Pillow's within one
+grey level (before normalisation) on all but about 2e-5 of the values, which are two off: Pillow
+resamples in fixed point and rounds between its two passes. The decoders add differences of
+their own (nvJPEG's inverse DCT and chroma upsampling are not libjpeg-turbo's).
+
+With ``device="cpu"`` the same code runs nvImageCodec's CPU decoder (libjpeg-turbo) and the
+graph on the CPU provider: what the tests run on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+import onnxruntime as ort
+from PIL import Image
+
+from service.images import Preprocessor, _resized_size
+from service.preprocess_graph import GRAPH
+from service.providers import CPU, CUDA, has_nvidia_gpu, quiet_native_output
+
+__all__ = ["DeviceDecodeError", "GpuJpegPreprocessor", "check_available", "load_nvimgcodec"]
+
+log = logging.getLogger(__name__)
+
+#: Pillow's ``convert("L")`` (ITU-R 601-2 luma in 16-bit fixed point) and RGB kept as it is.
+_LUMA = np.array([[19595], [38470], [7471]], np.float32)
+_RGB = np.eye(3, dtype=np.float32) * 2.0**16
+_EXIF_ORIENTATION = 0x0112
+_END_OF_IMAGE = b"\xff\xd9"
+
+_lock = threading.Lock()
+_module: Any = None
+
+
+class DeviceDecodeError(ValueError):
+    """The ``cuda`` decode device cannot run here (a setting's error, reported at start-up)."""
+
+
+def load_nvimgcodec() -> Any:
+    """``nvidia.nvimgcodec``, imported once with its native start-up messages silenced (it
+    prints, from C++, a line for each optional library it lacks: nvJPEG2000, nvTIFF)."""
+    global _module
+    with _lock:
+        if _module is None:
+            try:
+                with quiet_native_output():
+                    from nvidia import nvimgcodec
+            except ImportError as error:
+                raise DeviceDecodeError(
+                    "decode_device=cuda needs NVIDIA's nvImageCodec (pip install "
+                    f"'smso[gpu-decode]'); it could not be imported: {error}"
+                ) from None
+            _module = nvimgcodec
+        return _module
+
+
+def check_available(device: Literal["cuda", "cpu"] = "cuda") -> None:
+    """A :class:`DeviceDecodeError` saying what is missing where ``device`` cannot decode here
+    (checked before a server starts; the first model's load then decodes a probe image)."""
+    load_nvimgcodec()
+    if device == "cuda":
+        if CUDA not in ort.get_available_providers():
+            raise DeviceDecodeError(
+                "decode_device=cuda needs onnxruntime's CUDAExecutionProvider (onnxruntime-gpu, "
+                f"smso[serving]); this onnxruntime has {ort.get_available_providers()}"
+            )
+        if not has_nvidia_gpu():
+            raise DeviceDecodeError("decode_device=cuda needs an NVIDIA GPU; none is here")
+
+
+def _probe_jpeg(height: int) -> bytes:
+    """A colour JPEG (a gradient) ``4/3 height`` wide, decoded once at load to check the
+    device's path."""
+    y, x = np.mgrid[0:height, 0 : height * 4 // 3]
+    rgb = (np.stack([x, y, x + y], axis=-1) * 255 // max(height, 1) % 256).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(rgb).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+#: Largest difference, in grey levels, between the device's result for the probe image and
+#: Pillow's before the path is trusted (the decoders' inverse DCTs differ by a level or two).
+PROBE_TOLERANCE = 8
+
+
+@dataclass(frozen=True, eq=False)
+class GpuJpegPreprocessor:
+    """Encoded bytes -> ``(C, S, S)`` float32, as ``preprocessor`` makes it, decoding the common
+    JPEGs on ``device`` (see the module's docstring); a drop-in for :class:`Preprocessor`.
+
+    Thread-safe: each decode thread has its own nvImageCodec decoder; the graph's session is
+    shared (onnxruntime's ``run`` may be called from several threads).
+    """
+
+    preprocessor: Preprocessor
+    device: Literal["cuda", "cpu"] = "cuda"
+    device_id: int = 0
+    #: called with ``"device"`` or ``"pillow"`` for each image, by where it was decoded
+    on_decoded: Callable[[str], None] = lambda decoder: None
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    def __post_init__(self) -> None:
+        spec = self.preprocessor.spec
+        if len(spec.mean) not in (1, 3) or len(spec.mean) != len(spec.std):
+            raise DeviceDecodeError(f"mean {spec.mean} and std {spec.std} do not match a colour")
+        check_available(self.device)
+        self._probe()
+
+    def _probe(self) -> None:
+        """Decode :func:`_probe_jpeg` on the device and compare with Pillow: a decoder or a
+        provider that does not work here fails the model's load, not its first request."""
+        spec = self.preprocessor.spec
+        if spec.resize is None or spec.resize < spec.crop:
+            log.warning(
+                "decode_device=%s does not apply to a model card without a resize to at least "
+                "its crop (%s): Pillow decodes its images",
+                self.device,
+                spec,
+            )
+            return
+        data = _probe_jpeg(spec.resize)
+        size = self.route(data, "probe.jpg")
+        pixels = None if size is None else self._decode(data, size)
+        if pixels is None:
+            raise DeviceDecodeError(f"nvImageCodec did not decode a JPEG on {self.device}")
+        got = self.transform(pixels)
+        want = self.preprocessor(data, "probe.jpg")
+        levels = float(np.max(np.abs(got - want) * np.asarray(spec.std)[:, None, None]) * 255)
+        if got.shape != want.shape or levels > PROBE_TOLERANCE:
+            raise DeviceDecodeError(
+                f"the {self.device} decoder's result for a probe JPEG is {levels:.1f} grey "
+                f"levels off Pillow's (at most {PROBE_TOLERANCE} expected)"
+            )
+
+    @property
+    def spec(self) -> Any:
+        return self.preprocessor.spec
+
+    @cached_property
+    def _session(self) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.intra_op_num_threads = 1  # called from every decode thread at once
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self.device == "cuda":
+            providers: list[Any] = [(CUDA, {"device_id": str(self.device_id)}), CPU]
+        else:
+            providers = [CPU]
+        with quiet_native_output():
+            session = ort.InferenceSession(GRAPH.read_bytes(), options, providers=providers)
+        if self.device == "cuda" and session.get_providers()[0] != CUDA:
+            raise DeviceDecodeError("onnxruntime's CUDA provider did not load for the graph")
+        return session
+
+    @cached_property
+    def _constants(self) -> dict[str, np.ndarray]:
+        spec = self.preprocessor.spec
+        channels = 1 if spec.colour == "L" else 3
+        return {
+            "weights": _LUMA if channels == 1 else _RGB,
+            "mean": np.asarray(spec.mean, np.float32).reshape(channels, 1, 1),
+            "std": np.asarray(spec.std, np.float32).reshape(channels, 1, 1),
+        }
+
+    def _decoder(self) -> tuple[Any, Any]:
+        """This thread's nvImageCodec decoder and its decode parameters."""
+        local = self._local
+        if not hasattr(local, "decoder"):
+            nvimgcodec = load_nvimgcodec()
+            if self.device == "cuda":
+                kinds = [nvimgcodec.HW_GPU_ONLY, nvimgcodec.GPU_ONLY, nvimgcodec.HYBRID_CPU_GPU]
+                device_id = self.device_id
+            else:
+                kinds = [nvimgcodec.CPU_ONLY]
+                device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
+            local.decoder = nvimgcodec.Decoder(
+                device_id=device_id,
+                max_num_cpu_threads=1,
+                backends=[nvimgcodec.Backend(kind) for kind in kinds],
+            )
+            local.params = nvimgcodec.DecodeParams(
+                apply_exif_orientation=False,  # rotated images take Pillow's path
+                color_spec=nvimgcodec.ColorSpec.SRGB,
+                allow_any_depth=False,
+            )
+        return local.decoder, local.params
+
+    def route(self, data: bytes, name: str = "image") -> tuple[int, int] | None:
+        """The JPEG's ``(width, height)`` where the device decodes it, else ``None`` (Pillow's
+        path). Raises the :class:`Preprocessor`'s size errors from the header."""
+        spec = self.preprocessor.spec
+        if spec.resize is None or not data.startswith(b"\xff\xd8\xff"):
+            return None
+        if not data.endswith(_END_OF_IMAGE):
+            return None  # truncated (or trailing bytes): Pillow decides
+        try:
+            image = Image.open(io.BytesIO(data), formats=("JPEG",))
+        except Exception:  # Pillow's path reports what is wrong with it
+            return None
+        if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+            return None  # CMYK, or an MPO's several pictures
+        self.preprocessor.check_size(image, name)
+        width, height = image.size
+        if min(width, height) >= 4 * spec.resize:
+            return None  # Pillow decodes it at reduced scale (draft)
+        if min(_resized_size(width, height, spec.resize)) < spec.crop:
+            return None  # zero padding
+        try:
+            orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+        except Exception:
+            return None
+        return (width, height) if orientation in (1, None) else None
+
+    def _decode(self, data: bytes, size: tuple[int, int]) -> np.ndarray | None:
+        """``(H, W, 3)`` uint8 RGB in host memory, or ``None`` if the decoder gave up."""
+        nvimgcodec = load_nvimgcodec()
+        decoder, params = self._decoder()
+        try:
+            decoded = decoder.decode(nvimgcodec.CodeStream(data), params=params)
+            host = None if decoded is None else decoded.cpu()  # waits for the device
+        except Exception:  # the decoder's failure on this file: Pillow's path decides
+            return None
+        if host is None:
+            return None
+        pixels = np.asarray(host)
+        width, height = size
+        if pixels.shape != (height, width, 3) or pixels.dtype != np.uint8:
+            return None
+        return pixels
+
+    def __call__(self, data: bytes, name: str = "image") -> np.ndarray:
+        """Encoded bytes -> ``(C, S, S)`` float32 model input."""
+        size = self.route(data, name)
+        pixels = None if size is None else self._decode(data, size)
+        if pixels is None:
+            self.on_decoded("pillow")
+            return self.preprocessor(data, name)
+        self.on_decoded("device")
+        return self.transform(pixels)
+
+    def transform(self, pixels: np.ndarray) -> np.ndarray:
+        """``(H, W, 3)`` uint8 RGB -> ``(C, S, S)`` float32 through the graph."""
+        spec = self.preprocessor.spec
+        height, width, _ = pixels.shape
+        wide, tall = _resized_size(width, height, spec.resize)
+        crop = spec.crop
+        top, left = round((tall - crop) / 2.0), round((wide - crop) / 2.0)
+        channels = len(spec.mean)
+        rows = np.ascontiguousarray(pixels).reshape(height, width * 3)
+        feeds = {
+            "image": rows,
+            "row": np.array([width * 3], np.int64),
+            "hwc": np.array([height, width, 3], np.int64),
+            "width": np.array([1, channels, height, wide], np.int64),
+            "height": np.array([1, channels, tall, wide], np.int64),
+            "start": np.array([top, left], np.int64),
+            "end": np.array([top + crop, left + crop], np.int64),
+            **self._constants,
+        }
+        return self._session.run(None, feeds)[0]
