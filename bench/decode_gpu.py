@@ -1,4 +1,4 @@
-"""JPEG decoding on the GPU (nvJPEG through torchvision) against the service's CPU path.
+"""JPEG decoding on the GPU (nvJPEG through torchvision and nvImageCodec) against the CPU path.
 
 ``/classify`` at thousands of images/s needs about 4 ms of one core per 640x480 JPEG on the CPU
 (``docs/results/gpu.md``): more cores than a 16-core machine has once HTTP is paid for. This
@@ -12,16 +12,24 @@ crop 224, ImageNet mean and std) with the decode on the device.
   (on CUDA one batched nvJPEG call), then per image ``resize`` (antialiased), ``center_crop``
   and the normalisation on the device, stacked into ``(B, 3, 224, 224)`` float32 and
   synchronised.
-* **one image per call from THREADS threads**, for Pillow and for torchvision (each thread on
-  a CUDA stream of its own): how the service's decode threads would call a GPU decoder without
-  gathering images across requests first.
+* **nvImageCodec on DEVICE, batch B**: one ``Decoder.decode`` call on B files (nvJPEG; the
+  hardware decoder where the GPU has one), each image copied to host memory: the decode alone.
+* **service (gpu_jpeg) on DEVICE**: the service's ``SMSO_DECODE_DEVICE=cuda`` path
+  (``service.gpu_jpeg``: nvImageCodec, then the preprocessing graph on onnxruntime's CUDA
+  provider), one image per call.
+* **one image per call from THREADS threads**, for each path (torchvision's threads each on a
+  CUDA stream of its own, nvImageCodec's each with a decoder of its own): how the service's
+  decode threads call a decoder, without gathering images across requests first.
+
+``--paths`` picks among ``pillow``, ``torchvision``, ``nvimgcodec`` and ``service``; a path
+that cannot run here (no torchvision, nvImageCodec or CUDA provider) is reported, not fatal.
 
 For each: images/s on the wall clock, this process's CPU milliseconds per image (every thread,
 nvJPEG's host work included: what a server would pay in cores), and the largest and mean
 difference from Pillow's output in grey levels (nvJPEG's IDCT and chroma upsampling and a
 float resize are not bit-exact with libjpeg-turbo and Pillow's fixed-point resize).
-torchvision's image decoders are deprecated since 0.29 (for TorchCodec); nvImageCodec, NVIDIA's
-own package, is the other candidate for a service that decodes on the GPU.
+torchvision's image decoders are deprecated since 0.29 (for TorchCodec); the service decodes
+with nvImageCodec, NVIDIA's own package, and needs no torch.
 
     python bench/decode_gpu.py --device cuda        # on a GPU machine
     python bench/decode_gpu.py --quick              # the same code on the CPU (a smoke test)
@@ -54,6 +62,7 @@ from service.card import Preprocessing  # noqa: E402
 from service.images import Preprocessor  # noqa: E402
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "decode_gpu.json"
+PATHS = ("pillow", "torchvision", "nvimgcodec", "service")
 IMAGENET = Preprocessing(
     colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
 )
@@ -117,38 +126,131 @@ def grey_levels(got: np.ndarray, want: np.ndarray, spec: Preprocessing) -> tuple
     return float(levels.max()), float(levels.mean())
 
 
+def nvimgcodec_decode(device: str) -> Callable[[Sequence[bytes]], list[np.ndarray]]:
+    """Encoded JPEGs -> ``(H, W, 3)`` uint8 RGB in host memory, one ``decode`` call for the
+    list, with a decoder per calling thread (nvJPEG on ``device``; its CPU decoder on cpu)."""
+    from service.gpu_jpeg import load_nvimgcodec
+
+    nvimgcodec = load_nvimgcodec()
+    local = threading.local()
+    on_gpu = device.startswith("cuda")
+    device_id = int(device.partition(":")[2] or 0) if on_gpu else -1
+    params = nvimgcodec.DecodeParams(
+        apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB
+    )
+
+    def run(files: Sequence[bytes]) -> list[np.ndarray]:
+        if not hasattr(local, "decoder"):
+            kinds = (
+                [nvimgcodec.HW_GPU_ONLY, nvimgcodec.GPU_ONLY, nvimgcodec.HYBRID_CPU_GPU]
+                if on_gpu
+                else [nvimgcodec.CPU_ONLY]
+            )
+            local.decoder = nvimgcodec.Decoder(
+                device_id=device_id if on_gpu else nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                max_num_cpu_threads=1,
+                backends=[nvimgcodec.Backend(kind) for kind in kinds],
+            )
+        images = local.decoder.decode(
+            [nvimgcodec.CodeStream(data) for data in files], params=params
+        )
+        if any(image is None for image in images):
+            raise RuntimeError("nvImageCodec did not decode every image")
+        return [np.asarray(image.cpu()) for image in images]
+
+    return run
+
+
+def service_preprocess(device: str) -> Callable[[bytes], np.ndarray]:
+    """The service's ``decode_device`` path: ``service.gpu_jpeg.GpuJpegPreprocessor``."""
+    from service.gpu_jpeg import GpuJpegPreprocessor
+
+    on_gpu = device.startswith("cuda")
+    device_id = int(device.partition(":")[2] or 0) if on_gpu else 0
+    taken: list[str] = []
+    pre = GpuJpegPreprocessor(
+        Preprocessor(IMAGENET, 10**9), "cuda" if on_gpu else "cpu", device_id, taken.append
+    )
+
+    def run(data: bytes) -> np.ndarray:
+        out = pre(data, "bench.jpg")
+        if taken.pop() != "device":
+            raise RuntimeError("the service's path sent a benchmark JPEG to Pillow")
+        return out
+
+    return run
+
+
+def _batched(
+    name: str, device: str, files: list[bytes], want: np.ndarray
+) -> tuple[Callable[[Sequence[bytes]], np.ndarray], tuple[float, float]] | str:
+    """Path ``name`` as ``files -> (B, 3, crop, crop)`` float32 and its difference from Pillow,
+    or why it cannot run here."""
+    try:
+        if name == "torchvision":
+            run_torch = torch_preprocess(device, IMAGENET)
+
+            def batch(chunk: Sequence[bytes]) -> np.ndarray:
+                return run_torch(chunk).cpu().numpy()
+
+        elif name == "nvimgcodec":
+            decode = nvimgcodec_decode(device)
+
+            def batch(chunk: Sequence[bytes]) -> np.ndarray:
+                decode(chunk)  # the decode alone: compared by its preprocessed result below
+                return want[: len(chunk)]
+
+            # its pixels through Pillow's geometry: the decoders' difference alone
+            pre = Preprocessor(IMAGENET, 10**9)
+            from PIL import Image
+
+            got = np.stack([pre.tensor(pre.geometry(Image.fromarray(a))) for a in decode(files)])
+            return batch, grey_levels(got, want, IMAGENET)
+        else:
+            one = service_preprocess(device)
+
+            def batch(chunk: Sequence[bytes]) -> np.ndarray:
+                return np.stack([one(data) for data in chunk])
+
+        return batch, grey_levels(batch(files), want, IMAGENET)
+    except Exception as error:  # the library or the provider is missing: say why, go on
+        return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     files = jpegs(max(args.batches))
     pre = Preprocessor(IMAGENET, 10**9)
     want = np.stack([pre(data) for data in files])
-    rows = []
-    for batch in args.batches:
-        chunk = files[:batch]
-        wall, cpu = timed(lambda chunk=chunk: [pre(data) for data in chunk], args.rounds)
-        rows.append(_row("cpu (Pillow), one thread", batch, wall, cpu, (0.0, 0.0)))
-    try:
-        run = torch_preprocess(args.device, IMAGENET)
-        got = run(files).cpu().numpy()
-    except Exception as error:  # no torchvision, or no nvJPEG: say why, keep the CPU rows
-        return {"rows": rows, "torchvision_error": f"{type(error).__name__}: {error}"}
-    difference = grey_levels(got, want, IMAGENET)
-    for batch in args.batches:
-        chunk = files[:batch]
-        wall, cpu = timed(lambda chunk=chunk: run(chunk), args.rounds)
-        rows.append(_row(f"torchvision on {args.device}", batch, wall, cpu, difference))
-    # as the service's decode threads would call it: one image per call, from several threads
+    rows: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    singles: list[tuple[str, Callable[[bytes], object], tuple[float, float]]] = []
+    if "pillow" in args.paths:
+        for batch in args.batches:
+            chunk = files[:batch]
+            wall, cpu = timed(lambda chunk=chunk: [pre(data) for data in chunk], args.rounds)
+            rows.append(_row("cpu (Pillow), one thread", batch, wall, cpu, (0.0, 0.0)))
+        singles.append(("cpu (Pillow)", pre, (0.0, 0.0)))
+    for name in ("torchvision", "nvimgcodec", "service"):
+        if name not in args.paths:
+            continue
+        found = _batched(name, args.device, files, want)
+        if isinstance(found, str):
+            errors[name] = found
+            continue
+        batch_fn, difference = found
+        label = {"service": "service (gpu_jpeg), one image per call"}.get(name, name)
+        for batch in args.batches:
+            chunk = files[:batch]
+            wall, cpu = timed(lambda chunk=chunk, f=batch_fn: f(chunk), args.rounds)
+            rows.append(_row(f"{label} on {args.device}", batch, wall, cpu, difference))
+        singles.append((f"{name} on {args.device}", lambda d, f=batch_fn: f([d]), difference))
+    # as the service's decode threads call a decoder: one image per call, from several threads
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-        for path, one in (
-            (f"cpu (Pillow), {args.threads} threads", pre),
-            (
-                f"torchvision on {args.device}, one image per call, {args.threads} threads",
-                lambda data: run([data]),
-            ),
-        ):
+        for path, one, difference in singles:
             wall, cpu = timed(lambda one=one: list(pool.map(one, files)), args.rounds)
-            same = (0.0, 0.0) if one is pre else difference
-            rows.append(_row(path, len(files), wall, cpu, same))
-    return {"rows": rows}
+            label = f"{path}, one image per call, {args.threads} threads"
+            rows.append(_row(label, len(files), wall, cpu, difference))
+    return {"rows": rows, "errors": errors}
 
 
 def _row(
@@ -184,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", type=int, default=8, help="for the one-image-per-call rows")
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        default=list(PATHS),
+        help="which decoders to measure (default: all)",
+    )
     parser.add_argument("--quick", action="store_true", help="batches 1 and 4, 2 rounds")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
@@ -199,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['cpu_ms_per_image']:.2f} | "
             f"{row['max_grey_levels']:.1f} / {row['mean_grey_levels']:.2f} |"
         )
-    if "torchvision_error" in report:
-        print(f"\ntorchvision's path did not run: {report['torchvision_error']}")
+    for name, error in report["errors"].items():
+        print(f"\n{name}'s path did not run: {error}")
     write_json(args.json, report)
     print(f"\nwrote {args.json}")
     return 0

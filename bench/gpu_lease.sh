@@ -4,10 +4,12 @@
 # `bash bench/gpu_stage.sh .gpu-stage` (the machine is given back when idle, and /tmp with it).
 #   step 1 (carry .gpu-stage/part1 .gpu-stage/wheels): install the wheels, export the five
 #          ResNet-50 models in the background (bench/serve_gpu.py --export-only);
-#   step 2 (carry .gpu-stage/part2), step 3 (carry .gpu-stage/part3): collect the parts; step 3
-#          also measures JPEG decoding on the GPU (bench/decode_gpu.py, about a minute);
+#   step 2 (carry .gpu-stage/part2 .gpu-stage/nvimg), step 3 (carry .gpu-stage/part3): collect
+#          the parts; step 3 also unpacks nvImageCodec and measures JPEG decoding on the GPU
+#          (bench/decode_gpu.py: nvJPEG through torchvision and through nvImageCodec);
 #   step 4 (carry .gpu-stage/part4 .gpu-stage/wheels-late): check that everything arrived,
-#          unpack onnxruntime-gpu, the CUDA tests, then bench/serve_gpu.py on the exports;
+#          unpack onnxruntime-gpu, the CUDA tests, the service's GPU JPEG decoding
+#          (bench/decode_gpu.py --paths service), then bench/serve_gpu.py on the exports;
 #          the whole step keeps within STEP4_S seconds (default 540), results in $OUT.
 # Usage, on the lent machine in the repository root: bash bench/gpu_lease.sh STEP
 # EXPORTS (step 1) and SERVE_GPU_ARGS (step 4) pass flags on, e.g. EXPORTS="--exports fp32-conv
@@ -21,6 +23,7 @@ OUT=${OUT:-$tmp/gpu-out}
 mkdir -p "$parts" "$site" "$models" "$OUT"
 [ -d .gpu-stage/part"$step" ] && cp .gpu-stage/part"$step"/* "$parts"/
 [ -d .gpu-stage/wheels-late ] && cp .gpu-stage/wheels-late/* "$parts"/
+[ -d .gpu-stage/nvimg ] && cp .gpu-stage/nvimg/* "$parts"/
 export PYTHONUNBUFFERED=1
 fail() { echo "gpu_lease step $step: $*" >&2; exit 1; }
 # the background exports of step 1: their pid, flags and, once finished, exit status
@@ -48,9 +51,17 @@ case $step in
 2) ls -la "$parts" "$models"; tail -3 $tmp/export.log ;;
 3)
   ls -la "$parts" "$models"; tail -3 $tmp/export.log
-  # JPEG decoding on the GPU (nvJPEG through the machine's torchvision) against Pillow
+  # nvImageCodec for the service's GPU decoding (SMSO_DECODE_DEVICE=cuda), from step 2
+  if [ -s "$parts/nvimg.tar.gz" ]; then
+    tar -xzf "$parts/nvimg.tar.gz" -C "$site" || echo "unpacking nvImageCodec failed"
+  else
+    echo "no nvimg.tar.gz from step 2 (carry .gpu-stage/nvimg with part2)"
+  fi
+  # JPEG decoding on the GPU (nvJPEG through the machine's torchvision, and nvImageCodec's
+  # decoder) against Pillow; the service's whole path needs onnxruntime-gpu: step 4
   PYTHONPATH=$site:$PWD timeout 150 python3 bench/decode_gpu.py --device cuda \
-    --json "$OUT"/decode_gpu.json || echo "bench/decode_gpu.py failed (status $?)"
+    --paths pillow torchvision nvimgcodec --json "$OUT"/decode_gpu.json \
+    || echo "bench/decode_gpu.py failed (status $?)"
   ;;
 4)
   budget=${STEP4_S:-540}
@@ -92,9 +103,13 @@ zstandard.ZstdDecompressor(max_window_size=2**31).copy_stream(sys.stdin.buffer, 
   export PYTHONPATH=$site:$PWD PATH=$tmp/pyspy/bin:$site/bin:$PATH
   python3 -c "import onnxruntime as o; p = o.get_available_providers(); print('onnxruntime', o.__version__, p)
 assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gpu has no CUDA provider here"
-  timeout 60 python3 -m pytest -m cuda tests/service/test_runner.py -q -p no:cacheprovider \
-    >"$OUT/pytest.log" 2>&1
-  echo "pytest -m cuda tests/service/test_runner.py: $(tail -1 "$OUT/pytest.log")"
+  timeout 90 python3 -m pytest -m cuda tests/service/test_runner.py tests/service/test_gpu_jpeg.py \
+    -q -s -p no:cacheprovider >"$OUT/pytest.log" 2>&1
+  echo "pytest -m cuda (runner, gpu_jpeg): $(tail -1 "$OUT/pytest.log")"
+  grep "nvJPEG + graph" "$OUT/pytest.log"
+  # the service's GPU JPEG decoding (nvImageCodec, and the graph on the CUDA provider)
+  timeout 60 python3 bench/decode_gpu.py --device cuda --paths pillow service --batches 1 64 \
+    --rounds 5 --json "$OUT"/decode_gpu_service.json || echo "decode_gpu.py --paths service failed"
   left=$((budget - (SECONDS - start) - 20))
   [ "$left" -ge 60 ] || fail "only $left s of STEP4_S left for serve_gpu.py"
   echo "serve_gpu.py: --budget-s $left"

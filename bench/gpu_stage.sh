@@ -7,14 +7,16 @@
 #
 # writes DIR/part1 .. DIR/part4 (onnxruntime-gpu's package without its TensorRT provider,
 # zstd-compressed and split in four, about 49 MiB each; the wheel is 255 MB), DIR/wheels (the
-# service's pure-Python and small wheels, about 5 MiB) and DIR/wheels-late (zstandard to unpack
-# the parts, py-spy to profile the server; about 8 MiB). Keep DIR out of git
+# service's pure-Python and small wheels, about 5 MiB), DIR/wheels-late (zstandard to unpack
+# the parts, py-spy to profile the server; about 8 MiB) and DIR/nvimg (nvImageCodec for Python
+# 3.12 with its nvJPEG and libjpeg-turbo extensions, and nvJPEG: the service's GPU JPEG
+# decoding, a tar.gz of about 9 MiB carried with part2). Keep DIR out of git
 # (.git/info/exclude). The CUDA provider loads from PyTorch's nvidia-* packages as they are.
 set -euo pipefail
 DIR=${1:?usage: $0 DIR}
 ORT=${ORT_VERSION:-1.31.1}
 command -v zstd >/dev/null || { echo "zstd is needed (apt-get install zstd)" >&2; exit 1; }
-mkdir -p "$DIR/wheels" "$DIR/wheels-late"
+mkdir -p "$DIR/wheels" "$DIR/wheels-late" "$DIR/nvimg"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
@@ -28,6 +30,16 @@ python3 -m pip download -q --no-deps "${plat[@]}" -d "$DIR/wheels-late" zstandar
 # what the machine's Python already has: one version of each package there
 rm -f "$DIR"/wheels/{numpy,pillow,httpx,httpcore,anyio,h11,idna,certifi,click,typing_extensions}-*.whl
 rm -f "$DIR"/wheels/{sniffio,protobuf,packaging,zipp,importlib_metadata}-*.whl
+# nvImageCodec (pyproject.toml's gpu-decode extra), pruned to what the service uses on
+# Python 3.12: its wheel holds a module for nine Pythons and seven extensions (25 MB)
+python3 -m pip download -q --no-deps "${plat[@]}" -d "$tmp/nvimg-wheels" \
+  "nvidia-nvimgcodec-cu13>=0.9,<0.10" nvidia-nvjpeg
+mkdir "$tmp/nvimg"
+for wheel in "$tmp"/nvimg-wheels/*.whl; do (cd "$tmp/nvimg" && python3 -m zipfile -e "$wheel" .); done
+find "$tmp/nvimg/nvidia/nvimgcodec" -name 'nvimgcodec_impl.cpython-*.so' ! -name '*-312-*' -delete
+find "$tmp/nvimg/nvidia/nvimgcodec/extensions" -type f ! -name 'libnvjpeg_ext.*' \
+  ! -name 'libjpeg_turbo_ext.*' -delete
+tar -C "$tmp/nvimg" -czf "$DIR/nvimg/nvimg.tar.gz" .
 mkdir "$tmp/pkg"
 (cd "$tmp/pkg" && python3 -m zipfile -e "$tmp"/onnxruntime_gpu-*.whl . \
   && rm -f onnxruntime/capi/libonnxruntime_providers_tensorrt.so)

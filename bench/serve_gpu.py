@@ -288,6 +288,13 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "workers12-shared-graphs-fp16": _graphs("fp16-conv", 12, **SHARED),
     # /classify at eight workers left 6 of 16 cores idle with one decode thread a worker
     "workers8-graphs-fp16-decode2": _graphs("fp16-conv", 8, SMSO_DECODE_THREADS="2"),
+    # /classify with JPEGs decoded and resized on the GPU (SMSO_DECODE_DEVICE=cuda:
+    # nvImageCodec and the preprocessing graph on the CUDA provider), CPU left for HTTP
+    "workers8-graphs-fp16-gpudecode": _graphs("fp16-conv", 8, SMSO_DECODE_DEVICE="cuda"),
+    "workers12-graphs-fp16-gpudecode": _graphs("fp16-conv", 12, SMSO_DECODE_DEVICE="cuda"),
+    "workers8-shared-graphs-fp16-gpudecode": _graphs(
+        "fp16-conv", 8, SMSO_DECODE_DEVICE="cuda", **SHARED
+    ),
     # /classify is bound by decoding: 3 decode threads a worker (12 on 16 cores) instead of
     # the default 2 (half the cores)
     "workers-graphs-decode3": _graphs("fp32-conv", 4, SMSO_DECODE_THREADS="3"),
