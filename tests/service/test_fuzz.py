@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from service.card import Preprocessing
-from service.images import FORMATS, ImageError, ImageTooLargeError, Preprocessor
+from service.gpu_jpeg import GpuJpegPreprocessor
+from service.images import FORMATS, ImageError, ImageTooLargeError, Preprocess, Preprocessor
 from service.oip_codec import (
     DATATYPES,
     InferRequest,
@@ -160,8 +161,10 @@ EDITS = st.lists(
 )
 
 
-def _check_decodes_or_refuses(spec_name: str, data: bytes) -> None:
-    preprocessor = Preprocessor(SPECS[spec_name], MAX_PIXELS)
+def _check_decodes_or_refuses(
+    spec_name: str, data: bytes, preprocessor: Preprocess | None = None
+) -> None:
+    preprocessor = preprocessor or Preprocessor(SPECS[spec_name], MAX_PIXELS)
     try:
         out = preprocessor(data, "x")
     except (ImageError, ImageTooLargeError) as error:
@@ -188,6 +191,27 @@ def test_mutated_images_decode_or_raise_an_image_error(fmt, data, spec_name, edi
     if fmt == "PNG" and data.draw(st.booleans(), label="fix CRCs"):
         mutated = _fix_png_crcs(mutated)  # else most edits only reach the checksum test
     _check_decodes_or_refuses(spec_name, mutated)
+
+
+GPU_PATHS = {  # decode_device=cuda's code, on nvImageCodec's CPU decoder here
+    name: GpuJpegPreprocessor(
+        Preprocessor(spec, MAX_PIXELS), "cpu", on_decoded=lambda where: event(f"path: {where}")
+    )
+    for name, spec in SPECS.items()
+}
+
+
+@settings(BOUNDED, max_examples=examples(400))
+@given(data=st.data(), spec_name=st.sampled_from(sorted(SPECS)), edits=EDITS)
+def test_mutated_jpegs_on_the_gpu_path_decode_or_raise_an_image_error(data, spec_name, edits):
+    """The GPU decoding's routing and its decoder see the mutated JPEG first, Pillow whatever
+    they pass on."""
+    seed = data.draw(st.sampled_from(SEEDS["JPEG"]), label="seed")
+    if data.draw(st.booleans(), label="keep the end marker"):  # else most go to Pillow
+        mutated = _mutate(seed[:-2], edits) + seed[-2:]
+    else:
+        mutated = _mutate(seed, edits)
+    _check_decodes_or_refuses(spec_name, mutated, GPU_PATHS[spec_name])
 
 
 def _fix_png_crcs(data: bytes) -> bytes:
