@@ -12,14 +12,19 @@ a CPU-bound server tops out far below its GPU. Here the common case runs on the 
    (:mod:`service.preprocess_graph`) on the CUDA provider, returning the ``(C, S, S)`` float32
    input of the model card.
 
-Everything else takes Pillow's path, unchanged: another format, CMYK, an EXIF orientation
-other than upright, a file that does not end with the end-of-image marker (a truncated JPEG is
-refused there, as it always was), one large enough for Pillow's reduced-scale (draft) decoding,
-a model card without a resize or an image smaller than the crop after it, and any image the GPU
-decoder gives up on. From the same decoded pixels the graph's result is Pillow's within one
-grey level (before normalisation) on all but about 2e-5 of the values, which are two off: Pillow
-resamples in fixed point and rounds between its two passes. The decoders add differences of
-their own (nvJPEG's inverse DCT and chroma upsampling are not libjpeg-turbo's).
+Everything else takes Pillow's path, unchanged: another format, CMYK and YCCK, RGB stored as
+RGB (Adobe's transform 0, or components named R, G, B: nvImageCodec would read them as YCbCr),
+an EXIF orientation other than upright, a file that does not end with the end-of-image marker
+(a truncated JPEG is refused there, as it always was), anything but exactly one 8-bit baseline,
+extended or progressive frame header before the scan (arithmetic-coded, lossless, 12-bit, or two
+frame headers that parsers could read differently), more than :data:`DEVICE_MAX_PIXELS`
+pixels, one large enough for Pillow's reduced-scale (draft) decoding, a model card without a
+resize or an image smaller than the crop after it, and any image the GPU decoder gives up on.
+
+From the same decoded pixels the graph's result is Pillow's within one grey level (before
+normalisation) on all but about 2e-5 of the values, which are two off: Pillow resamples in fixed
+point and rounds between its two passes. The decoders add differences of their own (nvJPEG's
+inverse DCT is not libjpeg-turbo's; chroma is upsampled as libjpeg-turbo does).
 
 With ``device="cpu"`` the same code runs nvImageCodec's CPU decoder (libjpeg-turbo) and the
 graph on the CPU provider: what the tests run on a machine without a GPU.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +49,13 @@ from service.images import Preprocessor, _resized_size
 from service.preprocess_graph import GRAPH
 from service.providers import CPU, CUDA, has_nvidia_gpu, quiet_native_output
 
-__all__ = ["DeviceDecodeError", "GpuJpegPreprocessor", "check_available", "load_nvimgcodec"]
+__all__ = [
+    "DEVICE_MAX_PIXELS",
+    "DeviceDecodeError",
+    "GpuJpegPreprocessor",
+    "check_available",
+    "load_nvimgcodec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +64,17 @@ _LUMA = np.array([[19595], [38470], [7471]], np.float32)
 _RGB = np.eye(3, dtype=np.float32) * 2.0**16
 _EXIF_ORIENTATION = 0x0112
 _END_OF_IMAGE = b"\xff\xd9"
+#: Start-of-frame markers the device decodes: baseline, extended sequential, progressive
+#: (Huffman-coded). The others (lossless, hierarchical, arithmetic-coded) go to Pillow.
+_DEVICE_FRAMES = {0xC0, 0xC1, 0xC2}
+_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # every SOFn (not DHT, JPG, DAC)
+_STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers without a length: TEM, RST0-7
+
+#: Images with more pixels take Pillow's path: the graph holds several float32 copies of an
+#: image on the GPU (about 40 bytes a pixel at its peak, in onnxruntime's arena, which does not
+#: shrink). A JPEG the device would take is under 4 x resize on its shorter side anyway (larger
+#: ones are decoded at reduced scale by Pillow): this bounds the long, thin ones.
+DEVICE_MAX_PIXELS = 1 << 22
 
 _lock = threading.Lock()
 _module: Any = None
@@ -67,6 +90,9 @@ def load_nvimgcodec() -> Any:
     global _module
     with _lock:
         if _module is None:
+            # read once, at import: no log line per undecodable client file (route() bounds
+            # the pixels nvImageCodec allocates, from the header, before it decodes)
+            os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
             try:
                 with quiet_native_output():
                     from nvidia import nvimgcodec
@@ -93,11 +119,15 @@ def check_available(device: Literal["cuda", "cpu"] = "cuda") -> None:
             raise DeviceDecodeError("decode_device=cuda needs an NVIDIA GPU; none is here")
 
 
-def _probe_jpeg(height: int) -> bytes:
-    """A colour JPEG (a gradient) ``4/3 height`` wide, decoded once at load to check the
-    device's path."""
-    y, x = np.mgrid[0:height, 0 : height * 4 // 3]
-    rgb = (np.stack([x, y, x + y], axis=-1) * 255 // max(height, 1) % 256).astype(np.uint8)
+def _probe_jpeg(resize: int) -> bytes:
+    """A colour JPEG (gradients and an edge), decoded once at load to check the device's path:
+    about ``1.7 x 1.3`` times ``resize``, so that both resize passes shrink it by a factor that
+    is not a whole number."""
+    width, height = round(1.7 * resize) + 3, round(1.3 * resize) + 1
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // width, y * 255 // height, (x + y) % 256], axis=-1)
+    rgb[: height // 3, : width // 2] = 240
+    rgb = rgb.astype(np.uint8)
     out = io.BytesIO()
     Image.fromarray(rgb).save(out, "JPEG", quality=95)
     return out.getvalue()
@@ -106,6 +136,46 @@ def _probe_jpeg(height: int) -> bytes:
 #: Largest difference, in grey levels, between the device's result for the probe image and
 #: Pillow's before the path is trusted (the decoders' inverse DCTs differ by a level or two).
 PROBE_TOLERANCE = 8
+
+
+def _one_device_frame(data: bytes) -> bool:
+    """Whether the markers before the first scan hold exactly one frame header, an 8-bit one
+    of :data:`_DEVICE_FRAMES` (the segments are walked by their lengths; anything malformed is
+    ``False``, and Pillow's path decides)."""
+    frames = []
+    at, end = 2, len(data)
+    while at + 4 <= end:
+        if data[at] != 0xFF:
+            return False
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in _STANDALONE:
+            at += 2
+            continue
+        if marker == 0xDA:  # start of scan
+            break
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        if length < 2:
+            return False
+        if marker in _FRAMES:
+            precision = data[at + 4] if at + 4 < end else 0
+            frames.append((marker, precision))
+        at += 2 + length
+    else:
+        return False  # no scan
+    return len(frames) == 1 and frames[0][0] in _DEVICE_FRAMES and frames[0][1] == 8
+
+
+def _stored_as_rgb(image: Image.Image) -> bool:
+    """Whether a three-component JPEG holds RGB rather than YCbCr: Adobe's APP14 says transform
+    0, or (without it) its components are named R, G and B, as libjpeg reads them."""
+    transform = image.info.get("adobe_transform")
+    if transform is not None:
+        return transform == 0
+    names = tuple(component[0] for component in getattr(image, "layer", ()))
+    return names == (ord("R"), ord("G"), ord("B"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,8 +196,12 @@ class GpuJpegPreprocessor:
 
     def __post_init__(self) -> None:
         spec = self.preprocessor.spec
-        if len(spec.mean) not in (1, 3) or len(spec.mean) != len(spec.std):
-            raise DeviceDecodeError(f"mean {spec.mean} and std {spec.std} do not match a colour")
+        channels = 1 if spec.colour == "L" else 3
+        if len(spec.mean) != channels or len(spec.std) != channels:
+            raise DeviceDecodeError(
+                f"mean {spec.mean} and std {spec.std} do not have one value per channel of "
+                f"{spec.colour}"
+            )
         check_available(self.device)
         self._probe()
 
@@ -144,14 +218,17 @@ class GpuJpegPreprocessor:
             )
             return
         data = _probe_jpeg(spec.resize)
-        size = self.route(data, "probe.jpg")
-        pixels = None if size is None else self._decode(data, size)
+        pixels = self._decode(data, Image.open(io.BytesIO(data)).size)  # whatever max_pixels
         if pixels is None:
             raise DeviceDecodeError(f"nvImageCodec did not decode a JPEG on {self.device}")
         got = self.transform(pixels)
-        want = self.preprocessor(data, "probe.jpg")
+        want = self.preprocessor.tensor(
+            self.preprocessor.geometry(Image.open(io.BytesIO(data)).convert(spec.colour))
+        )
+        if got.shape != want.shape:
+            raise DeviceDecodeError(f"the graph made {got.shape} for Pillow's {want.shape}")
         levels = float(np.max(np.abs(got - want) * np.asarray(spec.std)[:, None, None]) * 255)
-        if got.shape != want.shape or levels > PROBE_TOLERANCE:
+        if levels > PROBE_TOLERANCE:
             raise DeviceDecodeError(
                 f"the {self.device} decoder's result for a probe JPEG is {levels:.1f} grey "
                 f"levels off Pillow's (at most {PROBE_TOLERANCE} expected)"
@@ -167,13 +244,30 @@ class GpuJpegPreprocessor:
         options.log_severity_level = 3
         options.intra_op_num_threads = 1  # called from every decode thread at once
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if self.device == "cuda":
-            providers: list[Any] = [(CUDA, {"device_id": str(self.device_id)}), CPU]
-        else:
-            providers = [CPU]
-        with quiet_native_output():
-            session = ort.InferenceSession(GRAPH.read_bytes(), options, providers=providers)
-        if self.device == "cuda" and session.get_providers()[0] != CUDA:
+        if self.device != "cuda":
+            return ort.InferenceSession(GRAPH.read_bytes(), options, providers=[CPU])
+        cuda = {"device_id": str(self.device_id), "arena_extend_strategy": "kSameAsRequested"}
+        # every node on the GPU, or onnxruntime refuses the session: then it runs with the
+        # CPU taking what CUDA cannot, and says so
+        strict = ort.SessionOptions()
+        strict.log_severity_level = 3
+        strict.intra_op_num_threads = 1
+        strict.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        try:
+            with quiet_native_output():
+                session = ort.InferenceSession(
+                    GRAPH.read_bytes(), strict, providers=[(CUDA, cuda), CPU]
+                )
+        except Exception as error:  # onnxruntime's own RuntimeError types
+            log.warning(
+                "some of the GPU decoding's preprocessing runs on the CPU (%s)",
+                " ".join(str(error).split())[:300],
+            )
+            with quiet_native_output():
+                session = ort.InferenceSession(
+                    GRAPH.read_bytes(), options, providers=[(CUDA, cuda), CPU]
+                )
+        if session.get_providers()[0] != CUDA:
             raise DeviceDecodeError("onnxruntime's CUDA provider did not load for the graph")
         return session
 
@@ -202,6 +296,9 @@ class GpuJpegPreprocessor:
                 device_id=device_id,
                 max_num_cpu_threads=1,
                 backends=[nvimgcodec.Backend(kind) for kind in kinds],
+                # chroma upsampled as libjpeg-turbo (and so Pillow) does by default: the
+                # library's own default has changed between versions
+                options=":fancy_upsampling=1",
             )
             local.params = nvimgcodec.DecodeParams(
                 apply_exif_orientation=False,  # rotated images take Pillow's path
@@ -218,6 +315,8 @@ class GpuJpegPreprocessor:
             return None
         if not data.endswith(_END_OF_IMAGE):
             return None  # truncated (or trailing bytes): Pillow decides
+        if not _one_device_frame(data):
+            return None
         try:
             image = Image.open(io.BytesIO(data), formats=("JPEG",))
         except Exception:  # Pillow's path reports what is wrong with it
@@ -225,7 +324,11 @@ class GpuJpegPreprocessor:
         if image.format != "JPEG" or image.mode not in ("RGB", "L"):
             return None  # CMYK, or an MPO's several pictures
         self.preprocessor.check_size(image, name)
+        if image.mode == "RGB" and _stored_as_rgb(image):
+            return None
         width, height = image.size
+        if width * height > DEVICE_MAX_PIXELS:
+            return None
         if min(width, height) >= 4 * spec.resize:
             return None  # Pillow decodes it at reduced scale (draft)
         if min(_resized_size(width, height, spec.resize)) < spec.crop:
