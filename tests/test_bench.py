@@ -384,14 +384,18 @@ def test_gpu_bench_clients_post_the_payloads_and_count_answers(client: str) -> N
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
     serve_gpu._PAYLOADS.update({"jpeg": [b"JPEGDATA"], "fp32": [(b"TENSOR" + b"{}", 6)]})
     try:
-        ok, failed = serve_gpu._client_process(f"{base}/ok", "jpeg", 2, time.time(), 0.3, client)
+        # each load starts a second from now, as serve_gpu.py's own do: threads and clients are
+        # set up before its window opens, however slow the machine
+        start = time.time() + 1.0
+        ok, failed = serve_gpu._client_process(f"{base}/ok", "jpeg", 2, start, 0.3, client)
         assert len(ok) > 0
         assert failed == 0
         kind, body = seen[-1]
         assert kind.startswith("multipart/form-data; boundary=")
         assert b'name="file"; filename="i.jpg"' in body
         assert b"\r\n\r\nJPEGDATA\r\n--" in body
-        ok, failed = serve_gpu._client_process(f"{base}/no", "fp32", 1, time.time(), 0.2, client)
+        start = time.time() + 1.0
+        ok, failed = serve_gpu._client_process(f"{base}/no", "fp32", 1, start, 0.2, client)
         assert ok == []
         assert failed > 0
         assert seen[-1] == ("application/octet-stream", b"TENSOR{}")

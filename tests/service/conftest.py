@@ -41,12 +41,12 @@ class FakeBackend:
     """logits_k = k * mean(image); embedding = (mean, std, min, max). Optionally slow or failing;
     records every batch size it runs."""
 
-    def __init__(self, delay_s: float = 0.0, fail: bool = False, warmup_delay_s: float = 0.0):
+    def __init__(self, delay_s: float = 0.0, fail: bool = False):
         import json
 
         self.card, self.card_dict = parse_card({"smso.model_card": json.dumps(CARD)})
         self.providers = ["FakeExecutionProvider"]
-        self.delay_s, self.fail, self.warmup_delay_s = delay_s, fail, warmup_delay_s
+        self.delay_s, self.fail = delay_s, fail
         self.batches: list[int] = []
         self.calls = 0
         self.lock = threading.Lock()
@@ -55,8 +55,8 @@ class FakeBackend:
         with self.lock:
             self.calls += 1
             warming = self.calls <= self.warmups
-        time.sleep(self.warmup_delay_s if warming else self.delay_s)
         if not warming:
+            time.sleep(self.delay_s)
             self.batches.append(len(images))
             if self.fail:
                 raise RuntimeError("the accelerator fell over")
@@ -141,6 +141,20 @@ def wait_http_ready(
         time.sleep(0.05)
 
 
+class HeldWarmUp(FakeBackend):
+    """Warm-up batches wait for ``release``: the server is still warming up, however slow the
+    machine, until the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+        if self.calls < self.warmups:
+            self.release.wait(30)
+        return super().run(images)
+
+
 @pytest.fixture
 def make_client() -> Iterator[Callable[..., TestClient]]:
     """``make_client(backend=None, **settings)``: a ready TestClient (closed after the test)."""
@@ -174,6 +188,7 @@ __all__ = [
     "CARD",
     "CLASSES",
     "FakeBackend",
+    "HeldWarmUp",
     "ModelCard",
     "free_port",
     "grey",

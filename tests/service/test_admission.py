@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service import pipeline
+from service import pipeline, routes
 from service.app import create_app
 from service.errors import ServiceError
 from service.pipeline import ServiceState, run_batched
@@ -165,65 +166,114 @@ def _post(client: TestClient, name: str) -> tuple[int, httpx.Headers]:
     return response.status_code, response.headers
 
 
-def _decode_starts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, float]]:
-    """``(filename, its request's deadline, when a decode thread took it)`` for every image a
-    decode thread picks up, decoded or dropped."""
+def _decode_starts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, float, float]]:
+    """``(filename, its request's deadline, clock before, clock after)`` around the decode
+    thread's call for every image it picks up, decoded or dropped: the call's own deadline
+    check lies between the two readings."""
     original = pipeline._decode_unless_abandoned
-    taken: list[tuple[str, float, float]] = []
+    taken: list[tuple[str, float, float, float]] = []
 
     def decode(state, model, upload, deadline, gone):
-        taken.append((upload.filename, deadline, time.perf_counter()))
-        return original(state, model, upload, deadline, gone)
+        before = time.perf_counter()
+        try:
+            return original(state, model, upload, deadline, gone)
+        finally:
+            taken.append((upload.filename, deadline, before, time.perf_counter()))
 
     monkeypatch.setattr(pipeline, "_decode_unless_abandoned", decode)
     return taken
 
 
+def _request_deadlines(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """Each request's deadline by its first file's name, as the route sets it on arrival."""
+    original = routes.decode_all
+    deadlines: dict[str, float] = {}
+
+    async def decode_all(state, model, uploads, deadline=None):
+        deadlines[uploads[0].filename] = deadline
+        return await original(state, model, uploads, deadline)
+
+    monkeypatch.setattr(routes, "decode_all", decode_all)
+    return deadlines
+
+
 def test_expired_requests_stop_decoding_and_do_not_delay_a_later_one(make_client, monkeypatch):
     """Ten slow images in one decode thread would take 5 s; their requests' deadline is 1 s.
     They get 504 at their deadline, an image still waiting for the thread at its request's
-    deadline is dropped (not decoded), and a tiny request sent after them is answered (it waited
-    3.5 s and got 504 before).
+    deadline is dropped (not decoded), and a tiny request sent once they have all expired is
+    answered (it waited 3.5 s and got 504 before).
 
     Each request's deadline counts from its own arrival, and on a busy machine the ten arrive
     spread out, so the check is per image: decoded only if the thread took it before its
-    request's deadline."""
+    request's deadline, dropped only after."""
     client = make_client(request_timeout_s=1.0, decode_threads=1)
     decoded = _slow_decoding(client, 0.5)
     taken = _decode_starts(monkeypatch)
+    deadlines = _request_deadlines(monkeypatch)
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
         slow = [pool.submit(_post, client, f"slow{i}.png") for i in range(10)]
-        time.sleep(1.2)  # past the deadline of the first ones
-        status, _ = _post(client, "tiny.png")
+        limit = time.monotonic() + 30
+        while len(deadlines) < 10:  # every slow request has arrived
+            assert time.monotonic() < limit, "the slow requests never arrived"
+            time.sleep(0.01)
+        time.sleep(max(0.0, max(deadlines.values()) - time.perf_counter()) + 0.05)
+        status, _ = _post(client, "tiny.png")  # behind at most the image being decoded
         answers = [future.result() for future in slow]
     assert status == 200
     assert "tiny.png" in decoded
     codes = {f"slow{i}.png": code for i, (code, _) in enumerate(answers)}
     assert set(codes.values()) <= {200, 504}
-    slow_taken = [(name, deadline, at) for name, deadline, at in taken if name.startswith("slow")]
+    slow_taken = [row for row in taken if row[0].startswith("slow")]
     assert len(slow_taken) == 10  # each image reached the thread once, decoded or dropped
-    for name, deadline, at in slow_taken:
-        if abs(at - deadline) > 0.05:  # the thread's own clock reading comes a moment later
-            assert (name in decoded) == (at < deadline), (name, at - deadline)
-    dropped = [name for name, deadline, at in slow_taken if at > deadline]
+    for name, deadline, before, after in slow_taken:
+        if name in decoded:
+            assert before <= deadline, (name, before - deadline)
+        else:
+            assert after > deadline, (name, after - deadline)
+    dropped = [name for name, *_ in slow_taken if name not in decoded]
     assert len(dropped) >= 4, decoded  # 5 s of decoding in one thread cannot fit 1 s deadlines
     assert all(codes[name] == 504 for name in dropped), codes
 
 
+def _gated_decoding(client: TestClient, release: threading.Event) -> list[str]:
+    """Files named ``slow*`` wait in the decode thread until ``release`` is set; the list
+    returned fills with the names of the files decoded."""
+    model = client.app.state.smso.registry.lookup()
+    original = model.preprocess
+    decoded: list[str] = []
+
+    def preprocess(data: bytes, filename: str) -> np.ndarray:
+        decoded.append(filename)
+        if filename.startswith("slow"):
+            assert release.wait(30), "the test never released the decode thread"
+        return original(data, filename)
+
+    object.__setattr__(model, "preprocess", preprocess)  # a test's hook into a frozen model
+    return decoded
+
+
 def test_images_beyond_max_inflight_are_refused_at_once_with_retry_after(make_client):
+    """Two images admitted (one decoding, one waiting for the single thread): every further
+    request is refused at once with 503 and Retry-After, never queued for decoding; the two
+    are answered once decoding goes on, and every admission is released."""
     client = make_client(max_inflight=2, max_files=2, decode_threads=1)
-    decoded = _slow_decoding(client, 0.5)
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda i: _post(client, f"slow{i}.png"), range(6)))
-    admitted = [a for a in answers if a[0] == 200]
-    refused = [a for a in answers if a[0] == 503]
-    assert len(admitted) + len(refused) == 6
-    assert 1 <= len(admitted) <= 4  # two at a time; a refused client is not retried here
-    assert len(refused) >= 2
-    assert len(decoded) == len(admitted)  # refused on arrival: never queued for decoding
-    for _, headers in refused:
-        assert headers["retry-after"] == "1"
-    assert client.app.state.smso.admission.in_flight == 0  # every admission released
+    release = threading.Event()
+    decoded = _gated_decoding(client, release)
+    admission = client.app.state.smso.admission
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(_post, client, f"slow{i}.png") for i in range(2)]
+        limit = time.monotonic() + 30
+        while admission.in_flight < 2:
+            assert time.monotonic() < limit, "the first two requests were never admitted"
+            time.sleep(0.01)
+        refused = [_post(client, f"more{i}.png") for i in range(4)]
+        release.set()
+        admitted = [future.result() for future in held]
+    assert [status for status, _ in admitted] == [200, 200]
+    assert [status for status, _ in refused] == [503] * 4
+    assert all(headers["retry-after"] == "1" for _, headers in refused)
+    assert sorted(decoded) == ["slow0.png", "slow1.png"]  # the refused never reached a thread
+    assert admission.in_flight == 0  # every admission released
 
 
 def test_max_inflight_defaults_to_the_queue_size_and_must_fit_a_request():

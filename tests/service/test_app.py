@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import CLASSES, FakeBackend, grey, png
+from .conftest import CLASSES, FakeBackend, HeldWarmUp, grey, png
 
 NOISE = png(np.random.default_rng(0).integers(0, 255, (64, 64), dtype=np.uint8))
 
@@ -159,13 +159,16 @@ def test_metadata_serves_the_model_card(make_client):
 
 
 def test_readyz_is_503_while_warming_up_then_200(make_client):
-    backend = FakeBackend(warmup_delay_s=0.2)
+    backend = HeldWarmUp()
     client = make_client(backend, wait=False, max_batch_size=3)
-    assert client.get("/healthz").status_code == 200
-    loading = client.get("/readyz")
-    assert loading.status_code == 503
-    assert loading.json() == {"status": "loading"}
-    assert classify(client, grey(1)).status_code == 503
+    try:
+        assert client.get("/healthz").status_code == 200
+        loading = client.get("/readyz")
+        assert loading.status_code == 503
+        assert loading.json() == {"status": "loading"}
+        assert classify(client, grey(1)).status_code == 503
+    finally:
+        backend.release.set()
     deadline = time.monotonic() + 10
     while client.get("/readyz").status_code != 200:
         assert time.monotonic() < deadline

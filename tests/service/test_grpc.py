@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import os
 import re
 import signal
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -265,6 +267,12 @@ def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
                 assert time.monotonic() < deadline, "the request never reached the server"
                 time.sleep(0.005)
             assert not answer.done()
+            # an idle keep-alive HTTP connection keeps the server draining (up to keep_alive_s)
+            # rather than stopping the gRPC server 0.1 s after SIGTERM: on a busy machine the
+            # call below could come after that, and meet a closed port instead of the drain
+            idle = http.client.HTTPConnection(urlsplit(base).hostname, urlsplit(base).port)
+            idle.request("GET", "/healthz")
+            idle.getresponse().read()
             server.send_signal(signal.SIGTERM)
             while triton.is_server_ready():  # draining has begun (HTTP no longer listens)
                 assert time.monotonic() < deadline, "the server never started draining"
@@ -272,6 +280,7 @@ def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
             # a new call on the open channel is refused, the one in flight answered
             with pytest.raises(InferenceServerException, match="shutting down"):
                 triton.infer(name, [bytes_input(files[:1])], outputs=outputs(1))
+            idle.close()
             result = answer.result(timeout=60)
         assert result.as_numpy("logits").shape == (8, 1)
         assert server.wait(timeout=60) in (0, -signal.SIGTERM)

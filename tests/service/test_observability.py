@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from service.logs import JsonFormatter, RequestIdFilter, TextFormatter
+from service.runner import Batch
 
 from .conftest import FakeBackend, grey
 from .test_server import real_server
@@ -72,13 +74,33 @@ def test_a_request_id_is_generated_echoed_and_on_the_access_line(make_client, li
     assert line["latency_ms"] >= line["decode_ms"] + line["queue_ms"] + line["inference_ms"]
 
 
+class _HeldBackend(FakeBackend):
+    """Batches after warm-up wait for ``release`` (a batch still running at the deadline,
+    however long decoding took on a busy machine)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+        if self.calls >= self.warmups:
+            self.started.set()
+            self.release.wait(30)
+        return super().run(images)
+
+
 def test_a_request_past_its_deadline_still_has_its_split(make_client, lines):
     """A 504 whose batch was still running at the deadline: its inference time runs to the
     deadline, not missing from the line."""
-    client = make_client(FakeBackend(delay_s=0.5), request_timeout_s=0.2)
+    backend = _HeldBackend()
+    client = make_client(backend, request_timeout_s=2.0)
     files = [("file", ("a.png", grey(1), "image/png"))]
-    response = client.post("/classify", files=files, headers={"X-Request-ID": "late-1"})
+    try:
+        response = client.post("/classify", files=files, headers={"X-Request-ID": "late-1"})
+    finally:
+        backend.release.set()
     assert response.status_code == 504
+    assert backend.started.is_set()  # its batch had started
     (line,) = [a for a in access(lines) if a.get("request_id") == "late-1"]
     assert line["queue_ms"] >= 0
     assert line["inference_ms"] > 0

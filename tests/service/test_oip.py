@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from .conftest import CLASSES, FakeBackend, grey
+from .conftest import CLASSES, HeldWarmUp, grey
 
 NAME, VERSION = "fake-small_cnn-smso", "0123456789ab"
 INFER = f"/v2/models/{NAME}/infer"
@@ -65,13 +65,17 @@ def test_health_and_readiness(make_client):
 
 
 def test_not_ready_while_warming_up(make_client):
-    client = make_client(FakeBackend(warmup_delay_s=0.5), wait=False)
-    assert client.get("/v2/health/live").status_code == 200
-    assert client.get("/v2/health/ready").status_code == 400  # the protocol's "false"
-    assert client.get(f"/v2/models/{NAME}/ready").status_code == 400
-    busy = client.post(INFER, json={"inputs": [bytes_input(grey(7))]})
-    assert busy.status_code == 503
-    assert "loading" in busy.json()["error"]
+    backend = HeldWarmUp()
+    client = make_client(backend, wait=False)
+    try:
+        assert client.get("/v2/health/live").status_code == 200
+        assert client.get("/v2/health/ready").status_code == 400  # the protocol's "false"
+        assert client.get(f"/v2/models/{NAME}/ready").status_code == 400
+        busy = client.post(INFER, json={"inputs": [bytes_input(grey(7))]})
+        assert busy.status_code == 503
+        assert "loading" in busy.json()["error"]
+    finally:
+        backend.release.set()
 
 
 def test_tensor_and_image_inputs_equal_classify_and_embed(make_client):

@@ -262,7 +262,10 @@ def test_a_host_that_does_not_answer_is_unavailable_not_a_hang(shipped_model):
     """A hung host: each call gives up after the timeout (the second one while reconnecting:
     a late answer on the first connection must never be taken for a later batch's)."""
     with fake_host(shipped_model, lambda connection, seq: None) as host:
-        hosted = HostedBackend(shipped_model, host.address, host.key, timeout_s=0.5)
+        # connected with the default timeout (a busy machine may take a while to attach), then
+        # each call allowed 0.5 s
+        hosted = HostedBackend(shipped_model, host.address, host.key)
+        hosted.timeout_s = 0.5
         try:
             with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.5 s"):
                 hosted.run(images(1))

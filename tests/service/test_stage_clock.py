@@ -17,11 +17,13 @@ def test_record_adds_up_per_stage_and_take_starts_afresh():
     middle = stage_clock.record("run", start)
     assert middle >= start + 0.01
     stage_clock.record("run", middle)  # a stage recorded twice adds up
-    stage_clock.record("upload", time.perf_counter())
+    before = time.perf_counter()
+    stage_clock.record("upload", before)
+    after = time.perf_counter()
     times = stage_clock.take()
     assert set(times) == {"run", "upload"}
     assert times["run"] >= 0.01
-    assert 0 <= times["upload"] < times["run"]
+    assert 0 <= times["upload"] <= after - before
     assert stage_clock.take() == {}
 
 
@@ -57,9 +59,11 @@ def test_seconds_timed_elsewhere_are_added_to_the_stage():
     """A stage timed in another process (the session host's run) adds up like a recorded one."""
     stage_clock.take()
     stage_clock.add("run", 0.002)
-    stage_clock.record("run", time.perf_counter() - 0.001)
+    begin = time.perf_counter() - 0.001
+    stage_clock.record("run", begin)
+    end = time.perf_counter()
     stage_clock.add("share", 0.0005)
     seen = stage_clock.take()
     assert set(seen) == {"run", "share"}
-    assert 0.003 <= seen["run"] < 0.1
+    assert 0.003 <= seen["run"] <= 0.002 + (end - begin)
     assert seen["share"] == 0.0005
