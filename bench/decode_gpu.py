@@ -16,7 +16,8 @@ crop 224, ImageNet mean and std) with the decode on the device.
   hardware decoder where the GPU has one), each image copied to host memory: the decode alone.
 * **service (gpu_jpeg) on DEVICE**: the service's ``SMSO_DECODE_DEVICE=cuda`` path
   (``service.gpu_jpeg``: nvImageCodec, then the preprocessing graph on onnxruntime's CUDA
-  provider), one image per call.
+  provider), one image per call; ``service-device``: the same with the decoded image read by
+  the graph on the GPU instead of copied to host memory and back (``transfer="device"``).
 * **one image per call from THREADS threads**, for each path (torchvision's threads each on a
   CUDA stream of its own, nvImageCodec's each with a decoder of its own): how the service's
   decode threads call a decoder, without gathering images across requests first.
@@ -62,7 +63,7 @@ from service.card import Preprocessing  # noqa: E402
 from service.images import Preprocessor  # noqa: E402
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "decode_gpu.json"
-PATHS = ("pillow", "torchvision", "nvimgcodec", "service")
+PATHS = ("pillow", "torchvision", "nvimgcodec", "service", "service-device")
 IMAGENET = Preprocessing(
     colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
 )
@@ -161,15 +162,21 @@ def nvimgcodec_decode(device: str) -> Callable[[Sequence[bytes]], list[np.ndarra
     return run
 
 
-def service_preprocess(device: str) -> Callable[[bytes], np.ndarray]:
-    """The service's ``decode_device`` path: ``service.gpu_jpeg.GpuJpegPreprocessor``."""
+def service_preprocess(device: str, transfer: str = "host") -> Callable[[bytes], np.ndarray]:
+    """The service's ``decode_device`` path: ``service.gpu_jpeg.GpuJpegPreprocessor``, the
+    decoded image copied to host memory and uploaded again (``host``) or read on the GPU
+    (``device``)."""
     from service.gpu_jpeg import GpuJpegPreprocessor
 
     on_gpu = device.startswith("cuda")
     device_id = int(device.partition(":")[2] or 0) if on_gpu else 0
     taken: list[str] = []
     pre = GpuJpegPreprocessor(
-        Preprocessor(IMAGENET, 10**9), "cuda" if on_gpu else "cpu", device_id, taken.append
+        Preprocessor(IMAGENET, 10**9),
+        "cuda" if on_gpu else "cpu",
+        device_id,
+        taken.append,
+        transfer,  # type: ignore[arg-type]  (checked by the caller's choices)
     )
 
     def run(data: bytes) -> np.ndarray:
@@ -207,7 +214,7 @@ def _batched(
             got = np.stack([pre.tensor(pre.geometry(Image.fromarray(a))) for a in decode(files)])
             return batch, grey_levels(got, want, IMAGENET)
         else:
-            one = service_preprocess(device)
+            one = service_preprocess(device, name.partition("-")[2] or "host")
 
             def batch(chunk: Sequence[bytes]) -> np.ndarray:
                 return np.stack([one(data) for data in chunk])
@@ -230,7 +237,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             wall, cpu = timed(lambda chunk=chunk: [pre(data) for data in chunk], args.rounds)
             rows.append(_row("cpu (Pillow), one thread", batch, wall, cpu, (0.0, 0.0)))
         singles.append(("cpu (Pillow)", pre, (0.0, 0.0)))
-    for name in ("torchvision", "nvimgcodec", "service"):
+    for name in PATHS[1:]:
         if name not in args.paths:
             continue
         found = _batched(name, args.device, files, want)
@@ -238,7 +245,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             errors[name] = found
             continue
         batch_fn, difference = found
-        label = {"service": "service (gpu_jpeg), one image per call"}.get(name, name)
+        label = {
+            "service": "service (gpu_jpeg), one image per call",
+            "service-device": "service (gpu_jpeg, read on the device), one image per call",
+        }.get(name, name)
         for batch in args.batches:
             chunk = files[:batch]
             wall, cpu = timed(lambda chunk=chunk, f=batch_fn: f(chunk), args.rounds)

@@ -108,8 +108,9 @@ assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gp
   echo "pytest -m cuda (runner, gpu_jpeg): $(tail -1 "$OUT/pytest.log")"
   grep "nvJPEG + graph" "$OUT/pytest.log"
   # the service's GPU JPEG decoding (nvImageCodec, and the graph on the CUDA provider)
-  timeout 60 python3 bench/decode_gpu.py --device cuda --paths pillow service --batches 1 64 \
-    --rounds 5 --json "$OUT"/decode_gpu_service.json || echo "decode_gpu.py --paths service failed"
+  timeout 75 python3 bench/decode_gpu.py --device cuda --paths pillow service service-device \
+    --batches 1 64 --rounds 5 --json "$OUT"/decode_gpu_service.json \
+    || echo "decode_gpu.py --paths service failed"
   left=$((budget - (SECONDS - start) - 20))
   [ "$left" -ge 60 ] || fail "only $left s of STEP4_S left for serve_gpu.py"
   echo "serve_gpu.py: --budget-s $left"

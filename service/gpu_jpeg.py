@@ -32,13 +32,14 @@ graph on the CPU provider: what the tests run on a machine without a GPU.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -138,6 +139,32 @@ def _probe_jpeg(resize: int) -> bytes:
 PROBE_TOLERANCE = 8
 
 
+@cache
+def _cuda_runtime() -> ctypes.CDLL:
+    """The CUDA runtime the process has loaded (onnxruntime's CUDA provider and nvImageCodec
+    load it), for ``cudaStreamSynchronize``."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            runtime = ctypes.CDLL(name)
+        except OSError:
+            continue
+        runtime.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        runtime.cudaStreamSynchronize.restype = ctypes.c_int
+        return runtime
+    raise DeviceDecodeError("transfer='device' needs the CUDA runtime (libcudart); none loads")
+
+
+def _synchronise(stream: int | None) -> None:
+    """Wait for ``stream`` as ``__cuda_array_interface__`` names it (``None``: nothing to wait
+    for; 1 and 2 are the legacy and per-thread default streams, which the runtime's handles
+    ``cudaStreamLegacy`` and ``cudaStreamPerThread`` are too)."""
+    if stream is None:
+        return
+    status = _cuda_runtime().cudaStreamSynchronize(ctypes.c_void_p(stream))
+    if status != 0:
+        raise RuntimeError(f"cudaStreamSynchronize failed with CUDA error {status}")
+
+
 def _one_device_frame(data: bytes) -> bool:
     """Whether the markers before the first scan hold exactly one frame header, an 8-bit one
     of :data:`_DEVICE_FRAMES` (the segments are walked by their lengths; anything malformed is
@@ -192,6 +219,10 @@ class GpuJpegPreprocessor:
     device_id: int = 0
     #: called with ``"device"`` or ``"pillow"`` for each image, by where it was decoded
     on_decoded: Callable[[str], None] = lambda decoder: None
+    #: ``host``: the decoded image is copied to host memory (``Image.cpu()``, a pinned buffer
+    #: each time) and onnxruntime uploads it again; ``device``: the graph reads it where it was
+    #: decoded (IO binding on its device pointer, after its stream is synchronised)
+    transfer: Literal["host", "device"] = "host"
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def __post_init__(self) -> None:
@@ -203,6 +234,8 @@ class GpuJpegPreprocessor:
                 f"{spec.colour}"
             )
         check_available(self.device)
+        if self.transfer == "device" and self.device == "cuda":
+            _cuda_runtime()
         self._probe()
 
     def _probe(self) -> None:
@@ -339,22 +372,26 @@ class GpuJpegPreprocessor:
             return None
         return (width, height) if orientation in (1, None) else None
 
-    def _decode(self, data: bytes, size: tuple[int, int]) -> np.ndarray | None:
-        """``(H, W, 3)`` uint8 RGB in host memory, or ``None`` if the decoder gave up."""
+    def _decode(self, data: bytes, size: tuple[int, int]) -> Any:
+        """The decoded ``(H, W, 3)`` uint8 RGB image: a numpy array in host memory, or with
+        ``transfer="device"`` nvImageCodec's image on the GPU; ``None`` if the decoder gave
+        up or made another shape."""
         nvimgcodec = load_nvimgcodec()
         decoder, params = self._decoder()
+        width, height = size
         try:
             decoded = decoder.decode(nvimgcodec.CodeStream(data), params=params)
-            host = None if decoded is None else decoded.cpu()  # waits for the device
+            if decoded is None or tuple(decoded.shape) != (height, width, 3):
+                return None
+            if self.transfer == "device" and decoded.buffer_kind != nvimgcodec.STRIDED_HOST:
+                return decoded
+            host = decoded.cpu()  # waits for the device
         except Exception:  # the decoder's failure on this file: Pillow's path decides
             return None
         if host is None:
             return None
         pixels = np.asarray(host)
-        width, height = size
-        if pixels.shape != (height, width, 3) or pixels.dtype != np.uint8:
-            return None
-        return pixels
+        return pixels if pixels.dtype == np.uint8 else None
 
     def __call__(self, data: bytes, name: str = "image") -> np.ndarray:
         """Encoded bytes -> ``(C, S, S)`` float32 model input."""
@@ -366,17 +403,36 @@ class GpuJpegPreprocessor:
         self.on_decoded("device")
         return self.transform(pixels)
 
-    def transform(self, pixels: np.ndarray) -> np.ndarray:
-        """``(H, W, 3)`` uint8 RGB -> ``(C, S, S)`` float32 through the graph."""
-        spec = self.preprocessor.spec
+    def transform(self, pixels: Any) -> np.ndarray:
+        """``(H, W, 3)`` uint8 RGB (a numpy array, or nvImageCodec's image on the GPU) ->
+        ``(C, S, S)`` float32 through the graph."""
         height, width, _ = pixels.shape
+        feeds = self._geometry(height, width)
+        if isinstance(pixels, np.ndarray):
+            feeds["image"] = np.ascontiguousarray(pixels).reshape(height, width * 3)
+            return self._session.run(None, feeds)[0]
+        interface = pixels.__cuda_array_interface__
+        strides = interface.get("strides")
+        pitch = strides[0] if strides else width * 3
+        _synchronise(interface.get("stream"))
+        binding = self._session.io_binding()
+        binding.bind_input(
+            "image", "cuda", self.device_id, np.uint8, [height, pitch], interface["data"][0]
+        )
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("pixels", "cpu")
+        self._session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()[0]  # pixels is alive until here: it holds the input
+
+    def _geometry(self, height: int, width: int) -> dict[str, np.ndarray]:
+        """The graph's inputs other than the image, for an ``height`` x ``width`` image."""
+        spec = self.preprocessor.spec
         wide, tall = _resized_size(width, height, spec.resize)
         crop = spec.crop
         top, left = round((tall - crop) / 2.0), round((wide - crop) / 2.0)
         channels = len(spec.mean)
-        rows = np.ascontiguousarray(pixels).reshape(height, width * 3)
-        feeds = {
-            "image": rows,
+        return {
             "row": np.array([width * 3], np.int64),
             "hwc": np.array([height, width, 3], np.int64),
             "width": np.array([1, channels, height, wide], np.int64),
@@ -385,4 +441,3 @@ class GpuJpegPreprocessor:
             "end": np.array([top + crop, left + crop], np.int64),
             **self._constants,
         }
-        return self._session.run(None, feeds)[0]

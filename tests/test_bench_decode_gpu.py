@@ -24,10 +24,13 @@ def test_quick_run_measures_every_path_and_its_difference(tmp_path, capsys):
         ("nvimgcodec on cpu", 4),
         ("service (gpu_jpeg), one image per call on cpu", 1),
         ("service (gpu_jpeg), one image per call on cpu", 4),
+        ("service (gpu_jpeg, read on the device), one image per call on cpu", 1),
+        ("service (gpu_jpeg, read on the device), one image per call on cpu", 4),
         ("cpu (Pillow), one image per call, 2 threads", 4),
         ("torchvision on cpu, one image per call, 2 threads", 4),
         ("nvimgcodec on cpu, one image per call, 2 threads", 4),
         ("service on cpu, one image per call, 2 threads", 4),
+        ("service-device on cpu, one image per call, 2 threads", 4),
     ]
     for row in report["rows"]:
         assert row["images_per_second"] > 0

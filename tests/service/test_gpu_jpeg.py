@@ -226,6 +226,15 @@ def test_a_damaged_scan_is_an_image_or_a_400_never_a_crash():
     assert message.startswith("damaged.jpg: ")
 
 
+def test_device_transfer_on_a_host_decoder_reads_the_host_image():
+    """transfer="device" with nvImageCodec's CPU decoder: the image is in host memory, and is
+    fed as such (the device pointer path needs a GPU: the cuda test)."""
+    pillow = Preprocessor(IMAGENET, 50_000_000)
+    device = GpuJpegPreprocessor(pillow, "cpu", transfer="device")
+    data = _jpeg(_photo(640, 480), quality=90)
+    _assert_close(_grey_levels(device(data, "a.jpg"), pillow(data, "a.jpg"), IMAGENET))
+
+
 def test_concurrent_decoding_from_threads_gives_each_its_own_image():
     import concurrent.futures
 
@@ -297,29 +306,30 @@ def test_on_the_gpu_nvjpeg_stays_within_a_few_grey_levels_of_pillow():
     grey levels at most, below one on average."""
     import concurrent.futures
 
-    for kind, spec, data in _gpu_cases():
-        pillow = Preprocessor(spec, 50_000_000)
-        recorder = _Recorder()
-        device = GpuJpegPreprocessor(pillow, "cuda", on_decoded=recorder)
-        levels = _grey_levels(device(data, "g.jpg"), pillow(data, "g.jpg"), spec)
-        print(
-            f"nvJPEG + graph against Pillow, {kind}: worst {levels.max():.1f}, mean "
-            f"{levels.mean():.3f}, over 2: {(levels > 2.5).mean():.2e}"
-        )
-        assert recorder.decoders == ["device"], kind
-        assert levels.max() <= gpu_jpeg.PROBE_TOLERANCE, kind
-        assert levels.mean() < 0.5, kind
+    for transfer in ("host", "device"):
+        for kind, spec, data in _gpu_cases():
+            pillow = Preprocessor(spec, 50_000_000)
+            recorder = _Recorder()
+            device = GpuJpegPreprocessor(pillow, "cuda", on_decoded=recorder, transfer=transfer)
+            levels = _grey_levels(device(data, "g.jpg"), pillow(data, "g.jpg"), spec)
+            print(
+                f"nvJPEG + graph against Pillow ({transfer}), {kind}: worst {levels.max():.1f}, "
+                f"mean {levels.mean():.3f}, over 2: {(levels > 2.5).mean():.2e}"
+            )
+            assert recorder.decoders == ["device"], kind
+            assert levels.max() <= gpu_jpeg.PROBE_TOLERANCE, kind
+            assert levels.mean() < 0.5, kind
 
-    pillow = Preprocessor(IMAGENET, 50_000_000)
-    recorder = _Recorder()
-    device = GpuJpegPreprocessor(pillow, "cuda", on_decoded=recorder)
-    images = [_jpeg(_photo(640 - i, 480, seed=i), quality=90) for i in range(16)]
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        got = list(pool.map(lambda d: device(d, "g.jpg"), images * 4))
-    assert recorder.decoders == ["device"] * 64
-    worst = max(
-        float(_grey_levels(out, pillow(d, "g.jpg"), IMAGENET).max())
-        for d, out in zip(images * 4, got, strict=True)
-    )
-    print(f"nvJPEG + graph against Pillow, 64 from 8 threads: worst {worst:.1f}")
-    assert worst <= gpu_jpeg.PROBE_TOLERANCE  # each thread got its own image back
+        pillow = Preprocessor(IMAGENET, 50_000_000)
+        recorder = _Recorder()
+        device = GpuJpegPreprocessor(pillow, "cuda", on_decoded=recorder, transfer=transfer)
+        images = [_jpeg(_photo(640 - i, 480, seed=i), quality=90) for i in range(16)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda d, device=device: device(d, "g.jpg"), images * 4))
+        assert recorder.decoders == ["device"] * 64
+        worst = max(
+            float(_grey_levels(out, pillow(d, "g.jpg"), IMAGENET).max())
+            for d, out in zip(images * 4, got, strict=True)
+        )
+        print(f"nvJPEG + graph against Pillow ({transfer}), 64 from 8 threads: worst {worst:.1f}")
+        assert worst <= gpu_jpeg.PROBE_TOLERANCE  # each thread got its own image back
