@@ -27,6 +27,7 @@ from training.experiments import (
     report,
     row_config,
     run_row,
+    run_rows,
 )
 from training.figures import fig2_from_checkpoint
 from training.heads import HEADS
@@ -313,6 +314,63 @@ def test_the_total_training_time_sums_median_based_and_measured_times() -> None:
         "Training time of these 3 runs, one after another: 2.0 h (each run's epochs x its "
         "median epoch, summed); 3.0 h as their epochs measured"
     )
+
+
+def test_jobs_run_in_parallel_processes_and_give_the_same_lines(
+    tiny_fashion_mnist: Path, tmp_path: Path
+) -> None:
+    """--jobs 2: two runs at a time, each in a worker process of its own; the results come
+    back in seed-then-row order, each run in its folder and in results.jsonl."""
+    out = tmp_path / "table"
+    argv = ["run", "fmnist", "first-order", "smso-16", "--seeds", "0", "1", "--jobs", "2"]
+    assert main([*argv, *tiny_fmnist_flags(tiny_fashion_mnist, out)]) == 0
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((line["row"], line["seed"]) for line in lines) == [
+        ("first-order", 0),
+        ("first-order", 1),
+        ("smso-16", 0),
+        ("smso-16", 1),
+    ]
+    for line in lines:
+        run = out / f"fashion_mnist-{line['row']}" / f"seed{line['seed']}"
+        assert json.loads((run / "result.json").read_text()) == line
+        assert line["test_accuracy"] is not None
+
+
+def _timed_run(folder: Path, name: str, seed: int) -> dict[str, object]:
+    """A stand-in run (in a worker process): BP takes half a second; start and end noted."""
+    import time
+
+    start = time.time()
+    time.sleep(0.5 if name == "bp" else 0.0)
+    return {"row": name, "seed": seed, "start": start, "end": time.time()}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_jobs_keep_the_order_and_wait_for_a_warm_start(jobs: int, tmp_path: Path) -> None:
+    """Results in seed-then-row order; LRBP (which starts from BP's weights) begins only after
+    BP's run with the same seed has ended, also when two run at a time."""
+    import functools
+
+    run = functools.partial(_timed_run, tmp_path)
+    lines = list(run_rows("table1", ["bp", "lrbp"], [0, 1], jobs, run))
+    assert [(line["row"], line["seed"]) for line in lines] == [
+        ("bp", 0),
+        ("lrbp", 0),
+        ("bp", 1),
+        ("lrbp", 1),
+    ]
+    for seed in (0, 1):
+        bp, lrbp = (line for line in lines if line["seed"] == seed)
+        assert lrbp["start"] >= bp["end"]
+
+
+def test_jobs_below_one_are_refused(
+    tiny_fashion_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "fmnist", "smso-16", "--jobs", "0"]
+    assert main([*argv, *tiny_fmnist_flags(tiny_fashion_mnist, tmp_path)]) == 2
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_resume_skips_finished_runs_and_refuses_other_settings(

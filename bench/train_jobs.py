@@ -1,0 +1,129 @@
+"""Training throughput of the Fashion-MNIST table's runs: one run on every core against several
+one-thread runs side by side (``smso-experiment run --jobs``).
+
+A step of the small CNN at batch 64 is too small to split well over threads, so several runs
+at once, each on its own core, may train more steps per second in total than one run using
+them all. For each row named (default: SMSO p = 64, the shipped model, and CBP-RM, the costliest
+head), in interleaved rounds (this machine is shared and noisy):
+
+* **one run, T threads**: one process training with ``torch.set_num_threads(T)``, T the cores;
+* **J runs, 1 thread each**: J processes at once (J = the cores), their steps/s summed.
+
+Steps are the table's own (the row's model, SGD with momentum, cross-entropy, batch 64 of
+28 x 28 random images), timed for ``--seconds`` after a few untimed ones.
+
+    python bench/train_jobs.py               # about two minutes on 2 cores
+    python bench/train_jobs.py --quick       # a smoke test
+
+Prints a markdown table and writes ``bench/results/train_jobs.json`` (``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.benchlib import write_json  # noqa: E402
+
+DEFAULT_JSON = ROOT / "bench" / "results" / "train_jobs.json"
+
+
+def steps_per_second(row: str, threads: int, seconds: float, start_at: float) -> float:
+    """Training steps per second of ``row``'s model with ``threads`` torch threads, timed from
+    ``start_at`` (a ``time.time()``, so that side-by-side processes time the same window)."""
+    import torch
+
+    from training.experiments import TABLES, find_row
+    from training.model import ModelConfig, build_model
+
+    assert row in {r.name for r in TABLES["fmnist"]}
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    settings = dict(find_row("fmnist", row).settings)
+    model = build_model(ModelConfig(num_classes=10, **settings), load_pretrained=False)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images, labels = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+
+    def step() -> None:
+        loss = torch.nn.functional.cross_entropy(model(images).logits, labels)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+
+    for _ in range(3):
+        step()
+    time.sleep(max(0.0, start_at - time.time()))
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    cores = os.cpu_count() or 1
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    with concurrent.futures.ProcessPoolExecutor(cores, mp_context=context) as pool:
+        for row in args.rows:
+            one: list[float] = []
+            side_by_side: list[float] = []
+            for _ in range(args.rounds):
+                start = time.time() + 5.0  # every process built and warmed up by then
+                one.append(pool.submit(steps_per_second, row, cores, args.seconds, start).result())
+                start = time.time() + 5.0
+                futures = [
+                    pool.submit(steps_per_second, row, 1, args.seconds, start) for _ in range(cores)
+                ]
+                side_by_side.append(sum(f.result() for f in futures))
+            ratios = [s / o for s, o in zip(side_by_side, one, strict=True)]
+            rows.append(
+                {
+                    "row": row,
+                    "one_run_steps_per_second": statistics.median(one),
+                    "side_by_side_steps_per_second": statistics.median(side_by_side),
+                    "side_by_side_over_one": statistics.median(ratios),
+                    "rounds": {"one": one, "side_by_side": side_by_side},
+                }
+            )
+    return {"cores": cores, "seconds": args.seconds, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", default=["smso-64", "cbp-rm"])
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one row, 1 s, one round")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.seconds, args.rounds = args.rows[:1], 1.0, 1
+    report = {"python": platform.python_version(), **measure(args)}
+    cores = report["cores"]
+    print(f"Training steps per second, batch 64, {cores} cores:\n")
+    print(f"| row | one run, {cores} threads | {cores} runs, 1 thread each | ratio |")
+    print("|---|--:|--:|--:|")
+    for row in report["rows"]:
+        print(
+            f"| {row['row']} | {row['one_run_steps_per_second']:.2f} | "
+            f"{row['side_by_side_steps_per_second']:.2f} | {row['side_by_side_over_one']:.2f}x |"
+        )
+    write_json(args.json, report)
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
