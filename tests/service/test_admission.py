@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -144,9 +145,9 @@ def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model
     assert "Uvicorn running" not in proc.stderr
 
 
-def _slow_decoding(client: TestClient, seconds: float) -> list[str]:
-    """Files named ``slow*`` take ``seconds`` to decode (a large PNG on a busy core); the list
-    returned fills with the names of the files decoded."""
+def _hold_slow_files(client: TestClient, hold: Callable[[], None]) -> list[str]:
+    """Files named ``slow*`` call ``hold()`` in the decode thread before they are decoded; the
+    list returned fills with the names of the files decoded."""
     model = client.app.state.smso.registry.lookup()
     original = model.preprocess
     decoded: list[str] = []
@@ -154,11 +155,16 @@ def _slow_decoding(client: TestClient, seconds: float) -> list[str]:
     def preprocess(data: bytes, filename: str) -> np.ndarray:
         decoded.append(filename)
         if filename.startswith("slow"):
-            time.sleep(seconds)
+            hold()
         return original(data, filename)
 
     object.__setattr__(model, "preprocess", preprocess)  # a test's hook into a frozen model
     return decoded
+
+
+def _slow_decoding(client: TestClient, seconds: float) -> list[str]:
+    """Files named ``slow*`` take ``seconds`` to decode (a large PNG on a busy core)."""
+    return _hold_slow_files(client, lambda: time.sleep(seconds))
 
 
 def _post(client: TestClient, name: str) -> tuple[int, httpx.Headers]:
@@ -236,20 +242,12 @@ def test_expired_requests_stop_decoding_and_do_not_delay_a_later_one(make_client
 
 
 def _gated_decoding(client: TestClient, release: threading.Event) -> list[str]:
-    """Files named ``slow*`` wait in the decode thread until ``release`` is set; the list
-    returned fills with the names of the files decoded."""
-    model = client.app.state.smso.registry.lookup()
-    original = model.preprocess
-    decoded: list[str] = []
+    """Files named ``slow*`` wait in the decode thread until ``release`` is set."""
 
-    def preprocess(data: bytes, filename: str) -> np.ndarray:
-        decoded.append(filename)
-        if filename.startswith("slow"):
-            assert release.wait(30), "the test never released the decode thread"
-        return original(data, filename)
+    def hold() -> None:
+        assert release.wait(30), "the test never released the decode thread"
 
-    object.__setattr__(model, "preprocess", preprocess)  # a test's hook into a frozen model
-    return decoded
+    return _hold_slow_files(client, hold)
 
 
 def test_images_beyond_max_inflight_are_refused_at_once_with_retry_after(make_client):
