@@ -47,6 +47,7 @@ import onnxruntime as ort
 from PIL import Image
 
 from service.images import Preprocessor, _resized_size
+from service.jpeg_header import one_device_frame, stored_as_rgb
 from service.preprocess_graph import GRAPH
 from service.providers import CPU, CUDA, has_nvidia_gpu, quiet_native_output
 
@@ -65,12 +66,6 @@ _LUMA = np.array([[19595], [38470], [7471]], np.float32)
 _RGB = np.eye(3, dtype=np.float32) * 2.0**16
 _EXIF_ORIENTATION = 0x0112
 _END_OF_IMAGE = b"\xff\xd9"
-#: Start-of-frame markers the device decodes: baseline, extended sequential, progressive
-#: (Huffman-coded). The others (lossless, hierarchical, arithmetic-coded) go to Pillow.
-_DEVICE_FRAMES = {0xC0, 0xC1, 0xC2}
-_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # every SOFn (not DHT, JPG, DAC)
-_STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers without a length: TEM, RST0-7
-
 #: Images with more pixels take Pillow's path: the graph holds several float32 copies of an
 #: image on the GPU (about 40 bytes a pixel at its peak, in onnxruntime's arena, which does not
 #: shrink). A JPEG the device would take is under 4 x resize on its shorter side anyway (larger
@@ -163,46 +158,6 @@ def _synchronise(stream: int | None) -> None:
     status = _cuda_runtime().cudaStreamSynchronize(ctypes.c_void_p(stream))
     if status != 0:
         raise RuntimeError(f"cudaStreamSynchronize failed with CUDA error {status}")
-
-
-def _one_device_frame(data: bytes) -> bool:
-    """Whether the markers before the first scan hold exactly one frame header, an 8-bit one
-    of :data:`_DEVICE_FRAMES` (the segments are walked by their lengths; anything malformed is
-    ``False``, and Pillow's path decides)."""
-    frames = []
-    at, end = 2, len(data)
-    while at + 4 <= end:
-        if data[at] != 0xFF:
-            return False
-        marker = data[at + 1]
-        if marker == 0xFF:  # fill byte
-            at += 1
-            continue
-        if marker in _STANDALONE:
-            at += 2
-            continue
-        if marker == 0xDA:  # start of scan
-            break
-        length = int.from_bytes(data[at + 2 : at + 4], "big")
-        if length < 2:
-            return False
-        if marker in _FRAMES:
-            precision = data[at + 4] if at + 4 < end else 0
-            frames.append((marker, precision))
-        at += 2 + length
-    else:
-        return False  # no scan
-    return len(frames) == 1 and frames[0][0] in _DEVICE_FRAMES and frames[0][1] == 8
-
-
-def _stored_as_rgb(image: Image.Image) -> bool:
-    """Whether a three-component JPEG holds RGB rather than YCbCr: Adobe's APP14 says transform
-    0, or (without it) its components are named R, G and B, as libjpeg reads them."""
-    transform = image.info.get("adobe_transform")
-    if transform is not None:
-        return transform == 0
-    names = tuple(component[0] for component in getattr(image, "layer", ()))
-    return names == (ord("R"), ord("G"), ord("B"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -348,7 +303,7 @@ class GpuJpegPreprocessor:
             return None
         if not data.endswith(_END_OF_IMAGE):
             return None  # truncated (or trailing bytes): Pillow decides
-        if not _one_device_frame(data):
+        if not one_device_frame(data):
             return None
         try:
             image = Image.open(io.BytesIO(data), formats=("JPEG",))
@@ -357,7 +312,7 @@ class GpuJpegPreprocessor:
         if image.format != "JPEG" or image.mode not in ("RGB", "L"):
             return None  # CMYK, or an MPO's several pictures
         self.preprocessor.check_size(image, name)
-        if image.mode == "RGB" and _stored_as_rgb(image):
+        if image.mode == "RGB" and stored_as_rgb(image):
             return None
         width, height = image.size
         if width * height > DEVICE_MAX_PIXELS:
