@@ -288,7 +288,9 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         )
         supervisor = DrainingSupervisor(config, sockets=[listener])
         if host is not None:
-            threading.Thread(target=_watch_host, args=(host, supervisor), daemon=True).start()
+            hung_after = 2 * settings.request_timeout_s
+            watch = (host, supervisor, hung_after)
+            threading.Thread(target=_watch_host, args=watch, daemon=True).start()
         try:
             supervisor.run()
         finally:
@@ -300,11 +302,28 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     return 0
 
 
-def _watch_host(host: HostHandle, supervisor: DrainingSupervisor) -> None:
-    """Stop the server as SIGTERM does (the workers drain) if the session host exits while it
-    serves: every batch would fail from then on. Waits on the process's sentinel (it does not
-    reap it: :meth:`HostHandle.stop` does, once)."""
-    multiprocessing.connection.wait([host.process.sentinel])
+def _watch_host(host: HostHandle, supervisor: Any, hung_after: float) -> None:
+    """Stop the server as SIGTERM does (the workers drain; the exit status is then 1, for the
+    supervisor to restart it) if the session host exits while it serves, or if one round has
+    been running for ``hung_after`` seconds (a hung device: every request in it, and behind
+    it, fails its deadline, while the workers would still say they are ready); a hung host is
+    killed. Waits on the process's sentinel a second at a time (it does not reap it:
+    :meth:`HostHandle.stop` does, once)."""
+    while not multiprocessing.connection.wait([host.process.sentinel], timeout=1.0):
+        if host.stopping:
+            return
+        stuck = host.stuck_for()
+        if stuck > hung_after:
+            log.error(
+                "the session host has run one round for %.0f s (more than %.0f s, twice the "
+                "request deadline): killing it and stopping the workers",
+                stuck,
+                hung_after,
+            )
+            host.died = True
+            host.process.kill()
+            supervisor.handle_term()
+            return
     if not host.stopping:
         host.died = True
         log.error("the session host exited while serving: stopping the workers")

@@ -19,6 +19,7 @@ import secrets
 import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -52,7 +53,9 @@ def _exit_with_parent(parent: Connection) -> None:
     os._exit(0)
 
 
-def _host_main(path: str, options: Any, address: str, key: bytes, parent: Connection) -> None:
+def _host_main(
+    path: str, options: Any, address: str, key: bytes, parent: Connection, busy: Any = None
+) -> None:
     """The host process: load, warm up every bucket, listen, say so to the ``parent``, serve
     until the parent closes the pipe. Ctrl-C and SIGTERM to the process group are left to the
     parent, which stops the host after the workers have answered what they hold."""
@@ -69,7 +72,7 @@ def _host_main(path: str, options: Any, address: str, key: bytes, parent: Connec
     except Exception as error:
         parent.send(("error", f"{type(error).__name__}: {' '.join(str(error).split())}"))
         return
-    host = SessionHost(backend, options.max_batch, listener)
+    host = SessionHost(backend, options.max_batch, listener, busy)
     threading.Thread(target=host.accept_forever, daemon=True).start()
     parent.send(("ok", list(backend.providers)))
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
@@ -90,6 +93,13 @@ class HostHandle:
     pipe: Connection
     stopping: bool = False  # stop() was called
     died: bool = False  # it exited on its own while serving (the CLI's watcher says so)
+    #: ``time.monotonic()`` when its running round started, 0 between rounds (shared memory)
+    busy: Any = None
+
+    def stuck_for(self) -> float:
+        """Seconds the round now running has taken (0 between rounds)."""
+        started = self.busy.value if self.busy is not None else 0.0
+        return time.monotonic() - started if started else 0.0
 
     @property
     def environment(self) -> dict[str, str]:
@@ -119,15 +129,16 @@ def start_host(path: str | Path, options: Any, timeout_s: float = 900) -> HostHa
     key = secrets.token_bytes(32)
     context = multiprocessing.get_context("spawn")
     mine, theirs = context.Pipe()
+    busy = context.Value("d", 0.0, lock=False)  # one float written by the host, read here
     process = context.Process(
         target=_host_main,
-        args=(str(path), options, address, key, theirs),
+        args=(str(path), options, address, key, theirs, busy),
         name="smso-session-host",
         daemon=True,
     )
     process.start()
     theirs.close()
-    handle = HostHandle(address, key, process, [], folder, mine)
+    handle = HostHandle(address, key, process, [], folder, mine, busy=busy)
     try:
         if not mine.poll(timeout_s):
             raise TimeoutError(f"the session host did not load {path} within {timeout_s:.0f} s")

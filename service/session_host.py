@@ -112,8 +112,12 @@ class _Round:
 class SessionHost:
     """The serving side: the listener, a reader thread per connection, the batching loop."""
 
-    def __init__(self, backend: Any, max_batch: int, listener: Listener) -> None:
+    def __init__(self, backend: Any, max_batch: int, listener: Listener, busy: Any = None) -> None:
+        """``busy``: a shared ``multiprocessing.Value("d")`` that holds the ``time.monotonic()``
+        at which the running round started, 0 between rounds (the parent's watcher reads it:
+        a round that never ends is a hung device)."""
         self.backend = backend
+        self.busy = busy
         self.max_batch = max_batch
         self.listener = listener
         spec = backend.card.input
@@ -273,6 +277,8 @@ class SessionHost:
         rounds ahead of it, and the copy)."""
         stage_clock.take()
         start = time.perf_counter()
+        if self.busy is not None:
+            self.busy.value = time.monotonic()
         try:
             outputs = self.backend.run(round_.buffer[: round_.size])
         except Exception as error:  # every batch of the round fails with it
@@ -280,6 +286,9 @@ class SessionHost:
             for batch in round_.batches:
                 batch.answer("error", message)
             return
+        finally:
+            if self.busy is not None:
+                self.busy.value = 0.0
         stages = stage_clock.take()
         total = round_.offsets[-1][1]
         for batch, (begin, end) in zip(round_.batches, round_.offsets, strict=True):

@@ -184,6 +184,95 @@ def test_a_failed_round_fails_every_batch_in_it():
     ]
 
 
+class _Busy:
+    """A stand-in for the shared ``Value("d")`` the host marks its rounds in."""
+
+    value = 0.0
+
+
+def test_the_host_marks_the_round_it_runs_for_the_watcher():
+    """While a round runs, ``busy`` holds when it started (time.monotonic()); 0 once it has
+    ended, whether it succeeded or failed."""
+    seen: list[float] = []
+
+    class Watched(_Recorder):
+        def run(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+            seen.append(busy.value)
+            return super().run(batch)
+
+    for backend in (Watched(), Watched(fail=True)):
+        busy = _Busy()
+        host = SessionHost(backend, 8, listener=None, busy=busy)  # type: ignore[arg-type]
+        _queue(host, [2])
+        before = time.monotonic()
+        host.run_round(*host.next_round())
+        assert before <= seen[-1] <= time.monotonic()
+        assert busy.value == 0.0
+
+
+class _Supervisor:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def handle_term(self) -> None:
+        self.stopped.set()
+
+
+def _sleeper(seconds: float) -> multiprocessing.process.BaseProcess:
+    process = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(seconds,))
+    process.start()
+    return process
+
+
+def _handle(process: multiprocessing.process.BaseProcess, busy: object) -> HostHandle:
+    folder = tempfile.TemporaryDirectory()
+    pipe, _ = multiprocessing.Pipe()
+    return HostHandle("", b"", process, [], folder, pipe, busy=busy)
+
+
+def test_a_round_that_never_ends_gets_the_host_killed_and_the_server_stopped():
+    """The CLI's watcher: a round running past ``hung_after`` is a hung host: it is killed,
+    marked as died (the server then exits with status 1) and the workers are told to stop."""
+    from service.cli import _watch_host
+
+    busy = _Busy()
+    handle = _handle(_sleeper(60), busy)
+    supervisor = _Supervisor()
+    watcher = threading.Thread(target=_watch_host, args=(handle, supervisor, 30.0), daemon=True)
+    watcher.start()
+    busy.value = time.monotonic()  # a round starts, and a short one is nothing to act on
+    time.sleep(1.2)  # the watcher looks every second
+    assert handle.process.is_alive()
+    assert not supervisor.stopped.is_set()
+    busy.value = time.monotonic() - 60  # a round that has run for a minute
+    assert supervisor.stopped.wait(10)
+    watcher.join(10)
+    handle.process.join(10)
+    assert not handle.process.is_alive()
+    assert handle.died
+    handle.folder.cleanup()
+
+
+def test_the_watcher_stops_the_server_when_the_host_exits_and_not_on_stop():
+    from service.cli import _watch_host
+
+    supervisor = _Supervisor()
+    handle = _handle(_sleeper(0.2), _Busy())
+    _watch_host(handle, supervisor, 60.0)  # returns once the process has exited
+    assert handle.died
+    assert supervisor.stopped.is_set()
+    quiet = _Supervisor()
+    stopped = _handle(_sleeper(60), _Busy())
+    stopped.stopping = True  # HostHandle.stop() was called: the server is stopping anyway
+    _watch_host(stopped, quiet, 60.0)
+    assert not stopped.died
+    assert not quiet.stopped.is_set()
+    for handle_ in (handle, stopped):
+        handle_.process.kill()
+        handle_.process.join(10)
+        handle_.folder.cleanup()
+
+
 def test_a_batch_larger_than_the_hosts_is_refused_in_the_worker(
     host: HostHandle, shipped_model: str
 ):
