@@ -86,10 +86,9 @@ onnx: $(VENV)/.installed-dev data
 # CBP-TS, CBP-RM, LRBP, DeepO2P, SMSO p = 16 to 1,024) with the shipped model's recipe, seeds 0,
 # 1 and 2, two runs at a time on the CPU (FMNIST_JOBS); the table goes to
 # runs/fmnist-table/table.md.
-# About 14 hours on 2 cores (under 5 per seed), estimated: the shipped recipe takes about 21
-# minutes a run there (`make model`, with its figures and export: 20.5), and per training step
-# the heads cost 1x (LRBP, CBP-TS) to 2.6x (CBP-RM) of SMSO p = 64, about 13 runs' worth per
-# seed (single-thread CPU time of a batch-64 step, each row against SMSO p = 64).
+# About 30-35 hours on 2 cores: the first four runs took 48-76 minutes each by their median
+# epochs (one at a time), and per training step the heads cost 1x (LRBP, CBP-TS) to 2.6x
+# (CBP-RM) of SMSO p = 64 (single-thread CPU time of a batch-64 step).
 # Interrupted? Run it again: finished runs are kept and an unfinished one resumes from its last
 # epoch (a folder started with another recipe is refused; remove runs/fmnist-table to start
 # over). On a GPU, rows x seeds in parallel (40 to 60 minutes, estimated): bench/fmnist_table_gpu.sh.
