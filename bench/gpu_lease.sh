@@ -100,6 +100,10 @@ case $step in
 zstandard.ZstdDecompressor(max_window_size=2**31).copy_stream(sys.stdin.buffer, sys.stdout.buffer)" \
     | tar -x -C "$site" || fail "unpacking onnxruntime-gpu failed (a part damaged in transfer?)"
   set +o pipefail
+  # nvImageCodec, if step 3 did not unpack it (carried late)
+  if [ ! -d "$site/nvidia/nvimgcodec" ] && [ -s "$parts/nvimg.tar.gz" ]; then
+    tar -xzf "$parts/nvimg.tar.gz" -C "$site" || echo "unpacking nvImageCodec failed"
+  fi
   export PYTHONPATH=$site:$PWD PATH=$tmp/pyspy/bin:$site/bin:$PATH
   python3 -c "import onnxruntime as o; p = o.get_available_providers(); print('onnxruntime', o.__version__, p)
 assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gpu has no CUDA provider here"
