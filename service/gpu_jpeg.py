@@ -228,23 +228,24 @@ class GpuJpegPreprocessor:
 
     @cached_property
     def _session(self) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.intra_op_num_threads = 1  # called from every decode thread at once
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        def options(strict: bool = False) -> ort.SessionOptions:
+            made = ort.SessionOptions()
+            made.log_severity_level = 3
+            made.intra_op_num_threads = 1  # called from every decode thread at once
+            made.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            if strict:  # every node on the GPU, or no session
+                made.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+            return made
+
         if self.device != "cuda":
-            return ort.InferenceSession(GRAPH.read_bytes(), options, providers=[CPU])
+            return ort.InferenceSession(GRAPH.read_bytes(), options(), providers=[CPU])
         cuda = {"device_id": str(self.device_id), "arena_extend_strategy": "kSameAsRequested"}
-        # every node on the GPU, or onnxruntime refuses the session: then it runs with the
-        # CPU taking what CUDA cannot, and says so
-        strict = ort.SessionOptions()
-        strict.log_severity_level = 3
-        strict.intra_op_num_threads = 1
-        strict.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        # every node on the GPU; where onnxruntime refuses that, the CPU takes what CUDA
+        # cannot, and the log says so
         try:
             with quiet_native_output():
                 session = ort.InferenceSession(
-                    GRAPH.read_bytes(), strict, providers=[(CUDA, cuda), CPU]
+                    GRAPH.read_bytes(), options(strict=True), providers=[(CUDA, cuda), CPU]
                 )
         except Exception as error:  # onnxruntime's own RuntimeError types
             log.warning(
@@ -253,7 +254,7 @@ class GpuJpegPreprocessor:
             )
             with quiet_native_output():
                 session = ort.InferenceSession(
-                    GRAPH.read_bytes(), options, providers=[(CUDA, cuda), CPU]
+                    GRAPH.read_bytes(), options(), providers=[(CUDA, cuda), CPU]
                 )
         if session.get_providers()[0] != CUDA:
             raise DeviceDecodeError("onnxruntime's CUDA provider did not load for the graph")
