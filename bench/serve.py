@@ -242,16 +242,16 @@ def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
 def scrape(url: str) -> dict[str, float]:
     """``name -> value`` of a Prometheus text page, each name's samples summed over their
     labels (every model's, for instance) except ``le`` (histogram buckets are skipped); a
-    sample with a ``stage`` label also adds to ``name[stage]``."""
+    sample with a ``stage`` or ``decoder`` label also adds to ``name[that label's value]``."""
     values: dict[str, float] = {}
     for line in httpx.get(url, timeout=10).text.splitlines():
         match = re.match(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
         if match and 'le="' not in (match.group(2) or ""):
             name, value = match.group(1), float(match.group(3))
             values[name] = values.get(name, 0.0) + value
-            stage = re.search(r'stage="([^"]*)"', match.group(2) or "")
-            if stage:
-                key = f"{name}[{stage.group(1)}]"
+            label = re.search(r'(?:stage|decoder)="([^"]*)"', match.group(2) or "")
+            if label:
+                key = f"{name}[{label.group(1)}]"
                 values[key] = values.get(key, 0.0) + value
     return values
 

@@ -799,6 +799,13 @@ def _drive(
             after = scrape(f"{base}/metrics")
             if load.get("requests"):
                 load["split"] = split(before, after, load["mean_ms"])
+            decoded = {  # with SMSO_DECODE_DEVICE=cuda: the images each path took
+                where: after.get(f"smso_images_decoded_total[{where}]", 0.0)
+                - before.get(f"smso_images_decoded_total[{where}]", 0.0)
+                for where in ("device", "pillow")
+            }
+            if any(decoded.values()):
+                load["decoded"] = decoded
             result["loads"].append(
                 {"route": route, **load, "gpu": gpu.summary(), "cpu": cpu.result}
             )

@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -429,3 +430,29 @@ def test_the_mps_variant_starts_and_quits_a_daemon_or_says_why_not(
     started, quit_ = calls.read_text().splitlines()
     assert started.startswith(f"-d pipe={tmp_path / 'm' / 'pipe'}")
     assert quit_ == f" pipe={tmp_path / 'm' / 'pipe'} stdin=quit"
+
+
+def test_scrape_sums_over_labels_and_keys_stages_and_decoders(monkeypatch) -> None:
+    """bench/serve.py's /metrics reader: samples summed over their labels, histogram buckets
+    skipped, and ``stage`` / ``decoder`` values kept apart as ``name[value]``."""
+    from bench import serve
+
+    page = "\n".join(
+        [
+            "# HELP smso_images_decoded_total ...",
+            'smso_images_decoded_total{decoder="device"} 30.0',
+            'smso_images_decoded_total{decoder="pillow"} 2.0',
+            'smso_inference_stage_seconds_sum{model="m",stage="run"} 1.5',
+            'smso_inference_stage_seconds_bucket{le="0.1",model="m",stage="run"} 4.0',
+            'smso_images_total{model="a",route="/classify"} 5.0',
+            'smso_images_total{model="b",route="/classify"} 7.0',
+        ]
+    )
+    monkeypatch.setattr(serve.httpx, "get", lambda url, timeout: SimpleNamespace(text=page))
+    values = serve.scrape("http://server/metrics")
+    assert values["smso_images_decoded_total"] == 32.0
+    assert values["smso_images_decoded_total[device]"] == 30.0
+    assert values["smso_images_decoded_total[pillow]"] == 2.0
+    assert values["smso_inference_stage_seconds_sum[run]"] == 1.5
+    assert "smso_inference_stage_seconds_bucket" not in values
+    assert values["smso_images_total"] == 12.0
