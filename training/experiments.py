@@ -414,15 +414,16 @@ def _train_seconds(record: dict[str, Any]) -> float:
 
 
 def _total_time(records: list[dict[str, Any]]) -> str:
-    """The training time of all the runs reported, one after another: each run's epochs x
-    its median epoch, summed, and the sum of the epochs' times as measured."""
+    """The training time of all the runs reported, summed over the runs: each run's epochs x
+    its median epoch, and the epochs' times as measured."""
     robust = sum(_train_seconds(r) for r in records) / 3600
     measured = sum(r["train_seconds"] for r in records) / 3600
     return (
-        f"Training time of these {len(records)} runs, one after another: {robust:.1f} h "
-        f"(each run's epochs x its median epoch, summed); {measured:.1f} h as their epochs "
-        "measured, including epochs slowed by other work on the machine. Validation and test "
-        "passes not included."
+        f"Training time of these {len(records)} runs, summed over the runs: {robust:.1f} h "
+        f"(each run's epochs x its median epoch); {measured:.1f} h as their epochs measured, "
+        "including epochs slowed by other work on the machine. Runs side by side (`--jobs`) "
+        "share the cores: each is slower, and together they take less wall time than the "
+        "sum. Validation and test passes not included."
     )
 
 

@@ -298,7 +298,7 @@ def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
     )
     assert "nothing is chosen on the test split" in table
     assert "paper %" not in table  # the paper has no Fashion-MNIST numbers
-    assert "Training time of these 2 runs, one after another: " in table
+    assert "Training time of these 2 runs, summed over the runs: " in table
     speeds = [line["images_per_second"] for line in lines]
     assert f"{statistics.median(speeds):,.0f} | " in row  # the median over the seeds
     assert f"a row's seeds differ by up to {max(speeds) / min(speeds):.2f}x here" in table
@@ -311,8 +311,8 @@ def test_the_total_training_time_sums_median_based_and_measured_times() -> None:
         {"epochs": 10, "median_epoch_seconds": None, "train_seconds": 1800.0},  # older result
     ]
     assert _total_time(records).startswith(
-        "Training time of these 3 runs, one after another: 2.0 h (each run's epochs x its "
-        "median epoch, summed); 3.0 h as their epochs measured"
+        "Training time of these 3 runs, summed over the runs: 2.0 h (each run's epochs x its "
+        "median epoch); 3.0 h as their epochs measured"
     )
 
 
