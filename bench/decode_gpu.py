@@ -129,32 +129,20 @@ def grey_levels(got: np.ndarray, want: np.ndarray, spec: Preprocessing) -> tuple
 
 def nvimgcodec_decode(device: str) -> Callable[[Sequence[bytes]], list[np.ndarray]]:
     """Encoded JPEGs -> ``(H, W, 3)`` uint8 RGB in host memory, one ``decode`` call for the
-    list, with a decoder per calling thread (nvJPEG on ``device``; its CPU decoder on cpu)."""
-    from service.gpu_jpeg import load_nvimgcodec
+    list, with a decoder per calling thread configured as the service's
+    (``service.gpu_jpeg.new_decoder``: nvJPEG on ``device``; its CPU decoder on cpu)."""
+    from service.gpu_jpeg import load_nvimgcodec, new_decoder
 
     nvimgcodec = load_nvimgcodec()
     local = threading.local()
     on_gpu = device.startswith("cuda")
-    device_id = int(device.partition(":")[2] or 0) if on_gpu else -1
-    params = nvimgcodec.DecodeParams(
-        apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB
-    )
+    device_id = int(device.partition(":")[2] or 0) if on_gpu else 0
 
     def run(files: Sequence[bytes]) -> list[np.ndarray]:
         if not hasattr(local, "decoder"):
-            kinds = (
-                [nvimgcodec.HW_GPU_ONLY, nvimgcodec.GPU_ONLY, nvimgcodec.HYBRID_CPU_GPU]
-                if on_gpu
-                else [nvimgcodec.CPU_ONLY]
-            )
-            local.decoder = nvimgcodec.Decoder(
-                device_id=device_id if on_gpu else nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
-                max_num_cpu_threads=1,
-                backends=[nvimgcodec.Backend(kind) for kind in kinds],
-            )
-        images = local.decoder.decode(
-            [nvimgcodec.CodeStream(data) for data in files], params=params
-        )
+            local.decoder, local.params = new_decoder("cuda" if on_gpu else "cpu", device_id)
+        streams = [nvimgcodec.CodeStream(data) for data in files]
+        images = local.decoder.decode(streams, params=local.params)
         if any(image is None for image in images):
             raise RuntimeError("nvImageCodec did not decode every image")
         return [np.asarray(image.cpu()) for image in images]

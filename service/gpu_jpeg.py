@@ -46,7 +46,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from service.images import Preprocessor, _resized_size
+from service.images import Preprocessor, _resized_size, crop_offsets
 from service.jpeg_header import one_device_frame, stored_as_rgb
 from service.preprocess_graph import GRAPH
 from service.providers import CPU, CUDA, has_nvidia_gpu, quiet_native_output
@@ -57,6 +57,7 @@ __all__ = [
     "GpuJpegPreprocessor",
     "check_available",
     "load_nvimgcodec",
+    "new_decoder",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ def load_nvimgcodec() -> Any:
     """``nvidia.nvimgcodec``, imported once with its native start-up messages silenced (it
     prints, from C++, a line for each optional library it lacks: nvJPEG2000, nvTIFF)."""
     global _module
+    if _module is not None:  # every decode calls this: no lock once imported
+        return _module
     with _lock:
         if _module is None:
             # read once, at import: no log line per undecodable client file (route() bounds
@@ -113,6 +116,32 @@ def check_available(device: Literal["cuda", "cpu"] = "cuda") -> None:
             )
         if not has_nvidia_gpu():
             raise DeviceDecodeError("decode_device=cuda needs an NVIDIA GPU; none is here")
+
+
+def new_decoder(device: Literal["cuda", "cpu"], device_id: int = 0) -> tuple[Any, Any]:
+    """An nvImageCodec decoder for one thread and its decode parameters, as the service
+    decodes: nvJPEG's hardware, GPU and hybrid backends on ``cuda`` (libjpeg-turbo on
+    ``cpu``), to ``(H, W, 3)`` uint8 sRGB, no EXIF rotation."""
+    nvimgcodec = load_nvimgcodec()
+    if device == "cuda":
+        kinds = [nvimgcodec.HW_GPU_ONLY, nvimgcodec.GPU_ONLY, nvimgcodec.HYBRID_CPU_GPU]
+    else:
+        kinds = [nvimgcodec.CPU_ONLY]
+        device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
+    decoder = nvimgcodec.Decoder(
+        device_id=device_id,
+        max_num_cpu_threads=1,
+        backends=[nvimgcodec.Backend(kind) for kind in kinds],
+        # chroma upsampled as libjpeg-turbo (and so Pillow) does by default: the library's
+        # own default has changed between versions
+        options=":fancy_upsampling=1",
+    )
+    params = nvimgcodec.DecodeParams(
+        apply_exif_orientation=False,  # rotated images take Pillow's path
+        color_spec=nvimgcodec.ColorSpec.SRGB,
+        allow_any_depth=False,
+    )
+    return decoder, params
 
 
 def _probe_jpeg(resize: int) -> bytes:
@@ -222,10 +251,6 @@ class GpuJpegPreprocessor:
                 f"levels off Pillow's (at most {PROBE_TOLERANCE} expected)"
             )
 
-    @property
-    def spec(self) -> Any:
-        return self.preprocessor.spec
-
     @cached_property
     def _session(self) -> ort.InferenceSession:
         def options(strict: bool = False) -> ort.SessionOptions:
@@ -271,29 +296,11 @@ class GpuJpegPreprocessor:
         }
 
     def _decoder(self) -> tuple[Any, Any]:
-        """This thread's nvImageCodec decoder and its decode parameters."""
+        """This thread's nvImageCodec decoder and its decode parameters (a decoder may not be
+        called from two threads at once)."""
         local = self._local
         if not hasattr(local, "decoder"):
-            nvimgcodec = load_nvimgcodec()
-            if self.device == "cuda":
-                kinds = [nvimgcodec.HW_GPU_ONLY, nvimgcodec.GPU_ONLY, nvimgcodec.HYBRID_CPU_GPU]
-                device_id = self.device_id
-            else:
-                kinds = [nvimgcodec.CPU_ONLY]
-                device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
-            local.decoder = nvimgcodec.Decoder(
-                device_id=device_id,
-                max_num_cpu_threads=1,
-                backends=[nvimgcodec.Backend(kind) for kind in kinds],
-                # chroma upsampled as libjpeg-turbo (and so Pillow) does by default: the
-                # library's own default has changed between versions
-                options=":fancy_upsampling=1",
-            )
-            local.params = nvimgcodec.DecodeParams(
-                apply_exif_orientation=False,  # rotated images take Pillow's path
-                color_spec=nvimgcodec.ColorSpec.SRGB,
-                allow_any_depth=False,
-            )
+            local.decoder, local.params = new_decoder(self.device, self.device_id)
         return local.decoder, local.params
 
     def route(self, data: bytes, name: str = "image") -> tuple[int, int] | None:
@@ -318,8 +325,8 @@ class GpuJpegPreprocessor:
         width, height = image.size
         if width * height > DEVICE_MAX_PIXELS:
             return None
-        if min(width, height) >= 4 * spec.resize:
-            return None  # Pillow decodes it at reduced scale (draft)
+        if self.preprocessor.draft_size(width, height) is not None:
+            return None  # Pillow decodes it at reduced scale
         if min(_resized_size(width, height, spec.resize)) < spec.crop:
             return None  # zero padding
         try:
@@ -386,7 +393,7 @@ class GpuJpegPreprocessor:
         spec = self.preprocessor.spec
         wide, tall = _resized_size(width, height, spec.resize)
         crop = spec.crop
-        top, left = round((tall - crop) / 2.0), round((wide - crop) / 2.0)
+        top, left = crop_offsets(wide, tall, crop)
         channels = len(spec.mean)
         return {
             "row": np.array([width * 3], np.int64),

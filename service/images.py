@@ -52,6 +52,7 @@ __all__ = [
     "Preprocess",
     "Preprocessor",
     "UnsupportedFormatError",
+    "crop_offsets",
 ]
 
 #: What a served model decodes its uploads with: ``(encoded bytes, file name) -> (C, S, S)``
@@ -125,6 +126,12 @@ def _resized_size(width: int, height: int, size: int) -> tuple[int, int]:
     if width <= height:
         return size, int(size * height / width)
     return int(size * width / height), size
+
+
+def crop_offsets(width: int, height: int, crop: int) -> tuple[int, int]:
+    """torchvision's ``CenterCrop``: the ``(top, left)`` of a ``crop`` x ``crop`` window in a
+    ``width`` x ``height`` image at least that large."""
+    return round((height - crop) / 2.0), round((width - crop) / 2.0)
 
 
 def _eight_bit(image: Image.Image) -> Image.Image:
@@ -239,15 +246,25 @@ class Preprocessor:
                 f"{MAX_ASPECT_RATIO}:1"
             )
 
-    def _draft(self, image: Image.Image) -> None:
-        """Let a large JPEG decode at 1/2, 1/4 or 1/8 scale while staying >= 2x the resize."""
-        if image.format not in ("JPEG", "MPO") or self.spec.resize is None:
-            return
-        width, height = image.size
+    def draft_size(self, width: int, height: int) -> tuple[int, int] | None:
+        """The size a ``width`` x ``height`` JPEG is asked to decode at (Pillow's draft mode
+        then picks 1/2, 1/4 or 1/8 scale, staying >= 2x the resize), or ``None`` where it is
+        decoded whole (not at least 4x the resize on its shorter side, or no resize)."""
+        if self.spec.resize is None:
+            return None
         target = 2 * self.spec.resize  # keep twice the resolution the resize needs
-        if min(width, height) >= 2 * target:
-            scale = min(width, height) / target
-            image.draft(self.mode, (int(width / scale), int(height / scale)))
+        if min(width, height) < 2 * target:
+            return None
+        scale = min(width, height) / target
+        return int(width / scale), int(height / scale)
+
+    def _draft(self, image: Image.Image) -> None:
+        """Let a large JPEG decode at reduced scale (:meth:`draft_size`)."""
+        if image.format not in ("JPEG", "MPO"):
+            return
+        size = self.draft_size(*image.size)
+        if size is not None:
+            image.draft(self.mode, size)
 
     def geometry(self, image: Image.Image) -> Image.Image:
         """Resize the shorter side to ``resize`` and centre crop ``crop`` (torchvision's rules)."""
@@ -262,8 +279,7 @@ class Preprocessor:
                 padded = Image.new(image.mode, (max(width, crop), max(height, crop)))
                 padded.paste(image, ((max(crop - width, 0)) // 2, (max(crop - height, 0)) // 2))
                 image, (width, height) = padded, padded.size
-            top = round((height - crop) / 2.0)
-            left = round((width - crop) / 2.0)
+            top, left = crop_offsets(width, height, crop)
             image = image.crop((left, top, left + crop, top + crop))
         return image
 

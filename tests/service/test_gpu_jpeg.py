@@ -19,7 +19,7 @@ from service.images import ImageError, ImageTooLargeError, Preprocessor
 from service.preprocess_graph import GRAPH, build
 from service.providers import CUDA, has_nvidia_gpu
 
-from .conftest import wait_ready
+from .conftest import png, wait_ready
 
 IMAGENET = Preprocessing(
     colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
@@ -112,17 +112,11 @@ def _rotated(data: bytes, orientation: int) -> bytes:
     return out.getvalue()
 
 
-def _png(pixels: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return out.getvalue()
-
-
 def test_what_the_device_does_not_take_gets_pillows_result_exactly():
     photo = _photo(320, 240)
     jpeg = _jpeg(photo, quality=90)
     others = {
-        "png": _png(photo),
+        "png": png(photo),
         "cmyk": _jpeg(photo, mode="CMYK", quality=90),
         "rotated": _rotated(jpeg, 6),
         "trailing bytes": jpeg + b"\x00" * 16,
@@ -266,7 +260,7 @@ def test_the_service_decodes_on_the_device_and_counts_where(make_client, monkeyp
     pillow_client = make_client()
     files = [
         ("file", ("a.jpg", _jpeg(_photo(40, 30), quality=90), "image/jpeg")),
-        ("file", ("b.png", _png(_photo(40, 30)), "image/png")),
+        ("file", ("b.png", png(_photo(40, 30)), "image/png")),
     ]
     wait_ready(device_client)
     on_device = device_client.post("/embed", files=files)
