@@ -14,7 +14,9 @@ model that takes seconds per batch, running the one image at hand and leaving th
 decoded for the next batch costs far more than waiting for them. A batch's exception is delivered to
 every job in it. No polling: the consumer sleeps on the queue. A full queue raises
 :class:`QueueFullError` at once (the app answers 503 with ``Retry-After``); jobs whose caller has
-gone (deadline passed) are dropped before they reach the model.
+gone (deadline passed) are dropped before they reach the model. An image whose outputs hold NaN or
+infinite values gets :class:`NonFiniteOutputError` instead of them (checked once per batch in the
+inference thread, not per image on the event loop).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from service import access, stage_clock
 from service.runner import Batch
 from service.tracing import Spans
 
-__all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "QueueFullError"]
+__all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "NonFiniteOutputError", "QueueFullError"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,17 @@ RunFn = Callable[[Batch], tuple[np.ndarray, ...]]
 
 class QueueFullError(RuntimeError):
     """More images are waiting than the queue holds."""
+
+
+class NonFiniteOutputError(ArithmeticError):
+    """The model gave NaN or infinite outputs for this image (the model's fault, not the
+    image's: JSON cannot carry them, and no class or embedding can be read from them)."""
+
+
+def finite_rows(outputs: Sequence[np.ndarray]) -> np.ndarray:
+    """``(N,)`` bool: row ``n`` of every output (each ``(N, ...)``) is finite throughout."""
+    rows = len(outputs[0])
+    return np.logical_and.reduce([np.isfinite(o.reshape(rows, -1)).all(axis=1) for o in outputs])
 
 
 @dataclass
@@ -267,14 +280,23 @@ class MicroBatcher:
 
     def _run_batch(
         self, images: list[np.ndarray]
-    ) -> tuple[tuple[np.ndarray, ...], float, dict[str, float]]:
+    ) -> tuple[list[tuple[np.ndarray, ...] | None], float, dict[str, float]]:
         """Run the batch's images in the worker thread; the run function copies them where it
         needs them (a batch of 64 ImageNet-sized images is 38 MB, which would hold up the event
-        loop for milliseconds). Also returns the thread's seconds on it, in all and by stage."""
+        loop for milliseconds). Returns each image's row of the outputs, ``None`` where a row is
+        not finite (:func:`finite_rows`: one vectorised check per batch), and the thread's
+        seconds on the run, in all and by stage. Rows and check cost the event loop nothing."""
         stage_clock.take()  # whatever an earlier call (warm-up) left on this thread's clock
         start = time.perf_counter()
         outputs = self._run(images)
-        return outputs, time.perf_counter() - start, stage_clock.take()
+        seconds = time.perf_counter() - start
+        finite = finite_rows(outputs).tolist()
+        rows = zip(*outputs, strict=True)  # each output has the batch's N rows
+        return (
+            [r if ok else None for r, ok in zip(rows, finite, strict=True)],
+            seconds,
+            stage_clock.take(),
+        )
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
@@ -284,7 +306,7 @@ class MicroBatcher:
             record.note_started(start)
         try:
             images = [job.image for job in jobs]
-            outputs, inference, stages = await loop.run_in_executor(
+            rows, inference, stages = await loop.run_in_executor(
                 self._executor, self._run_batch, images
             )
         except Exception as error:  # delivered to every caller of the batch
@@ -302,9 +324,13 @@ class MicroBatcher:
             self._trace(jobs, start_ns, time.time_ns())
         except Exception:  # a tracing fault must not fail the batch's requests
             log.exception("recording the batch's spans failed")
-        for i, job in enumerate(jobs):
-            if not job.future.done():
-                job.future.set_result(tuple(output[i] for output in outputs))
+        for job, row in zip(jobs, rows, strict=True):
+            if job.future.done():
+                continue
+            if row is None:
+                job.future.set_exception(NonFiniteOutputError("NaN or infinite outputs"))
+            else:
+                job.future.set_result(row)
         if self._on_batch is not None:
             try:
                 self._on_batch(BatchStats(len(jobs), waits, inference, round_trip, stages))

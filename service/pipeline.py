@@ -22,7 +22,7 @@ import numpy as np
 
 from service import access
 from service.admission import Admission
-from service.batcher import QueueFullError
+from service.batcher import NonFiniteOutputError, QueueFullError
 from service.bodies import BufferedBytes
 from service.errors import BackendUnavailableError, ServiceError
 from service.images import ImageError, ImageTooLargeError
@@ -254,23 +254,27 @@ async def run_batched(
         raise ServiceError(
             503, "backend_unavailable", f"{error}; retry later", headers={"Retry-After": "5"}
         ) from None
-    except Exception as error:
-        log.error("inference failed: %s", error)
-        raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
-    broken = sum(not all(np.isfinite(part).all() for part in o) for o in outputs)
-    if broken:  # JSON cannot carry them, and no class or embedding can be read from them
+    except NonFiniteOutputError:
+        # JSON cannot carry them, and no class or embedding can be read from them
+        answered = [f for f in futures if f.done() and not f.cancelled()]
+        broken = sum(isinstance(f.exception(), NonFiniteOutputError) for f in answered)
+        for future in futures:  # the request fails: its images still queued need not run
+            future.cancel()
         log.error(
-            "model %s version %s gave NaN or infinite outputs for %d of %d images",
+            "model %s version %s gave NaN or infinite outputs for %d of %d images answered",
             model.name,
             model.version,
             broken,
-            len(images),
+            len(answered),
         )
         raise ServiceError(
             500,
             "model_output_not_finite",
             "the model's outputs are NaN or infinite: the model file is at fault, not the image",
-        )
+        ) from None
+    except Exception as error:
+        log.error("inference failed: %s", error)
+        raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
     state.metrics.images.labels(route, model.name, model.version).inc(len(images))
     if model.drift is not None:  # the scores ride as a third output (service.loader.scored)
         typicality = np.stack([o[2] for o in outputs])  # (N, 2): score, p-value

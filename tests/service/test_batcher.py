@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from service import access, stage_clock
-from service.batcher import MicroBatcher, QueueFullError
+from service.batcher import MicroBatcher, NonFiniteOutputError, QueueFullError, finite_rows
 
 LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s timeout
 
@@ -43,6 +43,54 @@ def test_each_caller_gets_its_own_row_of_one_batch():
         return batches
 
     assert run(main()) == [8]
+
+
+def test_an_image_whose_outputs_are_not_finite_fails_alone():
+    def run_fn(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        values = np.array([float(im.flat[0]) for im in images], np.float32)
+        logits = np.stack([values, values], axis=1)  # (N, 2)
+        embedding = np.stack([values, values, values], axis=1)  # (N, 3)
+        logits[values == 1, 1] = np.nan  # image 1: a NaN logit
+        embedding[values == 2, 0] = np.inf  # image 2: an infinite embedding value
+        return logits, embedding
+
+    async def main() -> list[object]:
+        batcher = MicroBatcher(run_fn, 4, LONG_WAIT_S, 16)
+        batcher.start()
+        futures = [batcher.submit(image(v)) for v in range(4)]  # one full batch
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        await batcher.stop()
+        return outcomes
+
+    outcomes = run(main())
+    assert [type(o) for o in outcomes[1:3]] == [NonFiniteOutputError] * 2
+    for value in (0, 3):
+        logits, embedding = outcomes[value]
+        assert logits.tolist() == [value, value]
+        assert embedding.tolist() == [value] * 3
+
+
+def test_finite_rows_checks_every_output_row_by_row():
+    logits = np.zeros((3, 4), np.float32)
+    embedding = np.zeros((3, 2, 2), np.float32)
+    logits[0, 3] = -np.inf
+    embedding[2, 1, 0] = np.nan
+    assert finite_rows((logits, embedding)).tolist() == [False, True, False]
+
+
+def test_outputs_that_do_not_have_one_row_per_image_fail_the_batch():
+    def short(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros((len(images), 2)), np.zeros((len(images) - 1, 3))
+
+    async def main() -> list[object]:
+        batcher = MicroBatcher(short, 3, LONG_WAIT_S, 16)
+        batcher.start()
+        futures = [batcher.submit(image(v)) for v in range(3)]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        await batcher.stop()
+        return outcomes
+
+    assert [type(o) for o in run(main())] == [ValueError] * 3
 
 
 def test_a_lone_image_is_not_held_when_nothing_else_is_announced():
