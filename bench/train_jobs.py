@@ -13,7 +13,12 @@ Steps are the table's own (the row's model, SGD with momentum, cross-entropy, ba
 28 x 28 random images), timed for ``--seconds`` after a few untimed ones.
 
     python bench/train_jobs.py               # about two minutes on 2 cores
+    python bench/train_jobs.py --rows all --alone   # every row's speed alone: ~7 minutes
     python bench/train_jobs.py --quick       # a smoke test
+
+``--alone`` measures only the one run on every core: each head's training speed with nothing
+else on the machine (the table's own images/s are each run's median epoch, slowed by whatever
+shared the machine with it), in images per second (steps x 64).
 
 Prints a markdown table and writes ``bench/results/train_jobs.json`` (``--json PATH``).
 """
@@ -37,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.benchlib import write_json  # noqa: E402
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "train_jobs.json"
+BATCH = 64  # the table's batch size
 
 
 def steps_per_second(row: str, threads: int, seconds: float, start_at: float) -> float:
@@ -53,7 +59,7 @@ def steps_per_second(row: str, threads: int, seconds: float, start_at: float) ->
     settings = dict(find_row("fmnist", row).settings)
     model = build_model(ModelConfig(num_classes=10, **settings), load_pretrained=False)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    images, labels = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    images, labels = torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
 
     def step() -> None:
         loss = torch.nn.functional.cross_entropy(model(images).logits, labels)
@@ -82,44 +88,67 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.rounds):
                 start = time.time() + 5.0  # every process built and warmed up by then
                 one.append(pool.submit(steps_per_second, row, cores, args.seconds, start).result())
+                if args.alone:
+                    continue
                 start = time.time() + 5.0
                 futures = [
                     pool.submit(steps_per_second, row, 1, args.seconds, start) for _ in range(cores)
                 ]
                 side_by_side.append(sum(f.result() for f in futures))
-            ratios = [s / o for s, o in zip(side_by_side, one, strict=True)]
-            rows.append(
-                {
-                    "row": row,
-                    "one_run_steps_per_second": statistics.median(one),
+            result: dict[str, Any] = {
+                "row": row,
+                "one_run_steps_per_second": statistics.median(one),
+                "one_run_images_per_second": BATCH * statistics.median(one),
+                "rounds": {"one": one},
+            }
+            if not args.alone:
+                ratios = [s / o for s, o in zip(side_by_side, one, strict=True)]
+                result |= {
                     "side_by_side_steps_per_second": statistics.median(side_by_side),
                     "side_by_side_over_one": statistics.median(ratios),
-                    "rounds": {"one": one, "side_by_side": side_by_side},
                 }
-            )
-    return {"cores": cores, "seconds": args.seconds, "rows": rows}
+                result["rounds"]["side_by_side"] = side_by_side
+            rows.append(result)
+    return {"cores": cores, "seconds": args.seconds, "batch": BATCH, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", nargs="+", default=["smso-64", "cbp-rm"])
+    parser.add_argument(
+        "--rows", nargs="+", default=["smso-64", "cbp-rm"], help="rows of the table, or all"
+    )
+    parser.add_argument("--alone", action="store_true", help="only one run on every core")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one row, 1 s, one round")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
+    from training.experiments import TABLES
+
+    names = [r.name for r in TABLES["fmnist"]]
+    if args.rows == ["all"]:
+        args.rows = names
+    unknown = sorted(set(args.rows) - set(names))
+    if unknown:
+        parser.error(f"unknown rows {unknown}; rows: all, {', '.join(names)}")
     if args.quick:
         args.rows, args.seconds, args.rounds = args.rows[:1], 1.0, 1
     report = {"python": platform.python_version(), **measure(args)}
     cores = report["cores"]
-    print(f"Training steps per second, batch 64, {cores} cores:\n")
-    print(f"| row | one run, {cores} threads | {cores} runs, 1 thread each | ratio |")
-    print("|---|--:|--:|--:|")
+    print(f"Training steps per second, batch {BATCH}, {cores} cores:\n")
+    if args.alone:
+        print(f"| row | one run, {cores} threads | images/s |")
+        print("|---|--:|--:|")
+    else:
+        print(f"| row | one run, {cores} threads | {cores} runs, 1 thread each | ratio |")
+        print("|---|--:|--:|--:|")
     for row in report["rows"]:
-        print(
-            f"| {row['row']} | {row['one_run_steps_per_second']:.2f} | "
-            f"{row['side_by_side_steps_per_second']:.2f} | {row['side_by_side_over_one']:.2f}x |"
-        )
+        one = f"| {row['row']} | {row['one_run_steps_per_second']:.2f} |"
+        if args.alone:
+            print(f"{one} {row['one_run_images_per_second']:,.0f} |")
+        else:
+            side, ratio = row["side_by_side_steps_per_second"], row["side_by_side_over_one"]
+            print(f"{one} {side:.2f} | {ratio:.2f}x |")
     write_json(args.json, report)
     print(f"\nwrote {args.json}")
     return 0
