@@ -302,7 +302,13 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     return 0
 
 
-def _watch_host(host: HostHandle, supervisor: Any, hung_after: float) -> None:
+class _Stoppable(typing.Protocol):
+    """What the watcher stops: uvicorn's supervisor (``DrainingSupervisor``), or a test's."""
+
+    def handle_term(self) -> None: ...
+
+
+def _watch_host(host: HostHandle, supervisor: _Stoppable, hung_after: float) -> None:
     """Stop the server as SIGTERM does (the workers drain; the exit status is then 1, for the
     supervisor to restart it) if the session host exits while it serves, or if one round has
     been running for ``hung_after`` seconds (a hung device: every request in it, and behind
