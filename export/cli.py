@@ -106,7 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("export").setLevel(logging.INFO)
     args = build_parser().parse_args(argv)
-    output = args.output or args.checkpoint.with_name("model.onnx")
+    # CHECKPOINT's folder / model.onnx; for a CHECKPOINT that is a folder (even "." or "/", which
+    # have no name to replace), the export says that it is not a checkpoint file
+    output = args.output or args.checkpoint.parent / "model.onnx"
 
     def body() -> int:
         if args.opset < 18:

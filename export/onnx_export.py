@@ -66,6 +66,7 @@ from export.typicality_graph import (
 from service.typicality import Typicality
 from training.backbones import backbone_spec
 from training.checkpoint import load_model, write_atomically
+from training.cli import check_output_file
 from training.datasets.base import Splits
 from training.heads.smso import SMSOPooling
 from training.model import SecondOrderNet
@@ -238,9 +239,15 @@ def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
     }
     report_path = checkpoint.parent / "test.json"
     if report_path.is_file():
-        import json
+        from training.json_lines import read_json_record
 
-        report = json.loads(report_path.read_text())
+        try:
+            report = read_json_record(report_path)
+        except ValueError as error:  # not JSON, not an object, not text
+            raise ValueError(
+                f"the test report beside the checkpoint is not smso-train's: {error}; remove "
+                "or repair it (the model card takes the test accuracy from it)"
+            ) from None
         if report.get("epoch") == payload.get("epoch"):  # the report is about this checkpoint
             metrics["test_accuracy"] = report.get("test_accuracy")
             metrics["test_images"] = report.get("test_images")
@@ -281,7 +288,9 @@ def export_checkpoint(
             f"the output {output} is the checkpoint being exported, which it would replace: "
             "give another file name such as model.onnx"
         )
+    check_output_file(output, "the output")
     model, payload = load_model(checkpoint)
+    metrics = _metrics(checkpoint, payload)  # a broken test.json fails here, before tracing
     channels, side = _input_geometry(model, payload)
     if "preset" not in payload:
         log.warning(
@@ -326,7 +335,7 @@ def export_checkpoint(
             inputs["real"] = real
         session = _session(proto)  # the file as written, on the CPU: parity, then typicality
         parity = check_parity(session, module, inputs, batch_sizes, precision)
-        card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice)
+        card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice, metrics)
         card["served"] = {
             "name": name or f"{card['dataset']}-{model.config.backbone}-{model.config.head}",
             "version": version or card["checkpoint"]["sha256"][:12],
@@ -401,6 +410,7 @@ def _card(
     side: int,
     dynamic_size: bool,
     form_choice: dict[str, Any] | None,
+    metrics: dict[str, Any],
 ) -> dict[str, Any]:
     config = model.config
     preset = payload.get("preset", {})
@@ -442,6 +452,6 @@ def _card(
             "form_choice": form_choice,
         },
         "dataset": train_config.get("dataset", "unknown"),
-        "metrics": _metrics(checkpoint, payload),
+        "metrics": metrics,
         "checkpoint": {"file": checkpoint.name, "sha256": file_sha256(checkpoint)},
     }

@@ -89,6 +89,11 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> 
         head = f.read(4)
     if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or a pickle
         what = "is empty" if not head else f"starts with {head!r}"
+        if path.suffix.lower() == ".onnx" or head.startswith(b"\x08"):  # an ONNX protobuf
+            what += (
+                ", like an ONNX model (smso-export's output); give the .pt checkpoint that "
+                "smso-train wrote, such as runs/NAME/best.pt"
+            )
         raise CheckpointError(f"{path} is not a PyTorch checkpoint file: it {what}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)

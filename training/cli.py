@@ -4,15 +4,17 @@ help that shows each flag's default once."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from training.backbones import PretrainedWeightsError
 from training.checkpoint import CheckpointError
 from training.datasets import DatasetLayoutError
 from training.divergence import DivergenceError
 
-__all__ = ["USER_ERRORS", "HelpFormatter", "run_cli"]
+__all__ = ["USER_ERRORS", "HelpFormatter", "check_output_file", "run_cli"]
 
 #: Errors caused by what the user gave (settings, files, datasets, weights), not by a bug.
 #: ConfigError, UnknownHeadError and UnknownBackboneError are ValueErrors; DivergenceError is
@@ -48,6 +50,30 @@ class HelpFormatter(argparse.HelpFormatter):
         ):
             text += " (default: %(default)s)"
         return text
+
+
+def check_output_file(
+    path: str | os.PathLike[str], what: str, keep: tuple[str | os.PathLike[str], ...] = ()
+) -> None:
+    """Raise ``ValueError`` before any work when no file can be written at ``path`` (``what``
+    names it, e.g. ``--json``): it is a folder, one of the folders it would go in is a file,
+    or it is one of ``keep`` (the input files a write there would replace)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder: give a file name")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"{what} {path} cannot be written: {parent} is a file, not a folder"
+                )
+            break
+    for other in keep:
+        if path.exists() and Path(other).exists() and path.samefile(other):
+            raise ValueError(
+                f"{what} {path} is the input file {other}, which writing it would replace: "
+                "give another file name"
+            )
 
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
@@ -104,7 +105,22 @@ class TrainConfig:
         checks = [
             (self.epochs >= 1, "epochs must be >= 1"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.lr is None or self.lr > 0, "lr must be > 0"),
+            (
+                self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
+                "lr must be a finite number > 0",
+            ),
+            (
+                math.isfinite(self.new_layer_lr_mult) and self.new_layer_lr_mult > 0,
+                "new_layer_lr_mult must be a finite number > 0",
+            ),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
+            (
+                math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                "weight_decay must be a finite number >= 0",
+            ),
+            (0 < self.plateau_factor < 1, "plateau_factor must be in (0, 1)"),
+            (self.plateau_patience >= 0, "plateau_patience must be >= 0"),
+            (self.seed >= 0, "seed must be >= 0"),
             (self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}"),
             (self.loss in LOSSES, f"loss must be one of {', '.join(LOSSES)}"),
             (self.amp in AMP_MODES, f"amp must be one of {', '.join(AMP_MODES)}"),
@@ -192,11 +208,17 @@ class TrainConfig:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder: give a TOML or JSON file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
     try:
+        text = path.read_text()
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"cannot parse config file {path}: it is not text (UTF-8); give a TOML or JSON file"
+        ) from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot parse config file {path}: {exc}") from exc
     if not isinstance(data, dict):

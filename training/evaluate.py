@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from training.checkpoint import CheckpointError, load_model
-from training.cli import HelpFormatter, run_cli
+from training.cli import HelpFormatter, check_output_file, run_cli
 from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
@@ -113,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        if args.json is not None:
+            check_output_file(args.json, "--json", keep=(args.checkpoint,))
         result, classes = evaluate_checkpoint(
             args.checkpoint, args.split, args.data_root, args.batch_size, args.device, args.workers
         )
@@ -131,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "classes": classes,
                 "confusion": result.confusion.tolist(),
             }
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         return 0
 

@@ -256,7 +256,7 @@ def _result_line(table: str, row: Row, cfg: TrainConfig, result: Any) -> dict[st
 def _check_same_settings(cfg: TrainConfig, run: Path) -> None:
     """Raise ``ConfigError`` when the run in ``run`` was started with other settings than ``cfg``
     (``resume`` and ``stop_after`` aside), naming each that differs."""
-    saved = json.loads((run / "config.json").read_text())
+    saved = read_json_record(run / "config.json")
     wanted = cfg.resolve().to_dict()
     differ = [
         f"{k} {saved.get(k)!r} there, {v!r} now"
@@ -295,7 +295,7 @@ def run_row(
     if resume and (run / "config.json").is_file():
         _check_same_settings(cfg, run)
         if (run / "result.json").is_file():
-            return json.loads((run / "result.json").read_text())
+            return read_json_record(run / "result.json", RESULT_FIELDS)
         if (run / "last.pt").is_file():
             cfg = dataclasses.replace(cfg, resume=True)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
@@ -438,7 +438,7 @@ def _unfinished(table: str, out: Path) -> list[str]:
                 config, metrics = folder / "config.json", folder / "metrics.jsonl"
                 if (folder / "result.json").is_file() or not config.is_file():
                     continue
-                epochs = json.loads(config.read_text()).get("epochs", "?")
+                epochs = read_json_record(config).get("epochs", "?")
                 # epochs written so far: whole lines (one may be being written)
                 done = metrics.read_text().count("\n") if metrics.is_file() else 0
                 where = f"{dataset} {folder.name.replace('seed', 'seed ')}"
@@ -533,6 +533,30 @@ def _run_one(
     return run_row(table, name, dataset, out, scratch, seed, resume, **overrides)
 
 
+def _check_run_arguments(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """``ConfigError`` for ``run`` arguments that contradict each other: a row or seed named
+    twice (two runs into one folder), --scratch with --pretrained, --dataset for fmnist."""
+    values: Sequence[object]
+    for what, values in (("row", names), ("seed", args.seeds)):
+        twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+        if twice:
+            raise ConfigError(
+                f"{what} {', '.join(twice)} given more than once: each {what} runs once, into "
+                "its own folder"
+            )
+    if args.scratch and args.pretrained is not None:
+        raise ConfigError(
+            "--scratch (random initialisation) and --pretrained (weights from a file) "
+            "contradict each other: give one of them"
+        )
+    if args.table == "fmnist" and args.dataset is not None:
+        raise ConfigError(
+            f"the fmnist table trains on {FMNIST_RECIPE['dataset']}; --dataset {args.dataset} "
+            "is for the tables of the paper's datasets "
+            f"({', '.join(t for t in TABLES if t != 'fmnist')})"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-experiment``."""
     parser = argparse.ArgumentParser(prog="smso-experiment", description=__doc__.splitlines()[0])
@@ -602,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 find_row(args.table, name)  # every name checked before the first run
             if args.jobs < 1:
                 raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+            _check_run_arguments(args, names)
             run = functools.partial(
                 _run_one, args.table, args.dataset, args.out, args.scratch, args.resume, overrides
             )

@@ -30,10 +30,10 @@ import torch
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from training.cli import run_cli
+from training.cli import check_output_file, run_cli
 from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
-from training.json_lines import read_json_lines
+from training.json_lines import read_json_lines, read_json_record
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
 
@@ -218,6 +218,30 @@ def _positive(text: str) -> int:
     return value
 
 
+def _check_out(out: Path, inputs: Sequence[Path], numbers: bool) -> None:
+    """Raise ``ValueError`` before any work when ``--out`` is not an image file this can write:
+    a folder, no known image ending, one of the ``inputs``, or (``numbers``: fig2) a ``.json``
+    beside it that holds something else than an earlier fig2's numbers."""
+    check_output_file(out, "--out", keep=tuple(inputs))
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if out.suffix.lower().lstrip(".") not in formats:
+        raise ValueError(
+            f"--out {out}: give an image file name ending in one of "
+            f"{', '.join('.' + f for f in sorted(formats))} (.png is usual)"
+        )
+    beside = out.with_suffix(".json")
+    if numbers and beside.exists():
+        check_output_file(beside, "the numbers' file", keep=tuple(inputs))
+        try:
+            read_json_record(beside, ("images", "checkpoint", "split"))
+        except ValueError:
+            raise ValueError(
+                f"--out {out} writes its numbers to {beside}, which holds something else than "
+                "an earlier fig2's numbers: give another --out"
+            ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-figure``."""
     parser = argparse.ArgumentParser(prog="smso-figure", description=__doc__.splitlines()[0])
@@ -240,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
+        if args.figure == "fig3":
+            inputs = [r / "metrics.jsonl" if r.is_dir() else r for r in args.runs]
+        else:
+            inputs = [args.results if args.figure == "fig4" else args.checkpoint]
+        _check_out(args.out, inputs, numbers=args.figure == "fig2")
         if args.figure == "fig3":
             fig3(args.runs, args.out, args.labels)
         elif args.figure == "fig4":

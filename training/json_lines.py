@@ -27,7 +27,7 @@ def read_json_lines(path: Path, required: Iterable[str] = ()) -> list[dict[str, 
     required = list(required)
     return [
         _record(line, f"{path}:{number}", required)
-        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        for number, line in enumerate(_text(path).splitlines(), start=1)
         if line.strip()
     ]
 
@@ -35,7 +35,17 @@ def read_json_lines(path: Path, required: Iterable[str] = ()) -> list[dict[str, 
 def read_json_record(path: Path, required: Iterable[str] = ()) -> dict[str, Any]:
     """The one JSON object of ``path`` (such as a run's ``result.json``); errors as
     :func:`read_json_lines`', naming the file."""
-    return _record(path.read_text(), str(path), list(required))
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    return _record(_text(path), str(path), list(required))
+
+
+def _text(path: Path) -> str:
+    """The file's text; ``ValueError`` naming it when it is not UTF-8 (a binary file)."""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a text file (byte {error.start} is not UTF-8)") from None
 
 
 def _record(text: str, where: str, required: list[str]) -> dict[str, Any]:

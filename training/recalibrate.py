@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from training.checkpoint import load_checkpoint, resave_checkpoint
-from training.cli import run_cli
+from training.cli import check_output_file, run_cli
 from training.config import ConfigError
 from training.engine import evaluate, make_criterion
 from training.evaluate import load_with_splits
@@ -122,6 +122,8 @@ def recalibrate_checkpoint(
 
     Raises ``ConfigError`` for a head with nothing to re-estimate after training.
     """
+    if out is not None:  # the checkpoint itself is fine: that is recalibrating in place
+        check_output_file(out, "the output")
     runtime = setup_runtime(device, "off")
     model, cfg, splits = load_with_splits(checkpoint, data_root, str(runtime.device))
     if head_spec(model.config.head).input_statistics != "after_training":

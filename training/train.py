@@ -138,14 +138,64 @@ def _eval_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime) -> DataLo
 
 
 def _metrics_lines(path: Path, upto_epoch: int) -> list[str]:
-    """Existing metrics lines up to ``upto_epoch`` (a resumed run drops the lines after it)."""
+    """Existing metrics lines up to ``upto_epoch`` (a resumed run drops the lines after it).
+
+    A last line cut short (no newline, not JSON) is an epoch interrupted before its ``last.pt``
+    was written: dropped. Any other line that is not an epoch's record is a ``ConfigError``
+    naming it."""
     if not path.exists():
         return []
-    return [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line)["epoch"] <= upto_epoch
-    ]
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
+    kept: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines) and not text.endswith("\n"):
+                log.warning("%s:%d: dropped a line cut short by an interruption", path, number)
+                continue
+            raise ConfigError(
+                f"{path}:{number}: not JSON ({error.msg}); remove that line to --resume"
+            ) from None
+        epoch = record.get("epoch") if isinstance(record, dict) else None
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise ConfigError(
+                f"{path}:{number}: not an epoch's record (a JSON object with an integer "
+                '"epoch"); remove that line to --resume'
+            )
+        if epoch <= upto_epoch:
+            kept.append(line)
+    return kept
+
+
+#: Files whose presence in ``--out`` means it holds a run (or a shipped model's evidence) that a
+#: new run would overwrite. Not ``metrics.jsonl`` alone: a run stopped after writing its first
+#: epoch's line but before its ``last.pt`` has nothing to resume and starts again (the line goes).
+_RUN_FILES = ("last.pt", "best.pt", "test.json", "model.pt")
+
+
+def _check_run_folder(cfg: TrainConfig) -> None:
+    """Raise a user error, before any data is read, when ``--out`` cannot hold this run: it is
+    a file (or under one), or a new run would overwrite another run's results there."""
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a folder for the run")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"--out {out} cannot be made: {parent} is a file, not a folder")
+            break
+    if cfg.resume:
+        return
+    found = [name for name in _RUN_FILES if (out / name).exists()]
+    if found:
+        raise ConfigError(
+            f"{out} already holds a run; pass --resume or choose another --out (it has "
+            f"{', '.join(found)})"
+        )
 
 
 class _Run:
@@ -354,21 +404,20 @@ def fit(cfg: TrainConfig) -> RunResult:
 
 
 def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
+    _check_run_folder(cfg)
     run = _Run(cfg, runtime)
     cfg, out = run.cfg, run.out
     if cfg.resume:
         run.resume()
-    elif (out / "last.pt").exists():
-        raise ConfigError(f"{out} already holds a run; pass --resume or choose another --out")
     else:
         run.start()
     metrics_path = out / "metrics.jsonl"
     if runtime.is_main:
+        kept = _metrics_lines(metrics_path, run.start_epoch - 1)
         run.describe()
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         (out / "splits.json").write_text(json.dumps(run.splits_record(), indent=2) + "\n")
-        kept = _metrics_lines(metrics_path, run.start_epoch - 1)
         metrics_path.write_text("".join(line + "\n" for line in kept))
     val_loader = _eval_loader(run.splits.val, cfg, runtime)
     step = run.after_step(run.scheduler.step if cfg.schedule == "cosine" else None)

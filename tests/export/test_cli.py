@@ -33,3 +33,45 @@ def test_a_bad_name_is_one_error_line_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("smso-export: error: the served name 'my model' must be")
     assert "\n" not in err
+
+
+@pytest.mark.parametrize("checkpoint", [".", "/"])
+def test_a_folder_without_a_name_as_checkpoint_is_one_error_line(
+    tmp_path, monkeypatch, capsys, checkpoint: str
+):
+    monkeypatch.chdir(tmp_path)
+    assert export_main([checkpoint]) == 2  # not a traceback from Path.with_name
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"smso-export: error: checkpoint {checkpoint} is a folder, not a checkpoint file (.pt)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    assert export_main([str(tmp_path / "missing.pt"), "-o", str(file / "model.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"smso-export: error: the output {file / 'model.onnx'} cannot be written: {file} is a "
+        "file, not a folder"
+    )
+    assert file.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("report", "message"), [("[1]\n", "not a JSON object"), ('{"epoch": 1,', "not JSON")]
+)
+def test_a_broken_test_report_beside_the_checkpoint_is_named(
+    trained_run, tmp_path, capsys, report: str, message: str
+):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes((trained_run / "best.pt").read_bytes())
+    (run / "test.json").write_text(report)
+    assert export_main([str(run / "best.pt"), "--no-typicality"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("smso-export: error: the test report beside the checkpoint")
+    assert f"{run / 'test.json'}: {message}" in err
+    assert not (run / "model.onnx").exists()

@@ -60,4 +60,12 @@ def load_splits(
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(sorted(DATASETS))}")
     preset = preset or PRESETS[name]
     root_path = None if root is None else Path(root)
-    return DATASETS[name](root_path, preset, partition, val_size, seed), preset
+    splits = DATASETS[name](root_path, preset, partition, val_size, seed)
+    for split in ("train", "val", "test"):
+        if len(getattr(splits, split)) == 0:  # type: ignore[arg-type]
+            raise DatasetLayoutError(
+                f"the {split} split of {name} in {root_path or 'its default folder'} has no "
+                f"images ({splits.validation or 'as its layout gives it'}): a run needs images "
+                "in each of train, val and test"
+            )
+    return splits, preset

@@ -96,7 +96,12 @@ def read_lines(path: Path, what: str) -> list[str]:
 
 def numbered_lines(path: Path, what: str) -> list[tuple[int, str]]:
     """``(line number from 1, stripped line)`` for the non-empty lines of a required text file."""
-    text = require(path, what, "file").read_text()
+    try:
+        text = require(path, what, "file").read_text()
+    except UnicodeDecodeError:
+        raise DatasetLayoutError(
+            f"expected {what} at {path} to be a text file (UTF-8), but it is not"
+        ) from None
     return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 

@@ -66,6 +66,11 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _DTYPES:
         raise DatasetLayoutError(f"{path} is not an idx file (bad magic number)")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DatasetLayoutError(
+            f"{path} is truncated: its header names {ndim} dimensions, the file ends before "
+            "their sizes"
+        )
     shape = tuple(int(s) for s in np.frombuffer(raw, ">u4", count=ndim, offset=4))
     dtype = np.dtype(_DTYPES[raw[2]])
     expected = int(np.prod(shape)) * dtype.itemsize

@@ -55,6 +55,16 @@ def _samples(split: Path, index: dict[str, int]) -> list[tuple[Path, int]]:
     return samples
 
 
+def _nonempty(samples: list[tuple[Path, int]], split: Path) -> list[tuple[Path, int]]:
+    """``samples``, unless there are none: a split without images is a layout error."""
+    if not samples:
+        endings = " ".join(sorted(IMAGE_EXTENSIONS))
+        raise DatasetLayoutError(
+            f"expected images in the class folders of {split}, found none (images end in {endings})"
+        )
+    return samples
+
+
 def image_folder(
     root: Path | None, preset: Preset, partition: int = 1, val_size: int = 0, seed: int = 0
 ) -> Splits:
@@ -68,9 +78,9 @@ def image_folder(
     for name in classes:
         if index[name] not in found:
             raise DatasetLayoutError(f"expected images in {root / 'train' / name}, found none")
-    test = _samples(root / "test", index)
+    test = _nonempty(_samples(root / "test", index), root / "test")
     if (root / "val").exists():
-        val = _samples(root / "val", index)
+        val = _nonempty(_samples(root / "val", index), root / "val")
         rule = f"the images of {root / 'val'}"
     else:
         train, val = stratified_holdout(train, VAL_FRACTION, seed)

@@ -1,0 +1,326 @@
+"""A user's mistakes against smso-train, smso-eval, smso-recalibrate, smso-experiment and
+smso-figure: one error line naming what is wrong and what is accepted, exit status 2, no
+traceback, and no file of the user's overwritten."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.training.conftest import write_idx, write_image_folder
+from tests.training.test_train import tiny_config
+from training.checkpoint import CheckpointError, load_checkpoint
+from training.config import ConfigError, parse_train_config
+from training.datasets import DatasetLayoutError, load_splits
+from training.datasets.base import read_lines
+from training.datasets.fashion_mnist import read_idx
+from training.evaluate import main as eval_main
+from training.experiments import main as experiment_main
+from training.experiments import report
+from training.figures import main as figure_main
+from training.json_lines import read_json_lines
+from training.recalibrate import main as recalibrate_main
+from training.train import fit
+from training.train import main as train_main
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
+    """The captured stderr, checked to be one ``prog: error:`` line."""
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"{prog}: error:"), err
+    assert "\n" not in err, err
+    assert "Traceback" not in err, err
+    return err
+
+
+# --- smso-train: settings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("lr = inf\n", "lr must be a finite number > 0"),
+        ("lr = nan\n", "lr must be a finite number > 0"),
+        ("momentum = -1.0\n", r"momentum must be in \[0, 1\)"),
+        ("weight_decay = -0.1\n", "weight_decay must be a finite number >= 0"),
+        ("new_layer_lr_mult = -1.0\n", "new_layer_lr_mult must be a finite number > 0"),
+        ("plateau_factor = 2.0\n", r"plateau_factor must be in \(0, 1\)"),
+        ("plateau_patience = -1\n", "plateau_patience must be >= 0"),
+        ("seed = -1\n", "seed must be >= 0"),
+    ],
+)
+def test_out_of_range_settings_are_named_with_their_range(tmp_path, content: str, message: str):
+    path = tmp_path / "run.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        parse_train_config(["--config", str(path)])
+
+
+def test_a_config_file_that_is_binary_or_a_folder_is_named(tmp_path):
+    binary = tmp_path / "run.toml"
+    binary.write_bytes(b"\x8e\xff\x00 random bytes")
+    with pytest.raises(ConfigError, match=r"run.toml: it is not text \(UTF-8\); give a TOML"):
+        parse_train_config(["--config", str(binary)])
+    folder = tmp_path / "configs.toml"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="is a folder: give a TOML or JSON file"):
+        parse_train_config(["--config", str(folder)])
+
+
+# --- smso-train: the run folder ---------------------------------------------------------------
+
+
+def test_a_folder_of_results_without_last_pt_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "model"  # e.g. what `python -m training.ship` wrote: no last.pt
+    out.mkdir()
+    files = {"config.json": '{"epochs": 45}\n', "metrics.jsonl": '{"epoch": 1}\n'}
+    files["test.json"] = '{"test_accuracy": 0.93}\n'
+    for name, text in files.items():
+        (out / name).write_text(text)
+    args = ["--data-root", str(tmp_path / "no-data"), "--out", str(out)]
+    assert train_main(args) == 2
+    err = one_error_line(capsys, "smso-train")
+    assert "already holds a run; pass --resume or choose another --out" in err
+    assert "test.json" in err
+    assert {name: (out / name).read_text() for name in files} == files
+
+
+@pytest.mark.parametrize("metrics", ["", '{"epoch": 1}\n'])
+def test_a_folder_of_a_run_stopped_before_its_first_last_pt_can_be_reused(tmp_path, metrics):
+    from training.train import _check_run_folder
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}\n")
+    # diverged or stopped in epoch 1, or stopped between epoch 1's line and its last.pt
+    (out / "metrics.jsonl").write_text(metrics)
+    _check_run_folder(tiny_config(tmp_path, out))  # no error: nothing there to resume
+
+
+@pytest.mark.parametrize("under_a_file", [False, True])
+def test_an_out_that_is_or_is_under_a_file_is_refused_before_any_work(
+    tmp_path, capsys, under_a_file: bool
+):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    out = file / "run" if under_a_file else file
+    # no dataset at --data-root: the error comes before any data is read
+    assert train_main(["--data-root", str(tmp_path / "none"), "--out", str(out)]) == 2
+    err = one_error_line(capsys, "smso-train")
+    expected = f"{file} is a file, not a folder" if under_a_file else "is a file: give a folder"
+    assert expected in err
+    assert file.read_text() == "mine"
+
+
+@pytest.fixture
+def stopped_run(tiny_fashion_mnist: Path, tmp_path: Path):
+    """A run of 2 epochs stopped after the first, and its config to resume it."""
+    cfg = tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=2, stop_after=1)
+    fit(cfg)
+    return dataclasses.replace(cfg, stop_after=None, resume=True)
+
+
+def test_resume_drops_a_metrics_line_cut_short_and_names_any_other_bad_line(stopped_run):
+    metrics = Path(stopped_run.out) / "metrics.jsonl"
+    good = metrics.read_text()
+    metrics.write_text(good + '{"epoch": 1, "comment"}\n')
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:2: not JSON .*remove that line"):
+        fit(stopped_run)
+    metrics.write_text(good + '{"loss": 1.0}\n')
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:2: not an epoch's record"):
+        fit(stopped_run)
+    metrics.write_text(good + '{"epoch": 2, "train_lo')  # interrupted while writing epoch 2
+    assert fit(stopped_run).epochs_run == 1
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [1, 2]
+
+
+# --- datasets -------------------------------------------------------------------------------
+
+
+def test_an_idx_file_that_ends_inside_its_header_is_named(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(b"\x00\x00\x08\x03\x00\x00")
+    with pytest.raises(DatasetLayoutError, match="is truncated: its header names 3 dimensions"):
+        read_idx(path)
+
+
+def test_a_split_list_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "train1.txt"
+    path.write_bytes(b"\x80\x81\xff\n")
+    with pytest.raises(DatasetLayoutError, match=r"train1.txt to be a text file \(UTF-8\)"):
+        read_lines(path, "DTD's split list")
+
+
+def test_an_image_folder_whose_test_folders_hold_no_images_is_a_layout_error(tmp_path, capsys):
+    root = write_image_folder(tmp_path / "images", 3, 1)
+    for image in (root / "test").rglob("*.png"):
+        image.unlink()
+    with pytest.raises(DatasetLayoutError, match="expected images in the class folders of"):
+        load_splits("image_folder", root)
+    args = ["--dataset", "image_folder", "--data-root", str(root), "--out", str(tmp_path / "r")]
+    assert train_main(args) == 2  # not exit 0 with "test accuracy: 0.0000 on 0 images"
+    assert "found none (images end in .bmp" in one_error_line(capsys, "smso-train")
+
+
+def test_a_dataset_with_an_empty_split_is_a_layout_error(tiny_fashion_mnist, tmp_path):
+    root = tmp_path / "fmnist"
+    root.mkdir()
+    for path in tiny_fashion_mnist.iterdir():
+        (root / path.name).write_bytes(path.read_bytes())
+    write_idx(root / "t10k-images-idx3-ubyte.gz", np.zeros((0, 28, 28), np.uint8))
+    write_idx(root / "t10k-labels-idx1-ubyte.gz", np.zeros((0,), np.uint8))
+    with pytest.raises(DatasetLayoutError, match=r"the test split of fashion_mnist in .* has no"):
+        load_splits("fashion_mnist", root, val_size=40)
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+
+
+def test_an_onnx_file_given_as_a_checkpoint_is_named_as_one(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08\x0a\x12\x0bsmso-export")  # ir_version 10, producer_name
+    with pytest.raises(CheckpointError, match=r"like an ONNX model .*give the \.pt checkpoint"):
+        load_checkpoint(path)
+
+
+# --- smso-eval and smso-recalibrate: outputs --------------------------------------------------
+
+
+def test_eval_json_is_checked_before_the_evaluation_and_never_replaces_the_checkpoint(
+    tmp_path, capsys
+):
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"PK\x03\x04 stands in for a checkpoint")
+    assert eval_main([str(checkpoint), "--json", str(checkpoint)]) == 2
+    assert "is the input file" in one_error_line(capsys, "smso-eval")
+    assert checkpoint.read_bytes() == b"PK\x03\x04 stands in for a checkpoint"
+    assert eval_main([str(checkpoint), "--json", str(tmp_path)]) == 2
+    assert f"--json {tmp_path} is a folder" in one_error_line(capsys, "smso-eval")
+    assert eval_main([str(checkpoint), "--json", str(checkpoint / "x.json")]) == 2
+    assert f"{checkpoint} is a file, not a folder" in one_error_line(capsys, "smso-eval")
+
+
+def test_recalibrate_out_is_checked_before_the_work(tmp_path, capsys):
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"PK\x03\x04")
+    assert recalibrate_main([str(checkpoint), "-o", str(tmp_path)]) == 2
+    assert f"the output {tmp_path} is a folder" in one_error_line(capsys, "smso-recalibrate")
+    assert recalibrate_main([str(checkpoint), "-o", str(checkpoint / "x.pt")]) == 2
+    assert "is a file, not a folder" in one_error_line(capsys, "smso-recalibrate")
+
+
+# --- smso-experiment ----------------------------------------------------------------------------
+
+RESULT = {
+    "table": "fmnist",
+    "row": "first-order",
+    "label": "first-order (GAP)",
+    "dataset": "fashion_mnist",
+    "seed": 0,
+    "test_accuracy": 0.1,
+    "best_val_accuracy": 0.12,
+    "feature_dim": 128,
+    "head_parameters": 1290,
+    "train_seconds": 2.0,
+    "median_epoch_seconds": 2.0,
+    "images_per_second": 65.0,
+    "device": "cpu",
+    "epochs": 1,
+    "paper": None,
+}
+
+
+@pytest.mark.parametrize("text", ["[]\n", '{"epochs": 4', "\x80"])
+def test_resume_names_a_run_folder_file_that_is_not_a_json_object(tmp_path, capsys, text: str):
+    run = tmp_path / "fashion_mnist-first-order" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_bytes(text.encode("latin-1"))
+    argv = ["run", "fmnist", "first-order", "--out", str(tmp_path), "--resume"]
+    assert experiment_main(argv) == 2
+    assert f"{run / 'config.json'}: not " in one_error_line(capsys, "smso-experiment")
+
+
+def test_resume_names_a_result_json_that_is_not_a_result(tmp_path, capsys):
+    from training.experiments import find_row, row_config
+
+    cfg = row_config("fmnist", find_row("fmnist", "first-order"), None, tmp_path)
+    run = Path(cfg.out)
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(cfg.resolve().to_dict()))
+    (run / "result.json").write_text("[1]\n")
+    argv = ["run", "fmnist", "first-order", "--out", str(tmp_path), "--resume"]
+    assert experiment_main(argv) == 2
+    assert "result.json: not a JSON object" in one_error_line(capsys, "smso-experiment")
+
+
+def test_report_names_an_unfinished_run_whose_config_is_not_a_json_object(tmp_path):
+    done = tmp_path / "fashion_mnist-first-order" / "seed0"
+    done.mkdir(parents=True)
+    (done / "result.json").write_text(json.dumps(RESULT))
+    assert "first-order (GAP)" in report("fmnist", tmp_path)
+    unfinished = tmp_path / "fashion_mnist-bp" / "seed0"
+    unfinished.mkdir(parents=True)
+    (unfinished / "config.json").write_text("[1]\n")
+    with pytest.raises(ValueError, match=r"bp/seed0/config\.json: not a JSON object"):
+        report("fmnist", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["fmnist", "bp", "--seeds", "0", "1", "0"], "seed 0 given more than once"),
+        (["fmnist", "bp", "mpn", "bp"], "row bp given more than once"),
+        (
+            ["table1", "bp", "--dataset", "dtd", "--scratch", "--pretrained", "w.pth"],
+            "--scratch (random initialisation) and --pretrained (weights from a file) contradict",
+        ),
+        (["fmnist", "bp", "--dataset", "dtd"], "the fmnist table trains on fashion_mnist"),
+    ],
+)
+def test_contradicting_run_arguments_are_refused_before_any_run(
+    tmp_path, capsys, args: list[str], message: str
+):
+    assert experiment_main(["run", *args, "--out", str(tmp_path)]) == 2
+    assert message in one_error_line(capsys, "smso-experiment")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_json_lines_file_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(b"\x80\x81\n")
+    with pytest.raises(ValueError, match=r"results.jsonl: not a text file \(byte 0 is not UTF-8\)"):
+        read_json_lines(path)
+
+
+# --- smso-figure ----------------------------------------------------------------------------------
+
+
+def test_figure_out_is_checked_before_the_work(tmp_path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"epoch": 1, "train_loss": 1.0, "val_loss": 1.0}\n')
+    assert figure_main(["fig3", str(metrics), "--out", str(tmp_path)]) == 2
+    assert "is a folder: give a file name" in one_error_line(capsys, "smso-figure")
+    assert not tmp_path.with_suffix(".png").exists()  # matplotlib's name for a suffix-less one
+    assert figure_main(["fig3", str(metrics), "--out", str(tmp_path / "loss")]) == 2
+    assert "give an image file name ending in one of" in one_error_line(capsys, "smso-figure")
+    assert figure_main(["fig3", str(metrics), "--out", str(metrics)]) == 2
+    assert "is the input file" in one_error_line(capsys, "smso-figure")
+    assert metrics.read_text().startswith('{"epoch": 1')
+
+
+def test_fig2_never_writes_its_numbers_over_another_json_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"PK\x03\x04")
+    (run / "config.json").write_text('{"epochs": 45}\n')
+    argv = ["fig2", str(run / "best.pt"), "--out", str(run / "config.png")]
+    assert figure_main(argv) == 2
+    assert "holds something else than an earlier fig2's numbers" in one_error_line(
+        capsys, "smso-figure"
+    )
+    assert (run / "config.json").read_text() == '{"epochs": 45}\n'
