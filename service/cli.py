@@ -41,7 +41,7 @@ from service.host_process import HostHandle, start_host
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV
 from service.providers import TENSORRT, check_providers, prepare_engine_cache
-from service.settings import Settings
+from service.settings import Settings, unknown_variables
 from service.tracing import check_tracing
 
 __all__ = ["main"]
@@ -98,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format, process=settings.workers > 1)
+    for message in unknown_variables(os.environ):
+        log.warning(message)
     if settings.workers > 1:
         return _serve_workers(settings, overrides)
     try:

@@ -3,8 +3,11 @@ validated once at start-up and passed into ``create_app(settings)``."""
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -13,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.backend import BackendOptions
 
-__all__ = ["DEFAULT_MODEL", "Settings"]
+__all__ = ["DEFAULT_MODEL", "OTHER_VARIABLES", "Settings", "unknown_variables"]
 
 #: The model this repository ships (written by ``make onnx`` from the shipped checkpoint).
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "fashion-mnist-smso" / "model.onnx"
@@ -295,3 +298,53 @@ class Settings(BaseSettings):
         if key is not None and not key.get_secret_value().strip():
             raise ValueError("api_key is empty; unset it to run without authentication")
         return key
+
+
+#: ``SMSO_`` variables that are no setting but that other parts of the project read:
+#: docker-compose's (published ports, replicas, user, datasets, training arguments), the
+#: container's health check, the benches' and the tests'.
+OTHER_VARIABLES = frozenset(
+    {
+        "SMSO_PUBLISH_PORT",
+        "SMSO_PUBLISH_GRPC_PORT",
+        "SMSO_REPLICAS",
+        "SMSO_LB_PORT",
+        "SMSO_UID",
+        "SMSO_GID",
+        "SMSO_DATASETS",
+        "SMSO_TRAIN_ARGS",
+        "SMSO_HEALTH_TIMEOUT",
+        "SMSO_BENCH_MPS",
+        "SMSO_BENCH_SWITCH_INTERVAL_MS",
+        "SMSO_FUZZ_SCALE",
+    }
+)
+
+#: Kubernetes' service links for a Service named ``smso`` (``SMSO_SERVICE_HOST``,
+#: ``SMSO_PORT_8000_TCP_ADDR``...), in every pod of its namespace unless ``enableServiceLinks``
+#: is off. (Its ``SMSO_PORT=tcp://...`` is overridden by the manifests' own ``SMSO_PORT``.)
+_SERVICE_LINK = re.compile(
+    r"SMSO_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)"
+)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A message for each ``SMSO_`` variable of ``environ`` that no setting reads (the names
+    are matched as pydantic-settings matches them, ignoring case), naming the closest setting's
+    variable: a misspelt setting would otherwise be ignored without a word."""
+    settings = [name.upper() for name in Settings.model_fields]
+    messages = []
+    for variable in sorted(environ):
+        name = variable.upper()
+        if not name.startswith("SMSO_") or name[5:] in settings or name in OTHER_VARIABLES:
+            continue
+        if _SERVICE_LINK.fullmatch(name):
+            continue
+        # compared without the prefix, which every name shares
+        close = difflib.get_close_matches(name[5:], settings, n=1, cutoff=0.6)
+        hint = f"; did you mean SMSO_{close[0]}?" if close else ""
+        messages.append(
+            f"{variable} is not a setting of smso-serve and is ignored{hint} (the settings: "
+            "smso-serve --help)"
+        )
+    return messages

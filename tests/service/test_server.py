@@ -272,7 +272,7 @@ def test_a_session_host_that_dies_stops_the_server_with_status_1(shipped_model):
 
 
 def serve_on_a_taken_port(
-    model: str, flag: str, *args: str
+    model: str, flag: str, *args: str, env: dict[str, str] | None = None
 ) -> tuple[str, subprocess.CompletedProcess[str]]:
     """``smso-serve`` with ``flag`` (``--port`` or ``--grpc-port``) naming a port another socket
     listens on (the other port free): ``(that port, the finished process)``."""
@@ -284,6 +284,7 @@ def serve_on_a_taken_port(
         proc = subprocess.run(
             [sys.executable, "-m", "service.cli", "--model-path", model, *ports, *args],
             cwd=ROOT,
+            env=env,
             capture_output=True,
             text=True,
             timeout=120,
@@ -301,6 +302,18 @@ def test_a_busy_port_is_one_line_and_exit_2(workers, shipped_model):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"smso-serve: error: cannot listen on 127.0.0.1:{port}")
     assert proc.stdout == ""
+
+
+def test_a_misspelt_setting_is_named_with_the_setting_meant(shipped_model):
+    """Unknown SMSO_ variables are ignored by the settings: smso-serve says so at start-up."""
+    env = os.environ | {"SMSO_MAX_BATCH": "8", "SMSO_SERVICE_HOST": "10.0.0.1"}
+    _, proc = serve_on_a_taken_port(shipped_model, "--port", env=env)
+    assert proc.returncode == 2  # stopped at the taken port, after the warning
+    warnings = [line for line in proc.stderr.splitlines() if "is not a setting" in line]
+    assert len(warnings) == 1, proc.stderr  # Kubernetes' service links are not named
+    assert "SMSO_MAX_BATCH is not a setting of smso-serve and is ignored" in warnings[0]
+    assert "did you mean SMSO_MAX_BATCH_SIZE?" in warnings[0]
+    assert "'8'" not in warnings[0]  # a value (it might be a secret) is never repeated
 
 
 def test_several_workers_leave_the_environment_as_they_found_it(shipped_model):
