@@ -14,7 +14,7 @@ from training.checkpoint import CheckpointError
 from training.datasets import DatasetLayoutError
 from training.divergence import DivergenceError
 
-__all__ = ["USER_ERRORS", "HelpFormatter", "check_output_file", "run_cli"]
+__all__ = ["USER_ERRORS", "HelpFormatter", "check_output_file", "file_above", "run_cli"]
 
 #: Errors caused by what the user gave (settings, files, datasets, weights), not by a bug.
 #: ConfigError, UnknownHeadError and UnknownBackboneError are ValueErrors; DivergenceError is
@@ -52,6 +52,15 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+def file_above(path: Path) -> Path | None:
+    """The nearest existing path above ``path`` when it is a file (no folder can be made
+    there, so nothing can be written at ``path``), else ``None``."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 def check_output_file(
     path: str | os.PathLike[str], what: str, keep: tuple[str | os.PathLike[str], ...] = ()
 ) -> None:
@@ -61,13 +70,9 @@ def check_output_file(
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a folder: give a file name")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(
-                    f"{what} {path} cannot be written: {parent} is a file, not a folder"
-                )
-            break
+    blocking = file_above(path)
+    if blocking is not None:
+        raise ValueError(f"{what} {path} cannot be written: {blocking} is a file, not a folder")
     for other in keep:
         if path.exists() and Path(other).exists() and path.samefile(other):
             raise ValueError(

@@ -45,7 +45,7 @@ from training.checkpoint import (
     resave_checkpoint,
     save_checkpoint,
 )
-from training.cli import run_cli
+from training.cli import file_above, run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import PRESETS, Splits, load_splits
 from training.divergence import LossWatch
@@ -183,11 +183,9 @@ def _check_run_folder(cfg: TrainConfig) -> None:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file: give a folder for the run")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"--out {out} cannot be made: {parent} is a file, not a folder")
-            break
+    blocking = file_above(out)
+    if blocking is not None:
+        raise ConfigError(f"--out {out} cannot be made: {blocking} is a file, not a folder")
     if cfg.resume:
         return
     found = [name for name in _RUN_FILES if (out / name).exists()]
