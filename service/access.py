@@ -214,8 +214,8 @@ class AccessLog:
             raise
         finally:
             if spans is not None and span is not None:
-                _, route, _ = labels(scope, exchange.status)
-                route = None if route == "unmatched" else route
+                _, label, _ = labels(scope, exchange.status)
+                route = None if label == "unmatched" else label
                 spans.end_request(span, scope, route, exchange.status, error)
             self._log(scope, exchange.status, record, time.perf_counter() - start)
 

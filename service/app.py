@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
 from opentelemetry.trace import TracerProvider
@@ -90,6 +90,7 @@ def create_app(
                 "reach this server",
                 grpc_calls,
             )
+        loading: asyncio.Task[Any]
         if settings.model_repository is not None:
             state.repository = Repository(state, settings.model_repository)
             loading = asyncio.get_running_loop().create_task(
@@ -168,7 +169,8 @@ def _add_routes(app: FastAPI, *routers: APIRouter) -> None:
     the order of the paths in the OpenAPI document)."""
     routes = [route for router in routers for route in router.routes]
     hot = [route for route in routes if getattr(route, "path", "").endswith(HOT_ROUTES)]
-    hot.sort(key=lambda route: route.path.count("{"))  # /classify before /models/{name}/...
+    # /classify before /models/{name}/...
+    hot.sort(key=lambda route: getattr(route, "path", "").count("{"))
     app.router.routes.extend([*hot, *(route for route in routes if route not in hot)])
 
 

@@ -52,9 +52,10 @@ class Backend(Protocol):
     card_dict: dict[str, Any]
     providers: list[str]
 
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> tuple[np.ndarray, ...]:
         """N images ``(C, H, W)`` float32 (:data:`service.runner.Batch`) -> ``(logits (N, K),
-        embedding (N, p))``; thread-safe."""
+        embedding (N, p)[, typicality (N,) or features (N, C_b)])`` (:data:`service.runner.
+        Runner`); thread-safe."""
         ...
 
 

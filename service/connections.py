@@ -27,9 +27,9 @@ class ServerConfig(uvicorn.Config):
     """uvicorn's config plus the read bounds of :class:`TimedHttpProtocol` (its HTTP protocol)."""
 
     def __init__(
-        self, *args: Any, header_timeout_s: float, body_timeout_s: float, **kwargs: Any
+        self, app: Any, *, header_timeout_s: float, body_timeout_s: float, **kwargs: Any
     ) -> None:
-        super().__init__(*args, http=TimedHttpProtocol, **kwargs)
+        super().__init__(app, http=TimedHttpProtocol, **kwargs)
         self.header_timeout_s = header_timeout_s  # connection open or request begun -> headers
         self.body_timeout_s = body_timeout_s  # headers -> the whole body
 

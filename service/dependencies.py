@@ -35,7 +35,7 @@ async def authorize(request: Request) -> None:
 async def service_state(request: Request) -> ServiceState:
     """The app's :class:`~service.pipeline.ServiceState` (async: a plain def would make FastAPI
     hop to a worker thread on every request)."""
-    return request.app.state.smso  # type: ignore[no-any-return]
+    return request.app.state.smso
 
 
 #: A route's parameter for the app's state: the one way routes reach it.

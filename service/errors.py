@@ -12,6 +12,7 @@ traceback, never shown to the client).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -62,7 +63,11 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
 
 
 def _render(
-    request: Request, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    request: Request,
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
     if path.startswith(OIP_PREFIX):

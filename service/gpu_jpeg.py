@@ -391,6 +391,7 @@ class GpuJpegPreprocessor:
     def _geometry(self, height: int, width: int) -> dict[str, np.ndarray]:
         """The graph's inputs other than the image, for an ``height`` x ``width`` image."""
         spec = self.preprocessor.spec
+        assert spec.resize is not None  # a preset without a resize is refused in __init__
         wide, tall = _resized_size(width, height, spec.resize)
         crop = spec.crop
         top, left = crop_offsets(wide, tall, crop)

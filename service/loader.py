@@ -67,6 +67,8 @@ async def load_model(
     batcher = None
     try:
         if backend is None:
+            if source is None:
+                raise ValueError("nothing to load: no model file and no backend")
             backend = await asyncio.get_running_loop().run_in_executor(
                 None, _backend, source, settings
             )

@@ -234,7 +234,7 @@ def _encoded_images(state: ServiceState, tensor: InputTensor) -> list[Upload]:
     uploads = []
     for i, item in enumerate(tensor.data):
         name = f"{BYTES_INPUT}[{i}]"
-        data = item if tensor.binary else _base64(item, name)  # type: ignore[arg-type]
+        data = item if tensor.binary else _base64(item, name)
         if len(data) > limit:
             raise too_large(name, limit)
         uploads.append(Upload(name, data))
@@ -320,7 +320,7 @@ def request_deadline(state: ServiceState, request: InferRequest, start: float) -
 
 
 def _parse(
-    body: bytes, encoding: str | None, length: int | None, settings: Settings
+    body: bytes | bytearray, encoding: str | None, length: int | None, settings: Settings
 ) -> InferRequest:
     """The request from its (possibly compressed) body; :class:`ProtocolError` for any flaw."""
     body = decompress(body, encoding, settings.max_request_bytes)
@@ -373,11 +373,11 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
         raise _error(error.status, str(error)) from None
     deadline = request_deadline(state, request, start)
     answer = await run_inference(state, model, request, deadline, route)
-    body, header_length = encode_response(model.name, model.version, request.id, answer)
+    payload, header_length = encode_response(model.name, model.version, request.id, answer)
     if header_length is None:
-        return Response(body, media_type="application/json")
+        return Response(payload, media_type="application/json")
     return Response(
-        body, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)}
+        payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)}
     )
 
 

@@ -98,7 +98,7 @@ class InputHeader(_Header):
 
     name: str
     # checked in _inputs, for a message that lists the choices; the schema documents them
-    datatype: Any = Field(None, json_schema_extra={"type": "string", "enum": sorted(DATATYPES)})
+    datatype: Any = Field(None, json_schema_extra={"type": "string", "enum": [*sorted(DATATYPES)]})
     shape: Any = Field(
         None,
         json_schema_extra={
@@ -144,7 +144,7 @@ def header_schema() -> dict[str, Any]:
             return [inline(item) for item in node]
         return node
 
-    return inline(schema)  # type: ignore[no-any-return]
+    return inline(schema)
 
 
 def _header_error(error: ValidationError) -> ProtocolError:
@@ -207,7 +207,7 @@ class OutputTensor:
     binary: bool
 
 
-def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+def decompress(body: bytes | bytearray, encoding: str | None, limit: int) -> bytes | bytearray:
     """The body under its ``Content-Encoding`` (``gzip`` or ``deflate``: tritonclient's
     compression options), refused once it inflates beyond ``limit`` bytes."""
     if not encoding or encoding == "identity":
@@ -348,7 +348,7 @@ def binary_tensor(
 
 
 def _header(
-    body: bytes, header_length: int | None, max_json_bytes: int
+    body: bytes | bytearray, header_length: int | None, max_json_bytes: int
 ) -> tuple[RequestHeader, memoryview]:
     if header_length is not None and not 0 < header_length <= len(body):
         raise ProtocolError(f"{HEADER_LENGTH} is {header_length} but the body is {len(body)} bytes")
@@ -466,7 +466,7 @@ def requested_output(
 
 
 def parse_request(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: int | None,
     max_json_bytes: int = 4 * 2**20,
     max_elements: int = 1024,
@@ -515,7 +515,7 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         elif output.datatype == "BYTES":
-            entry["data"] = [item.decode() for item in output.data]  # type: ignore[union-attr]
+            entry["data"] = [item.decode() for item in output.data]
         else:
             entry["data"] = np.asarray(output.data).reshape(-1).tolist()
         entries.append(entry)

@@ -25,6 +25,7 @@ operations in the same order as :meth:`service.images.Preprocessor.tensor`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 GRAPH = Path(__file__).with_name("preprocess.onnx")
 OPSET = 18  # Resize's antialias attribute (onnxruntime runs it on the CPU and CUDA providers)
@@ -36,10 +37,10 @@ def build() -> bytes:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    def const(name: str, values: list[float] | list[int], dtype: type) -> onnx.TensorProto:
+    def const(name: str, values: float | list[float] | list[int], dtype: type) -> onnx.TensorProto:
         return numpy_helper.from_array(np.asarray(values, dtype), name)
 
-    resize = {
+    resize: dict[str, Any] = {
         "mode": "linear",
         "antialias": 1,
         "coordinate_transformation_mode": "half_pixel",
@@ -75,8 +76,8 @@ def build() -> bytes:
         const("spatial", [2, 3], np.int64),
         const("half_unit", [2.0**15], np.float32),
         const("unit", [2.0**16], np.float32),
-        const("black", 0.0, np.float32),  # type: ignore[arg-type]  (a scalar)
-        const("white", 255.0, np.float32),  # type: ignore[arg-type]
+        const("black", 0.0, np.float32),  # a scalar
+        const("white", 255.0, np.float32),
     ]
     i64, f32 = TensorProto.INT64, TensorProto.FLOAT
     inputs = [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Awaitable, Callable
+from enum import Enum
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -140,7 +141,7 @@ async def _model_version(model_name: str, model_version: str) -> tuple[str | Non
 
 #: Where each model's routes are (prefix), and how the prefix names the model (a dependency
 #: reading the path: ``(name, version)``, ``None`` for the default model or its served version).
-_TARGETS = {
+_TARGETS: dict[str, Callable[..., Awaitable[Named]]] = {
     "": _default_model,
     "/models/{model_name}": _named_model,
     "/models/{model_name}/versions/{model_version}": _model_version,
@@ -150,7 +151,8 @@ _TARGETS = {
 def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitable[Named]]) -> None:
     """``/metadata``, ``/classify`` and ``/embed`` under ``prefix``: the default model's
     (``""``), a named model's, or a named version's."""
-    tags = ["inference"] if not prefix else ["models"]
+    tags: list[str | Enum] = ["inference"] if not prefix else ["models"]
+    card_tags: list[str | Enum] = ["model"] if not prefix else tags
     # a parameter's default, not an Annotated alias: the dependency differs per prefix, and a
     # local alias would be an unresolvable string annotation here
     named_by_path = Depends(target)
@@ -158,7 +160,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
     @router.get(
         f"{prefix}/metadata",
         dependencies=[Depends(authorize)],
-        tags=["model"] if not prefix else tags,
+        tags=card_tags,
         responses=schemas.ERROR_RESPONSES,
     )
     async def metadata(state: State, named: Named = named_by_path) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import bisect
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeAlias, TypeGuard
 
 import numpy as np
 import onnxruntime as ort
@@ -56,13 +57,13 @@ __all__ = [
 ]
 
 #: N images ``(C, H, W)`` float32: a sequence of them, or one ``(N, C, H, W)`` array.
-Batch = np.ndarray | Sequence[np.ndarray]
+Batch: TypeAlias = np.ndarray | Sequence[np.ndarray]
 
 #: ``Batch -> (logits (N, K), embedding (N, p)[, typicality (N,) or features (N, C_b)])``.
-Runner = Callable[[Batch], tuple[np.ndarray, ...]]
+Runner: TypeAlias = Callable[[Batch], tuple[np.ndarray, ...]]
 
 #: One session for every batch, or one per bucket (``size -> session``).
-Sessions = ort.InferenceSession | Mapping[int, ort.InferenceSession]
+Sessions: TypeAlias = ort.InferenceSession | Mapping[int, ort.InferenceSession]
 
 
 def _per_bucket(sessions: Sessions, sizes: Sequence[int]) -> dict[int, ort.InferenceSession]:
@@ -108,7 +109,7 @@ def fill(out: np.ndarray, images: Batch) -> int:
     return n
 
 
-def _whole(images: Batch, size: int) -> bool:
+def _whole(images: Batch, size: int) -> TypeGuard[np.ndarray]:
     """Whether ``images`` is already the session's input for bucket ``size``: one contiguous
     float32 array of exactly ``size`` rows (the session host's merged rounds)."""
     return (
@@ -221,10 +222,11 @@ class BoundRunner:
         size = bucket_for(n, self.sizes)
         start = time.perf_counter()
         binding, image, options = self._slots[size]
-        direct = _whole(images, size)
         with self._lock:
-            host = images if direct else self._host[:size]
-            if not direct:
+            if _whole(images, size):
+                host = images
+            else:
+                host = self._host[:size]
                 fill(host, images)
             start = stage_clock.record("stack", start)
             image.update_inplace(host)

@@ -313,6 +313,8 @@ def shared_view(memory: SharedMemory, offset: int, shape: tuple[int, ...]) -> np
     closed under it (``close`` raises ``BufferError``: a numpy array made on ``memory.buf``
     directly does not, and reading it after ``close`` is a segmentation fault)."""
     count = int(np.prod(shape))
+    if memory.buf is None:
+        raise ValueError(f"shared memory {memory.name} is closed")
     window = memory.buf[offset : offset + 4 * count]
     return np.frombuffer(window, np.float32, count).reshape(shape)
 

@@ -207,8 +207,8 @@ def _within(
     for field, bounded in (("attributes", attributes), ("events", events), ("links", links)):
         if (count := dropped(bounded)) != 0:  # a proto field costs even to set it to 0
             setattr(span, f"dropped_{field}_count", count)
-    count = limits.max_event_attributes
-    events = [(n, t, bound_attributes(a, count, length)) for n, t, a in events]
-    count = limits.max_link_attributes
-    links = [(*link[:3], bound_attributes(link[3], count, length)) for link in links]
+    per_event = limits.max_event_attributes
+    events = [(n, t, bound_attributes(a, per_event, length)) for n, t, a in events]
+    per_link = limits.max_link_attributes
+    links = [(*link[:3], bound_attributes(link[3], per_link, length)) for link in links]
     return attributes, events, links

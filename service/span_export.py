@@ -224,7 +224,7 @@ def _encoded_sender(exporter: SpanExporter) -> Callable[[bytes], object] | None:
         inspect.signature(send).bind(b"")  # type: ignore[arg-type]
     except (TypeError, ValueError):  # not a callable, or one of another shape
         return None
-    return send  # type: ignore[return-value]
+    return send
 
 
 def _consume(

@@ -47,6 +47,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import Scope
 
 if TYPE_CHECKING:  # the SDK is the tracing extra's
+    from contextvars import Token
+
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace.sampling import Sampler
 
     from service.span_export import SpanPipe
@@ -242,7 +245,7 @@ class RequestSpan:
     context: SpanContext
     parent: SpanContext  # the caller's (from ``traceparent``), invalid for a new trace
     start_ns: int
-    token: object
+    token: Token[Context]
     sdk_span: trace.Span | None  # the SDK's span, when spans are not piped
 
 
@@ -439,7 +442,8 @@ class Spans:
             yield
             return
         start = time.time_ns()
-        status, description, events = _UNSET, None, ()
+        status, description = _UNSET, None
+        events: tuple[tuple[str, int, dict[str, Any]], ...] = ()
         try:
             yield
         except BaseException as error:
