@@ -88,6 +88,11 @@ class FoldedSMSO(nn.Module):
     Computes exactly what ``SMSOPooling.eval()`` computes (up to float rounding), in float32.
     """
 
+    weight: Tensor  # buffers: W (p, c), 1 / (w_j^T Sigma w_j) (p,), gamma and beta (p,)
+    inv_variance: Tensor
+    gamma: Tensor | None
+    beta: Tensor | None
+
     def __init__(self, pool: SMSOPooling, form: ExportForm = "conv") -> None:
         super().__init__()
         if form not in ("conv", "covariance"):

@@ -348,6 +348,7 @@ def export_checkpoint(
         }
         card["parity"] = parity.to_dict()
         card["versions"] = _versions()
+        why_not: str | None
         if not typicality:
             section, why_not = None, "not asked for (--no-typicality)"
         elif splits is None:

@@ -85,7 +85,7 @@ def check_parity(
                         "on these inputs: its weights are broken (a run that diverged?), and "
                         "there is nothing correct to export"
                     )
-                scale = max(float(np.abs(expected[name]).max()), np.finfo(np.float32).tiny)
+                scale = max(float(np.abs(expected[name]).max()), float(np.finfo(np.float32).tiny))
                 diff = float(np.abs(got[name].astype(np.float32) - expected[name]).max()) / scale
                 worst[name] = float(np.maximum(worst[name], diff))  # NaN, once seen, stays
             ref_top1 = expected["logits"].argmax(1)

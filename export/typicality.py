@@ -123,7 +123,7 @@ def reference_section(
     names = [o.name for o in session.get_outputs()]
     wanted = ["logits", "embedding"] + (["features"] if "features" in names else [])
     outputs: list[list[np.ndarray]] = [[] for _ in wanted]
-    labels = []
+    labels: list[int] = []
     for start in range(0, len(splits.val), batch):
         items = [splits.val[i] for i in range(start, min(start + batch, len(splits.val)))]
         images = np.stack([image.numpy() for image, _ in items]).astype(np.float32)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -64,9 +65,7 @@ class _Builder:
         self.graph.initializer.append(numpy_helper.from_array(np.asarray(axes, np.int64), name))
         return name
 
-    def node(
-        self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: object
-    ) -> str:
+    def node(self, op: str, inputs: Sequence[str], output: str | None = None, **attrs: Any) -> str:
         output = output or self.name(op.lower())
         self.graph.node.append(helper.make_node(op, list(inputs), [output], **attrs))
         return output

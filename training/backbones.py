@@ -63,12 +63,12 @@ class Backbone(nn.Module):
         return self.body(x)
 
 
-def _vgg16_body(model: nn.Module) -> nn.Module:
+def _vgg16_body(model: torchvision.models.VGG) -> nn.Module:
     # features[29] is conv5_3's ReLU; features[30], the last max-pool, is dropped.
     return model.features[:30]
 
 
-def _resnet_body(model: nn.Module) -> nn.Module:
+def _resnet_body(model: torchvision.models.ResNet) -> nn.Module:
     return nn.Sequential(
         model.conv1,
         model.bn1,
@@ -237,15 +237,17 @@ def _load_into(
 def _adapt_first_conv(body: nn.Module, in_channels: int) -> None:
     """Replace the first Conv2d by one taking ``in_channels``, keeping its filters' response."""
     parent, attr, conv = _first_conv(body)
+    padding = conv.padding if isinstance(conv.padding, str) else _pair(conv.padding)
     new = nn.Conv2d(
         in_channels,
         conv.out_channels,
-        conv.kernel_size,
-        conv.stride,
-        conv.padding,
-        conv.dilation,
+        _pair(conv.kernel_size),
+        _pair(conv.stride),
+        padding,
+        _pair(conv.dilation),
         conv.groups,
         conv.bias is not None,
+        conv.padding_mode,
     )
     w = conv.weight  # (out, cin, k, k)
     if in_channels == 1:
@@ -253,9 +255,15 @@ def _adapt_first_conv(body: nn.Module, in_channels: int) -> None:
     else:
         reps = -(-in_channels // w.shape[1])
         new.weight.copy_(w.repeat(1, reps, 1, 1)[:, :in_channels] * w.shape[1] / in_channels)
-    if conv.bias is not None:
+    if conv.bias is not None and new.bias is not None:
         new.bias.copy_(conv.bias)
     setattr(parent, attr, new)
+
+
+def _pair(values: tuple[int, ...]) -> tuple[int, int]:
+    """A Conv2d's size, stride or dilation (two numbers: height, width)."""
+    height, width = values
+    return height, width
 
 
 def _first_conv(module: nn.Module) -> tuple[nn.Module, str, nn.Conv2d]:

@@ -43,12 +43,11 @@ def save_checkpoint(path: str | os.PathLike[str], model: SecondOrderNet, **extra
     """Write ``model`` (config, weights) and ``extra`` to ``path`` atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = model.module.state_dict() if hasattr(model, "module") else model.state_dict()
     payload = {
         "format": FORMAT,
         "version": VERSION,
         "model_config": model.config.to_dict(),
-        "model_state": state,
+        "model_state": model.state_dict(),
         **extra,
     }
     write_atomically(path, lambda tmp: torch.save(payload, tmp))

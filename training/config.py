@@ -23,6 +23,7 @@ from typing import Any
 from training.backbones import BACKBONES
 from training.cli import HelpFormatter
 from training.datasets import DATASETS
+from training.datasets.fashion_mnist import VAL_SIZE
 from training.heads import HEADS, head_spec
 from training.model import ModelConfig
 from training.runtime import DEVICES
@@ -46,7 +47,7 @@ LR_BY_BACKBONE = {"vgg16": 0.001, "resnet50": 0.01, "resnet18": 0.01, "small_cnn
 #: images diverge (train loss 4 -> 35 at lr 0.05, 130 in the first epoch at 0.01).
 SMALL_CNN_WIDTH = 64
 #: Fashion-MNIST's validation images held out of its 60,000 training images when not given.
-FASHION_MNIST_VAL_SIZE = 5000
+FASHION_MNIST_VAL_SIZE = VAL_SIZE
 SCHEDULES = ("plateau", "cosine")
 LOSSES = ("auto", "cross_entropy", "hinge")
 AMP_MODES = ("auto", "bf16", "fp16", "off")
@@ -170,12 +171,17 @@ class TrainConfig:
             pretrained=self.pretrained,
         )
 
+    @property
+    def learning_rate(self) -> float:
+        """``lr``, or where it is not given, the recipe's for the backbone (``LR_BY_BACKBONE``)."""
+        return self.lr if self.lr is not None else LR_BY_BACKBONE.get(self.backbone, 0.01)
+
     def resolve(self) -> TrainConfig:
         """The same config with every recipe default made explicit: the lr by backbone, the
         small CNN's widths, the loss from the head's spec, ``val_size`` where the dataset reads
         it (None elsewhere: the run's ``splits.json`` says how its validation split was made).
         Raises ``UnknownHeadError`` for an unknown head."""
-        lr = self.lr if self.lr is not None else LR_BY_BACKBONE.get(self.backbone, 0.01)
+        lr = self.learning_rate
         spec = head_spec(self.head)
         loss = spec.loss if self.loss == "auto" else self.loss
         reduce_dim, options = self.reduce_dim, dict(self.head_options)
@@ -368,7 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
         # default=None: a flag not given leaves the config file's value (or the dataclass's)
         if hints[f.name] is bool:
             parser.add_argument(

@@ -81,9 +81,9 @@ def _smso(p: int, **options: Any) -> dict[str, Any]:
     return {"head": "smso", "head_options": {"dim": p, **options}}
 
 
-_VGG = {"backbone": "vgg16", "pretrained": "imagenet"}
-_RESNET = {"backbone": "resnet50", "pretrained": "imagenet"}
-_FIRST_ORDER = {"head": "gap", "reduce_dim": None}
+_VGG: dict[str, Any] = {"backbone": "vgg16", "pretrained": "imagenet"}
+_RESNET: dict[str, Any] = {"backbone": "resnet50", "pretrained": "imagenet"}
+_FIRST_ORDER: dict[str, Any] = {"head": "gap", "reduce_dim": None}
 
 TABLES: dict[str, list[Row]] = {
     "table1": [

@@ -34,6 +34,7 @@ from training.cli import check_output_file, run_cli
 from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
 from training.json_lines import read_json_lines, read_json_record
+from training.model import SecondOrderNet
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
 
@@ -96,7 +97,7 @@ def fig4(results: Path, out: Path) -> Path:
 
 
 @torch.no_grad()
-def collect_stages(model: torch.nn.Module, loader: DataLoader, limit: int) -> dict[str, np.ndarray]:
+def collect_stages(model: SecondOrderNet, loader: DataLoader, limit: int) -> dict[str, np.ndarray]:
     """Per-position head inputs ``(N n, c)``, PV outputs ``z`` ``(N, p)``, the standardised
     ``z'`` before gamma and beta ``(N, p)`` and the final ``z''`` ``(N, p)``."""
     head = model.head

@@ -6,29 +6,30 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, Generic, Protocol, TypeVar
 
 from tqdm import tqdm
 
 __all__ = ["LINE_INTERVAL", "LineProgress", "Progress", "progress"]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 log = logging.getLogger(__name__)
 
 #: Seconds between two progress lines when the output is not a terminal.
 LINE_INTERVAL = 30.0
 
 
-class Progress(Protocol[T]):
+class Progress(Protocol[T_co]):
     """What the loops use of a progress display."""
 
-    def __iter__(self) -> Iterator[T]: ...
+    def __iter__(self) -> Iterator[T_co]: ...
 
     def set_postfix(self, **values: Any) -> None: ...
 
 
-class LineProgress:
+class LineProgress(Generic[T]):
     """Iterates over ``iterable``, logging ``description: i/n batches, key value`` at most every
     ``interval`` seconds (never for a loop shorter than that)."""
 
@@ -42,7 +43,7 @@ class LineProgress:
         self.postfix = values
 
     def __iter__(self) -> Iterator[T]:
-        total = len(self.iterable) if hasattr(self.iterable, "__len__") else "?"
+        total = len(self.iterable) if isinstance(self.iterable, Sized) else "?"
         last = time.monotonic()
         for done, item in enumerate(self.iterable, 1):
             yield item

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, Subset
 
 from training.checkpoint import (
     CheckpointError,
@@ -47,7 +47,7 @@ from training.checkpoint import (
 )
 from training.cli import file_above, run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
-from training.datasets import PRESETS, Splits, load_splits
+from training.datasets import PRESETS, LabelledImages, Splits, load_splits
 from training.divergence import LossWatch
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
 from training.head_statistics import fit_input_statistics
@@ -84,7 +84,7 @@ def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any
     return [
         {
             "params": params,
-            "lr": cfg.lr * (cfg.new_layer_lr_mult if new else 1.0),
+            "lr": cfg.learning_rate * (cfg.new_layer_lr_mult if new else 1.0),
             "weight_decay": cfg.weight_decay if decay else 0.0,
         }
         for (new, decay), params in sorted(groups.items())
@@ -92,7 +92,9 @@ def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any
 
 
 def _rng_state() -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state()  # legacy=True: the tuple form
+    assert isinstance(legacy, tuple)
+    name, keys, pos, has_gauss, cached = legacy
     state = {
         "torch": torch.get_rng_state(),
         "numpy": (name, torch.from_numpy(keys.copy()), pos, has_gauss, cached),  # weights_only-safe
@@ -112,12 +114,18 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _train_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime, epoch: int) -> DataLoader:
+def _train_loader(
+    dataset: LabelledImages, cfg: TrainConfig, runtime: Runtime, epoch: int
+) -> DataLoader:
     """A loader whose order depends only on (seed, epoch), so a resumed run sees the same data."""
     generator = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
+    sampler: Sampler[int]
     if runtime.distributed:
-        sampler = DistributedSampler(dataset, runtime.world_size, runtime.rank, seed=cfg.seed)
-        sampler.set_epoch(epoch)
+        distributed: DistributedSampler[int] = DistributedSampler(
+            dataset, runtime.world_size, runtime.rank, seed=cfg.seed
+        )
+        distributed.set_epoch(epoch)
+        sampler = distributed
     else:
         sampler = RandomSampler(dataset, generator=generator)
     return DataLoader(
@@ -131,9 +139,10 @@ def _train_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime, epoch: i
     )
 
 
-def _eval_loader(dataset: Dataset, cfg: TrainConfig, runtime: Runtime) -> DataLoader:
+def _eval_loader(dataset: LabelledImages, cfg: TrainConfig, runtime: Runtime) -> DataLoader:
     if runtime.distributed:  # every image exactly once over all ranks
-        dataset = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
+        part = Subset(dataset, range(runtime.rank, len(dataset), runtime.world_size))
+        return DataLoader(part, cfg.batch_size * 2, num_workers=cfg.workers)
     return DataLoader(dataset, cfg.batch_size * 2, num_workers=cfg.workers)
 
 
@@ -223,7 +232,9 @@ class _Run:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.criterion = make_criterion(self.cfg.loss, self.cfg.label_smoothing)
         self.optimizer = torch.optim.SGD(
-            _param_groups(self.model, self.cfg), lr=self.cfg.lr, momentum=self.cfg.momentum
+            _param_groups(self.model, self.cfg),
+            lr=self.cfg.learning_rate,
+            momentum=self.cfg.momentum,
         )
         self.scaler = torch.amp.GradScaler(
             runtime.device.type, enabled=runtime.amp_dtype == torch.float16
@@ -346,9 +357,13 @@ class _Run:
         self.best_accuracy = float(payload["best_val_accuracy"])
 
     @property
-    def evaluated(self) -> nn.Module:
+    def evaluated(self) -> SecondOrderNet:
         """The weights validation, best.pt and the test see: the average, else the model."""
-        return self.model if self.averaged is None else self.averaged.module
+        if self.averaged is None:
+            return self.model
+        averaged = self.averaged.module
+        assert isinstance(averaged, SecondOrderNet)  # AveragedModel's deep copy of self.model
+        return averaged
 
     def after_step(self, scheduler_step: Callable[[], None] | None) -> Callable[[], None] | None:
         """What runs after every optimiser step: the cosine schedule's step and the average's
@@ -420,7 +435,7 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
     val_loader = _eval_loader(run.splits.val, cfg, runtime)
     step = run.after_step(run.scheduler.step if cfg.schedule == "cosine" else None)
     last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
-    watch = LossWatch(cfg.lr)  # type: ignore[arg-type]  # resolved: a float
+    watch = LossWatch(cfg.learning_rate)
     started = time.perf_counter()
     for epoch in range(run.start_epoch, last + 1):
         lr = run.optimizer.param_groups[0]["lr"]

@@ -12,16 +12,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from training.datasets.base import DatasetLayoutError, Splits, check_partition
+from training.datasets.base import DatasetLayoutError, LabelledImages, Splits, check_partition
 from training.datasets.cub import cub200
 from training.datasets.dtd import dtd
-from training.datasets.fashion_mnist import fashion_mnist
+from training.datasets.fashion_mnist import VAL_SIZE, fashion_mnist
 from training.datasets.folder import image_folder
 from training.datasets.minc import minc2500
 from training.datasets.mit_indoor import mit_indoor
 from training.datasets.presets import PRESETS, Preset
 
-__all__ = ["DATASETS", "PRESETS", "DatasetLayoutError", "Preset", "Splits", "load_splits"]
+__all__ = [
+    "DATASETS",
+    "PRESETS",
+    "DatasetLayoutError",
+    "LabelledImages",
+    "Preset",
+    "Splits",
+    "load_splits",
+]
 
 
 def _fashion_mnist(
@@ -47,10 +55,12 @@ def load_splits(
     root: str | Path | None,
     preset: Preset | None = None,
     partition: int = 1,
-    val_size: int = 5000,
+    val_size: int | None = None,
     seed: int = 0,
 ) -> tuple[Splits, Preset]:
     """The splits of dataset ``name`` under ``root`` and the preset that transformed them.
+    ``val_size``: Fashion-MNIST's held-out training images (None: 5,000); the other datasets
+    have their own validation split and ignore it.
 
     Raises:
         ValueError: unknown dataset name (the message lists the valid ones).
@@ -60,9 +70,10 @@ def load_splits(
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(sorted(DATASETS))}")
     preset = preset or PRESETS[name]
     root_path = None if root is None else Path(root)
-    splits = DATASETS[name](root_path, preset, partition, val_size, seed)
+    held_out = VAL_SIZE if val_size is None else val_size
+    splits = DATASETS[name](root_path, preset, partition, held_out, seed)
     for split in ("train", "val", "test"):
-        if len(getattr(splits, split)) == 0:  # type: ignore[arg-type]
+        if len(getattr(splits, split)) == 0:
             raise DatasetLayoutError(
                 f"the {split} split of {name} in {root_path or 'its default folder'} has no "
                 f"images ({splits.validation or 'as its layout gives it'}): a run needs images "

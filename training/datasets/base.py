@@ -182,7 +182,25 @@ def holdout_rule(fraction: float, seed: int, split: str) -> str:
     return f"{fraction:.0%} of each class of {split} held out at random (seed {seed})"
 
 
-class ImageList(Dataset):
+class LabelledImages(Dataset[tuple[Any, int]]):
+    """What every split is: a map-style dataset of ``(image, label)`` items with a length, its
+    labels and its class names (torch's ``Dataset`` declares no ``__len__``)."""
+
+    classes: list[str]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    @property
+    def targets(self) -> list[int]:
+        """Labels in item order."""
+        raise NotImplementedError
+
+
+class ImageList(LabelledImages):
     """Labelled image files: item ``i`` is ``(transform(RGB image), label)``.
 
     Args:
@@ -238,11 +256,11 @@ class Splits:
     ``validation`` says in words where the validation images came from (saved with the run).
     """
 
-    train: Dataset
-    val: Dataset
-    test: Dataset
+    train: LabelledImages
+    val: LabelledImages
+    test: LabelledImages
     classes: list[str]
-    train_eval: Dataset
+    train_eval: LabelledImages
     validation: str = ""  # how the validation split was made, e.g. "10% of each class of train"
 
 

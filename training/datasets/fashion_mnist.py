@@ -20,10 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import DTypeLike
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from training.datasets.base import DatasetLayoutError, Splits
+from training.datasets.base import DatasetLayoutError, LabelledImages, Splits
+
+#: Training images held out for validation by default.
+VAL_SIZE = 5000
 
 __all__ = ["CLASSES", "DEFAULT_ROOT", "TensorImages", "fashion_mnist", "read_idx"]
 
@@ -45,7 +48,14 @@ _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000),
 }
-_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_DTYPES: dict[int, DTypeLike] = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: ">i2",
+    0x0C: ">i4",
+    0x0D: ">f4",
+    0x0E: ">f8",
+}
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -108,7 +118,7 @@ def load_arrays(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels.astype(np.int64)
 
 
-class TensorImages(Dataset):
+class TensorImages(LabelledImages):
     """In-memory grey images: item ``i`` is ``(transform(images[i] as (1, H, W) uint8), label)``."""
 
     def __init__(
@@ -154,7 +164,7 @@ def fashion_mnist(
     root: str | Path | None = None,
     train_transform: Callable[[Tensor], Any] | None = None,
     eval_transform: Callable[[Tensor], Any] | None = None,
-    val_size: int = 5000,
+    val_size: int = VAL_SIZE,
     seed: int = 0,
     download: bool = False,
 ) -> Splits:

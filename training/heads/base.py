@@ -69,6 +69,8 @@ class SymmetricVectorizer(nn.Module):
     row by row, diagonal included). No state in the state dict: the index is rebuilt from ``c``.
     """
 
+    index: Tensor | None  # buffer: the upper triangle's positions in the flattened matrix
+
     def __init__(self, channels: int, vectorize: str = "full") -> None:
         super().__init__()
         if vectorize not in VECTORIZATIONS:

@@ -41,6 +41,11 @@ class TensorSketch(Head):
     no longer grows with ``n d``). ``(B, c, h, w)`` -> ``(B, d)``, d = 8,192 by default.
     """
 
+    bucket1: Tensor  # buffers: h_k (c,) in [0, d)
+    bucket2: Tensor
+    sign1: Tensor  # s_k (c,) in {-1, +1}
+    sign2: Tensor
+
     def __init__(self, in_channels: int, dim: int = 8192, seed: int = 0, eps: float = 1e-8) -> None:
         _check_dim(dim)
         super().__init__(in_channels, dim)
@@ -72,6 +77,9 @@ class RandomMaclaurin(Head):
     backward 1.5x faster on a CPU; the paper's c = 512, n = 784, d = 8,192: 2.8x fewer).
     ``(B, c, h, w)`` -> ``(B, d)``, d = 8,192 by default.
     """
+
+    proj1: Tensor  # buffers: W_k (c, d) in {-1, +1}
+    proj2: Tensor
 
     def __init__(self, in_channels: int, dim: int = 8192, seed: int = 0, eps: float = 1e-8) -> None:
         _check_dim(dim)

@@ -38,6 +38,8 @@ class MPNCOV(Head):
     ``newton_schulz_sqrt`` with ``iterations`` steps (5 in the paper).
     """
 
+    triu_index: Tensor  # buffer: the upper triangle's positions in the flattened matrix
+
     def __init__(self, in_channels: int, iterations: int = 5, eps: float = 1e-8) -> None:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")

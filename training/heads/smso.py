@@ -76,6 +76,9 @@ class SMSOPooling(Head):
         autocast disabled.
     """
 
+    running_cov: Tensor  # buffers: Sigma (c, c), and the batches it has seen
+    num_batches_tracked: Tensor
+
     def __init__(
         self,
         in_channels: int,

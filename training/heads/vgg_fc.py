@@ -51,6 +51,8 @@ class VGGClassifierHead(Head):
         """
         if "classifier.0.weight" not in state:
             return
-        for layer, key in ((self.fc[0], "classifier.0"), (self.fc[3], "classifier.3")):
+        for index, key in ((0, "classifier.0"), (3, "classifier.3")):
+            layer = self.fc[index]
+            assert isinstance(layer, nn.Linear)
             layer.weight.copy_(state[f"{key}.weight"])
             layer.bias.copy_(state[f"{key}.bias"])
