@@ -55,7 +55,8 @@ CHUNK = 65536  # what uvicorn hands the app per message at most, about
 
 def include_routers(app: Any) -> None:
     """Replace the app's flat routes by the two routers, included."""
-    ours = {route.path for router in (build_routes(), build_router()) for route in router.routes}
+    routers = (build_routes(), build_router())
+    ours = {getattr(route, "path", None) for router in routers for route in router.routes}
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ours]
     app.include_router(build_routes())
     app.include_router(build_router())

@@ -82,10 +82,9 @@ from PIL import Image, ImageOps
 from service.card import Preprocessing, parse_card
 from service.images import Preprocessor, _resized_size, _to_mode
 
-if __package__:
-    from .serve import jpegs
-else:  # run as a script: bench/ is on sys.path
-    from serve import jpegs
+if not __package__:  # run as a script: the repository first on sys.path (see bench/heads.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench.serve import jpegs
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
@@ -680,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ("ImageNet-style (RGB, resize 256, crop 224)", IMAGENET),
     ]
     log("calibration")
-    report = {
+    report: dict[str, Any] = {
         "machine": machine(),
         "images": "640x480 JPEG, Fashion-MNIST test images scaled up",
         "jpeg_bytes_mean": statistics.mean(map(len, files)),

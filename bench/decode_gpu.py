@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import platform
 import statistics
 import sys
@@ -50,7 +51,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -107,6 +108,20 @@ def torch_preprocess(device: str, spec: Preprocessing) -> Callable[[Sequence[byt
     return on_own_stream
 
 
+def _each(
+    fn: Callable[[bytes], object],
+    files: list[bytes],
+    pool: concurrent.futures.Executor | None = None,
+) -> list[object]:
+    """``fn`` on every file: in this thread, or spread over ``pool``'s threads."""
+    return [fn(data) for data in files] if pool is None else list(pool.map(fn, files))
+
+
+def _one(batch_fn: Callable[[list[bytes]], object], data: bytes) -> object:
+    """A batched decoder called with one image."""
+    return batch_fn([data])
+
+
 def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
     """Median wall and process-CPU seconds of ``fn()`` over ``rounds`` calls (one untimed
     call first)."""
@@ -150,7 +165,9 @@ def nvimgcodec_decode(device: str) -> Callable[[Sequence[bytes]], list[np.ndarra
     return run
 
 
-def service_preprocess(device: str, transfer: str = "host") -> Callable[[bytes], np.ndarray]:
+def service_preprocess(
+    device: str, transfer: Literal["host", "device"] = "host"
+) -> Callable[[bytes], np.ndarray]:
     """The service's ``decode_device`` path: ``service.gpu_jpeg.GpuJpegPreprocessor``, the
     decoded image copied to host memory and uploaded again (``host``) or read on the GPU
     (``device``)."""
@@ -164,7 +181,7 @@ def service_preprocess(device: str, transfer: str = "host") -> Callable[[bytes],
         "cuda" if on_gpu else "cpu",
         device_id,
         taken.append,
-        transfer,  # type: ignore[arg-type]  (checked by the caller's choices)
+        transfer,
     )
 
     def run(data: bytes) -> np.ndarray:
@@ -202,7 +219,7 @@ def _batched(
             got = np.stack([pre.tensor(pre.geometry(Image.fromarray(a))) for a in decode(files)])
             return batch, grey_levels(got, want, IMAGENET)
         else:
-            one = service_preprocess(device, name.partition("-")[2] or "host")
+            one = service_preprocess(device, "device" if name == "service-device" else "host")
 
             def batch(chunk: Sequence[bytes]) -> np.ndarray:
                 return np.stack([one(data) for data in chunk])
@@ -222,7 +239,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if "pillow" in args.paths:
         for batch in args.batches:
             chunk = files[:batch]
-            wall, cpu = timed(lambda chunk=chunk: [pre(data) for data in chunk], args.rounds)
+            wall, cpu = timed(functools.partial(_each, pre, chunk), args.rounds)
             rows.append(_row("cpu (Pillow), one thread", batch, wall, cpu, (0.0, 0.0)))
         singles.append(("cpu (Pillow)", pre, (0.0, 0.0)))
     for name in PATHS[1:]:
@@ -239,13 +256,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }.get(name, name)
         for batch in args.batches:
             chunk = files[:batch]
-            wall, cpu = timed(lambda chunk=chunk, f=batch_fn: f(chunk), args.rounds)
+            wall, cpu = timed(functools.partial(batch_fn, chunk), args.rounds)
             rows.append(_row(f"{label} on {args.device}", batch, wall, cpu, difference))
-        singles.append((f"{name} on {args.device}", lambda d, f=batch_fn: f([d]), difference))
+        singles.append((f"{name} on {args.device}", functools.partial(_one, batch_fn), difference))
     # as the service's decode threads call a decoder: one image per call, from several threads
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
         for path, one, difference in singles:
-            wall, cpu = timed(lambda one=one: list(pool.map(one, files)), args.rounds)
+            wall, cpu = timed(functools.partial(_each, one, files, pool), args.rounds)
             label = f"{path}, one image per call, {args.threads} threads"
             rows.append(_row(label, len(files), wall, cpu, difference))
     return {"rows": rows, "errors": errors}

@@ -35,7 +35,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.graph import exportable
+from export.graph import ExportForm, exportable
 from export.onnx_export import export_checkpoint
 from training.checkpoint import load_model, save_checkpoint
 from training.model import ModelConfig, build_model
@@ -51,7 +51,7 @@ class Case:
     """One model to export and time."""
 
     name: str
-    form: str
+    form: ExportForm
     p: int
     side: int
     batches: tuple[int, ...]

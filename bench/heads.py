@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,16 +47,15 @@ from pathlib import Path
 from typing import Any
 
 # The generic machinery (timing, memory, tables, machine) lives in bench/benchlib.py. Run as a
-# script (`python bench/heads.py`) this file has no package and Python puts bench/ on sys.path,
-# so benchlib is a top-level module; imported as `bench.heads` (tests, `python -m bench.heads`)
-# it is the sibling module `bench.benchlib`. Deciding on __package__ rather than catching an
-# ImportError cannot hide a real import failure. benchlib must come before torch: it sets
+# script (`python bench/heads.py`) this file has no package and Python puts bench/ first on
+# sys.path: the repository goes there instead, so that `bench` is a package either way (and
+# bench/export.py cannot shadow the export package). benchlib must come before torch: it sets
 # KINETO_LOG_LEVEL, which torch reads when it is loaded, to keep the profiler quiet.
-if __package__:
-    from . import benchlib
-else:
-    import benchlib
+if not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench import benchlib
 
+# isort: split
 import torch
 from torch import Tensor, nn
 

@@ -47,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -116,7 +116,14 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 300) -> N
 
 
 #: ``send(client, i)``: the i-th request of a load, returning its response.
-Send = Callable[[httpx.Client, int], httpx.Response]
+class Answer(Protocol):
+    """What :func:`drive` reads of a sent request's answer (``httpx.Response`` has it)."""
+
+    status_code: int
+
+
+#: One request: ``send(client, i)`` sends the ``i``-th request through ``client``.
+Send = Callable[[httpx.Client, int], Answer]
 
 
 def multipart(url: str, files: list[bytes]) -> Send:

@@ -359,7 +359,8 @@ def raw_session(
         images = rng.standard_normal((batch, spec.channels, spec.height, spec.width), np.float32)
         for _ in range(3):  # first call at this shape; a CUDA graph's capture
             backend.run(images)
-        times, stages = [], []
+        times: list[float] = []
+        stages: list[dict[str, float]] = []
         begin = time.perf_counter()
         while len(times) < 5 or time.perf_counter() - begin < seconds:
             stage_clock.take()
@@ -472,7 +473,8 @@ class _StdlibClient:
 
         parts = urllib.parse.urlsplit(url)
         self.path = parts.path
-        self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        host = parts.hostname or "127.0.0.1"
+        self.connection = http.client.HTTPConnection(host, parts.port, timeout=timeout)
 
     def post(self, body: bytes, headers: dict[str, str]) -> int:
         try:
@@ -509,7 +511,10 @@ class _HttpxClient:
 
 
 #: ``--client``: the HTTP client each client thread uses.
-CLIENT_KINDS = {"stdlib": _StdlibClient, "httpx": _HttpxClient}
+CLIENT_KINDS: dict[str, type[_StdlibClient | _HttpxClient]] = {
+    "stdlib": _StdlibClient,
+    "httpx": _HttpxClient,
+}
 
 
 def _client_process(

@@ -418,7 +418,13 @@ def summarize(r: Run) -> dict[str, Any]:
     for o, f in zip(r.outcomes, fates, strict=True):
         key = str(o.status) if o.status is not None else f"{f} ({o.error or 'no error'})"
         by_kind.setdefault(o.kind, Counter())[key] += 1
-    timed = [o for o in r.outcomes if o.seconds is not None and r.signalled_at is not None]
+    # requests with a duration: in flight when the signal came, or started after it
+    in_flight = started_after = 0
+    if r.signalled_at is not None:
+        at = r.signalled_at
+        timed = [(o.started, o.seconds) for o in r.outcomes if o.seconds is not None]
+        in_flight = sum(start < at < start + seconds for start, seconds in timed)
+        started_after = sum(start >= at for start, _ in timed)
     lost = [asdict(o) for o, f in zip(r.outcomes, fates, strict=True) if f == "lost"]
     return {
         "requests": len(r.outcomes),
@@ -435,10 +441,8 @@ def summarize(r: Run) -> dict[str, Any]:
         "valid_p99_ms": float(np.percentile(valid_ms, 99)) if valid_ms else None,
         "peak_rss_mib": r.peak_rss_mib,
         "server_exit_code": r.exit_code,
-        "in_flight_at_signal": sum(
-            o.started < r.signalled_at < o.started + o.seconds for o in timed
-        ),
-        "started_after_signal_answered": sum(o.started >= r.signalled_at for o in timed),
+        "in_flight_at_signal": in_flight,
+        "started_after_signal_answered": started_after,
         "server_tracebacks": r.server_output.count("Traceback"),
         "server_log_tail": r.server_output.splitlines()[-20:],
         "server_log_lines": len(r.server_output.splitlines()),

@@ -22,11 +22,13 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from service.runner import Batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +68,7 @@ class StandinBackend:
         self.batches = 0
         self._lock = threading.Lock()  # one batch at a time, as one GPU stream runs them
 
-    def run(self, images: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> tuple[np.ndarray, ...]:
         n = len(images)
         with self._lock:
             if len(self._host) < n:

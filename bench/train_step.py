@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__:
-    from . import benchlib
-else:  # run as a script: bench/ is on sys.path
-    import benchlib
+if not __package__:  # run as a script: the repository first on sys.path (see bench/heads.py)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench import benchlib
 
+# isort: split
 import torch
 import torch.nn.functional as F
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "bench" / "results" / "train_step.json"
 log = logging.getLogger("bench.train_step")
 
-HEADS = {
+HEADS: dict[str, dict[str, Any]] = {
     "smso p=2048": {"head": "smso", "head_options": {"dim": 2048}, "reduce_dim": 256},
     "first-order": {"head": "gap", "reduce_dim": None},
 }

@@ -120,7 +120,7 @@ def digits() -> np.ndarray:
     out = np.zeros((len(load_digits().images), 28, 28), np.uint8)
     for i, image in enumerate(load_digits().images):
         small = Image.fromarray((image / 16 * 255).astype(np.uint8)).resize(
-            (20, 20), Image.BILINEAR
+            (20, 20), Image.Resampling.BILINEAR
         )
         out[i, 4:24, 4:24] = np.asarray(small)
     return out
@@ -141,7 +141,7 @@ def photos(rng: np.random.Generator, per_photo: int = 250) -> np.ndarray:
             size = size if size <= min(height, width) else 28
             y, x = rng.integers(0, height - size + 1), rng.integers(0, width - size + 1)
             crop = Image.fromarray(grey[y : y + size, x : x + size]).resize(
-                (28, 28), Image.BILINEAR
+                (28, 28), Image.Resampling.BILINEAR
             )
             crops.append(np.asarray(crop))
     return np.stack(crops)
@@ -363,7 +363,8 @@ class Window:
     p < 0.01 against Binomial(n, 0.01); alarm when ``P(X >= count) < alarm_p``."""
 
     def __init__(self, size: int, alarm_p: float) -> None:
-        self.size, self.alarm_p, self.flags = size, alarm_p, []
+        self.size, self.alarm_p = size, alarm_p
+        self.flags: list[bool] = []
 
     def add(self, p_value: float) -> bool:
         from scipy.stats import binom
@@ -552,15 +553,15 @@ def _compare(
                     ratios[load].append(rps["a"] / rps["b"])
             for load in LOADS:
                 pair_ratios[load].append(statistics.median(ratios[load]))
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for load, got in runs.items():
-        ratios = [x / y for x, y in zip(got["a"], got["b"], strict=True)]
+        per_round = [x / y for x, y in zip(got["a"], got["b"], strict=True)]
         cpu = [y / x for x, y in zip(got["a_cpu_ms"], got["b_cpu_ms"], strict=True)]
         out[load] = {
             "a_requests_per_second": statistics.median(got["a"]),
             "b_requests_per_second": statistics.median(got["b"]),
-            "ratio": statistics.median(ratios),
-            "round_ratios": ratios,
+            "ratio": statistics.median(per_round),
+            "round_ratios": per_round,
             "pair_ratios": pair_ratios[load],
             "a_server_cpu_ms_per_request": statistics.median(got["a_cpu_ms"]),
             "b_server_cpu_ms_per_request": statistics.median(got["b_cpu_ms"]),
