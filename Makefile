@@ -56,6 +56,7 @@ test: $(VENV)/.installed-dev data
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: $(VENV)/.installed-dev
 	$(BIN)/ruff check --fix .
