@@ -50,7 +50,9 @@ def _autocast(runtime: Runtime) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=runtime.device.type, dtype=runtime.amp_dtype)
 
 
-def _to_device(images: Tensor, labels: Tensor, runtime: Runtime, channels_last: bool):
+def _to_device(
+    images: Tensor, labels: Tensor, runtime: Runtime, channels_last: bool
+) -> tuple[Tensor, Tensor]:
     images = images.to(runtime.device, non_blocking=True)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
