@@ -587,3 +587,31 @@ def test_fashion_mnist_missing_file(tmp_path: Path) -> None:
         fashion_mnist(tmp_path, val_size=5)
     assert str(tmp_path) in str(error.value)
     assert str(tmp_path / "FashionMNIST" / "raw") in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("array", "says"),
+    [
+        (np.zeros((30, 10, 10), np.uint8), "are 10 x 10 uint8"),
+        (np.zeros((30, 28, 28), np.float32), "are 28 x 28 float32"),
+    ],
+    ids=["size", "dtype"],
+)
+def test_fashion_mnist_images_of_another_kind_are_refused(
+    tmp_path: Path, array: np.ndarray, says: str
+) -> None:
+    path = make_fashion(tmp_path) / "train-images-idx3-ubyte"
+    if array.dtype == np.uint8:
+        write_idx(path, array)
+    else:  # an idx file of big-endian float32 (type code 0x0D)
+        header = bytes([0, 0, 0x0D, 3]) + np.array(array.shape, ">u4").tobytes()
+        path.write_bytes(header + array.astype(">f4").tobytes())
+    with pytest.raises(DatasetLayoutError, match=f"{says}; Fashion-MNIST's are 28 x 28 uint8"):
+        fashion_mnist(tmp_path, val_size=5)
+
+
+def test_fashion_mnist_labels_outside_its_classes_are_refused(tmp_path: Path) -> None:
+    path = make_fashion(tmp_path) / "t10k-labels-idx1-ubyte"
+    write_idx(path, np.full(10, 12, np.uint8))
+    with pytest.raises(DatasetLayoutError, match=r"outside its 10 classes \(0 to 9\): 12 to 12"):
+        fashion_mnist(tmp_path, val_size=5)

@@ -113,8 +113,18 @@ def load_arrays(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
             f"Fashion-MNIST {split} files in {root} disagree: images {images.shape}, "
             f"labels {labels.shape}"
         )
-    if labels.max(initial=0) >= len(CLASSES):
-        raise DatasetLayoutError(f"Fashion-MNIST labels in {root} exceed the 10 classes")
+    if images.shape[1:] != (28, 28) or images.dtype != np.uint8:
+        height, width = images.shape[1:]
+        raise DatasetLayoutError(
+            f"the Fashion-MNIST {split} images in {root} are {height} x {width} {images.dtype.name}; "
+            "Fashion-MNIST's are 28 x 28 uint8 (another dataset's files? train your own images "
+            "with --dataset image_folder)"
+        )
+    if labels.max(initial=0) >= len(CLASSES) or labels.min(initial=0) < 0:
+        raise DatasetLayoutError(
+            f"Fashion-MNIST labels in {root} are outside its 10 classes (0 to 9): "
+            f"{labels.min()} to {labels.max()}"
+        )
     return images, labels.astype(np.int64)
 
 
