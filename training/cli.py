@@ -52,6 +52,26 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+def _whole_number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 1 (a clear usage error otherwise)."""
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 0 (a clear usage error otherwise)."""
+    return _whole_number(text, 0)
+
+
 def file_above(path: Path) -> Path | None:
     """The nearest existing path above ``path`` when it is a file (no folder can be made
     there, so nothing can be written at ``path``), else ``None``."""

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from training.checkpoint import CheckpointError, load_model
-from training.cli import HelpFormatter, check_output_file, run_cli
+from training.cli import HelpFormatter, check_output_file, non_negative_int, positive_int, run_cli
 from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
@@ -99,10 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the dataset's folder on this machine (default: the "
         "one the checkpoint was trained on)",
     )
-    parser.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=256, help="images per forward pass"
+    )
     parser.add_argument("--device", default="auto", help=DEVICES)
     parser.add_argument(
-        "--workers", type=int, default=2, help="data-loading processes (0: load in this process)"
+        "--workers",
+        type=non_negative_int,
+        default=2,
+        help="data-loading processes (0: load in this process)",
     )
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
     return parser

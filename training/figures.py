@@ -30,7 +30,7 @@ import torch
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from training.cli import check_output_file, run_cli
+from training.cli import check_output_file, positive_int, run_cli
 from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
 from training.json_lines import read_json_lines, read_json_record
@@ -209,16 +209,6 @@ def fig2_from_checkpoint(
     return summary
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
-
-
 def _check_out(out: Path, inputs: Sequence[Path], numbers: bool) -> None:
     """Raise ``ValueError`` before any work when ``--out`` is not an image file this can write:
     a folder, no known image ending, one of the ``inputs``, or (``numbers``: fig2) a ``.json``
@@ -256,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p2.add_argument("checkpoint", type=Path)
     p2.add_argument("--split", default="test", choices=("train", "val", "test"))
     p2.add_argument("--data-root")
-    p2.add_argument("--images", type=_positive, default=2000, help="images of the split to use")
+    p2.add_argument("--images", type=positive_int, default=2000, help="images of the split to use")
     for p in (p3, p4):
         p.add_argument("--out", type=Path, required=True, help="PNG file to write")
     p2.add_argument(

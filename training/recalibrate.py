@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from training.checkpoint import load_checkpoint, resave_checkpoint
-from training.cli import check_output_file, run_cli
+from training.cli import check_output_file, non_negative_int, positive_int, run_cli
 from training.config import ConfigError
 from training.engine import evaluate, make_criterion
 from training.evaluate import load_with_splits
@@ -152,9 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("checkpoint", type=Path, help="a checkpoint written by smso-train")
     parser.add_argument("-o", "--out", type=Path, help="where to write it (default: in place)")
     parser.add_argument("--data-root", help="the dataset's folder on this machine")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=256)
     parser.add_argument("--device", default="auto", help=DEVICES)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=non_negative_int, default=2)
     args = parser.parse_args(argv)
 
     def body() -> int:

@@ -205,6 +205,25 @@ def test_eval_json_is_checked_before_the_evaluation_and_never_replaces_the_check
     assert f"{checkpoint} is a file, not a folder" in one_error_line(capsys, "smso-eval")
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--batch-size", "0", "argument --batch-size: must be 1 or more, got 0"),
+        ("--batch-size", "many", "argument --batch-size: not a whole number: 'many'"),
+        ("--workers", "-1", "argument --workers: must be 0 or more, got -1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["smso-eval", "smso-recalibrate"])
+def test_eval_and_recalibrate_name_a_batch_size_or_worker_count_out_of_range(
+    tmp_path, capsys, command: str, flag: str, value: str, message: str
+):
+    main = eval_main if command == "smso-eval" else recalibrate_main
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "best.pt"), flag, value])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_recalibrate_out_is_checked_before_the_work(tmp_path, capsys):
     checkpoint = tmp_path / "best.pt"
     checkpoint.write_bytes(b"PK\x03\x04")

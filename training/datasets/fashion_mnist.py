@@ -114,9 +114,9 @@ def load_arrays(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
             f"labels {labels.shape}"
         )
     if images.shape[1:] != (28, 28) or images.dtype != np.uint8:
-        height, width = images.shape[1:]
+        height, width, kind = *images.shape[1:], images.dtype.name
         raise DatasetLayoutError(
-            f"the Fashion-MNIST {split} images in {root} are {height} x {width} {images.dtype.name}; "
+            f"the Fashion-MNIST {split} images in {root} are {height} x {width} {kind}; "
             "Fashion-MNIST's are 28 x 28 uint8 (another dataset's files? train your own images "
             "with --dataset image_folder)"
         )
