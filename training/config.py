@@ -122,6 +122,10 @@ class TrainConfig:
             (0 < self.plateau_factor < 1, "plateau_factor must be in (0, 1)"),
             (self.plateau_patience >= 0, "plateau_patience must be >= 0"),
             (self.seed >= 0, "seed must be >= 0"),
+            (
+                self.data_root is None or self.data_root.strip() != "",
+                "data_root is empty: give the dataset's folder, or leave it out for the default",
+            ),
             (self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}"),
             (self.loss in LOSSES, f"loss must be one of {', '.join(LOSSES)}"),
             (self.amp in AMP_MODES, f"amp must be one of {', '.join(AMP_MODES)}"),

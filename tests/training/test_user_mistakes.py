@@ -51,6 +51,7 @@ def one_error_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
         ("plateau_factor = 2.0\n", r"plateau_factor must be in \(0, 1\)"),
         ("plateau_patience = -1\n", "plateau_patience must be >= 0"),
         ("seed = -1\n", "seed must be >= 0"),
+        ('data_root = ""\n', "data_root is empty: give the dataset's folder"),
     ],
 )
 def test_out_of_range_settings_are_named_with_their_range(tmp_path, content: str, message: str):
