@@ -141,3 +141,16 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in readme.split("\n## ")[0]  # in the README's opening lines
     assert "make test" in ci
     assert "set -e" in ci  # a failing step fails CI
+
+
+@pytest.mark.parametrize("package", ["service", "training", "export"])
+def test_each_package_docstring_names_every_module(package: str) -> None:
+    """The package docstrings are the map a newcomer reads first: a new module must be on it,
+    and a module that is gone must leave it."""
+    tree = ast.parse((ROOT / package / "__init__.py").read_text())
+    named = set(re.findall(rf":mod:`{package}\.(\w+)`", ast.get_docstring(tree) or ""))
+    folder = ROOT / package
+    modules = {path.stem for path in folder.glob("*.py") if path.stem != "__init__"}
+    modules |= {path.parent.name for path in folder.glob("*/__init__.py")}
+    assert not modules - named, f"modules missing from {package}/__init__.py: {modules - named}"
+    assert not named - modules, f"{package}/__init__.py names no such modules: {named - modules}"
