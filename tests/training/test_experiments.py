@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import tomllib
@@ -338,12 +339,14 @@ def test_jobs_run_in_parallel_processes_and_give_the_same_lines(
 
 
 def _timed_run(folder: Path, name: str, seed: int) -> dict[str, object]:
-    """A stand-in run (in a worker process): BP takes half a second; start and end noted."""
+    """A stand-in run (in a worker process): BP takes half a second; start, end and the
+    process noted."""
+    import os
     import time
 
     start = time.time()
     time.sleep(0.5 if name == "bp" else 0.0)
-    return {"row": name, "seed": seed, "start": start, "end": time.time()}
+    return {"row": name, "seed": seed, "start": start, "end": time.time(), "pid": os.getpid()}
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -363,6 +366,14 @@ def test_jobs_keep_the_order_and_wait_for_a_warm_start(jobs: int, tmp_path: Path
     for seed in (0, 1):
         bp, lrbp = (line for line in lines if line["seed"] == seed)
         assert lrbp["start"] >= bp["end"]
+    pids = {line["pid"] for line in lines}
+    bp0, bp1 = (line for line in lines if line["row"] == "bp")
+    if jobs == 1:  # one after the other, in this process
+        assert pids == {os.getpid()}
+        assert bp1["start"] >= bp0["end"]
+    else:  # in worker processes, the two BP runs side by side
+        assert os.getpid() not in pids
+        assert bp1["start"] < bp0["end"]
 
 
 def test_jobs_below_one_are_refused(

@@ -307,12 +307,15 @@ def test_init_from_starts_the_backbone_from_another_run(tmp_path):
 
 
 def test_a_run_with_init_from_trains_from_those_weights(tiny_fashion_mnist, tmp_path):
+    """The run's backbone starts from the other run's: with a learning rate of 1e-12 its
+    weights end where they started, BP's trained ones, not the seed's fresh ones."""
     fit(tiny_config(tiny_fashion_mnist, tmp_path / "bp", epochs=1, head="bp", head_options={}))
     bp_best = str(tmp_path / "bp" / "best.pt")
     cfg = tiny_config(
         tiny_fashion_mnist,
         tmp_path / "lrbp",
         epochs=1,
+        lr=1e-12,
         head="lrbp",
         head_options={"projection_dim": 4},
         init_from=bp_best,
@@ -322,6 +325,17 @@ def test_a_run_with_init_from_trains_from_those_weights(tiny_fashion_mnist, tmp_
         "bp/best.pt"
     )
     assert result.test is not None
+    source = load_checkpoint(bp_best)["model_state"]
+    trained = load_checkpoint(tmp_path / "lrbp" / "best.pt")["model_state"]
+    torch.manual_seed(cfg.seed)
+    fresh = build_model(cfg.resolve().model_config(10, 1)).state_dict()
+    # the parameters (BatchNorm's running statistics move in training mode whatever the lr)
+    weights = [k for k in source if k.startswith("backbone.") and "running_" not in k]
+    weights = [k for k in weights if source[k].is_floating_point()]
+    assert weights
+    for key in weights:
+        torch.testing.assert_close(trained[key], source[key], rtol=0, atol=1e-6)
+    assert any(not torch.allclose(fresh[key], source[key]) for key in weights)
 
 
 def test_ema_averages_the_weights_after_every_step_by_its_formula(tiny_fashion_mnist, tmp_path):
@@ -386,3 +400,8 @@ def test_an_ema_run_validates_saves_and_resumes_the_average(tiny_fashion_mnist, 
     averaged = {k.removeprefix("module."): v for k, v in a["ema_state"].items()}
     trained = a["model_state"]
     assert any(not torch.equal(trained[k], averaged[k]) for k in trained)  # d = 0.9 lags
+    # best.pt holds the average of its epoch (saved beside it), not the trained weights
+    best = load_checkpoint(tmp_path / "straight" / "best.pt")
+    averaged = {k.removeprefix("module."): v for k, v in best["ema_state"].items()}
+    for key, value in best["model_state"].items():
+        assert torch.equal(value, averaged[key]), key
