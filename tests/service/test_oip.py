@@ -309,15 +309,32 @@ def test_the_openapi_document_lists_the_protocol(make_client):
     )
 
 
-def test_large_json_tensors_are_parsed_off_the_event_loop_and_answered(make_client):
+def test_large_json_tensors_are_parsed_off_the_event_loop_and_answered(make_client, monkeypatch):
+    import threading
+
+    from service import oip
     from service.oip import INLINE_PARSE_BYTES
 
+    parsed_in = []  # the thread each body was parsed in
+
+    def parse(*args, **kwargs):
+        parsed_in.append(threading.current_thread().name)
+        return real_parse(*args, **kwargs)
+
+    real_parse = oip._parse
+    monkeypatch.setattr(oip, "_parse", parse)
     client = make_client()
+    small = np.zeros((1, 1, 28, 28), np.float32)
+    response = client.post(INFER, content=json.dumps({"inputs": [tensor_input(small)]}))
+    assert response.status_code == 200, response.text
     images = np.random.default_rng(0).standard_normal((48, 1, 28, 28)).astype(np.float32)
     body = json.dumps({"inputs": [tensor_input(images)], "outputs": [{"name": "embedding"}]})
     assert len(body) > INLINE_PARSE_BYTES
     response = client.post(INFER, content=body)
     assert response.status_code == 200, response.text
+    loop_thread, worker = parsed_in
+    assert not loop_thread.startswith("decode")  # a small body: in the event loop's thread
+    assert worker.startswith("decode")  # a large one: in a decode thread
     (embedding,) = response.json()["outputs"]
     np.testing.assert_allclose(
         np.reshape(embedding["data"], (48, 4))[:, 0],
