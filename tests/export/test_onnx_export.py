@@ -340,7 +340,10 @@ def test_cli_exports_and_reports_parity(trained_run, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("make", "message"),
-    [(lambda p: None, "does not exist"), (lambda p: p.write_bytes(b"\x00garbage"), "")],
+    [
+        (lambda p: None, "does not exist"),
+        (lambda p: p.write_bytes(b"\x00garbage"), "is not a PyTorch checkpoint file"),
+    ],
 )
 def test_cli_reports_a_missing_or_corrupt_checkpoint_in_one_line(tmp_path, make, message):
     path = tmp_path / "x.pt"
@@ -355,6 +358,7 @@ def test_cli_reports_a_missing_or_corrupt_checkpoint_in_one_line(tmp_path, make,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("smso-export: error:")
+    assert "\n" not in proc.stderr.strip()  # one line
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "m.onnx").exists()
