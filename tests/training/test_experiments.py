@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,6 +112,49 @@ def test_fig2_histograms_and_shapiro_wilk(table1: Path, dtd_root: Path, tmp_path
     assert summary["images"] == 3
     # The tiny tree's images are solid colours: every z is clamped, so z'' is constant per dim.
     assert summary["constant_dims"] + len(summary["dims_plotted"]) >= 4
+
+
+def test_fig2_reports_shapiro_wilk_and_skewness_as_scipy_computes_them(tmp_path: Path) -> None:
+    """The numbers of Fig. 2 (the checkpoint test above has only constant dimensions): per
+    varying dimension of z'', Shapiro-Wilk and skewness as scipy gives them; a constant one is
+    counted, never tested."""
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    n = 400
+    final = np.stack(
+        [
+            rng.standard_normal(n),
+            2 + 3 * rng.standard_normal(n),
+            rng.exponential(size=n),  # right-skewed: Shapiro-Wilk rejects it
+            np.full(n, 0.5),  # constant
+        ],
+        axis=1,
+    )
+    stages = {
+        "features": rng.standard_normal((n * 4, 6)),
+        "z": rng.exponential(size=(n, 4)),
+        "z_prime": final,
+        "final": final,
+    }
+    summary = figures.fig2(stages, tmp_path / "fig2.png")
+    pvalues = [stats.shapiro(final[:, j]).pvalue for j in range(3)]
+    assert pvalues[2] < 1e-6 < min(pvalues[:2])
+    assert summary["images"] == n
+    assert summary["constant_dims"] == 1
+    assert summary["shapiro_wilk_p_median"] == pytest.approx(np.median(pvalues))
+    assert summary["fraction_not_rejected_at_0.05"] == pytest.approx(
+        np.mean([p > 0.05 for p in pvalues])
+    )
+    one = summary["shapiro_wilk_p_one_dim"]
+    assert one["dim"] in (0, 1, 2)
+    assert one["p"] == pytest.approx(pvalues[one["dim"]])
+    assert summary["skewness_final_median"] == pytest.approx(
+        np.median(stats.skew(final[:, :3], axis=0))
+    )
+    assert summary["skewness_z_median"] == pytest.approx(np.median(stats.skew(stages["z"], axis=0)))
+    assert summary["z_prime_std"]["min"] == pytest.approx(0.0)  # the constant dimension
+    assert (tmp_path / "fig2.png").stat().st_size > 10_000
 
 
 def test_fig2_refuses_a_head_that_is_not_smso(table1: Path, dtd_root: Path, tmp_path: Path) -> None:
