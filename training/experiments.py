@@ -330,8 +330,7 @@ def run_rows(
     """``run(name, seed)`` for every seed and row, seed by seed (the first seed's table is
     complete first), ``jobs`` at a time in worker processes (``run`` must then be picklable);
     yields each result in that order. A row that starts from another row's weights
-    (``warm_start``) waits for that row's run with the same seed (when it is among these
-    runs); the runs after it do not wait with it."""
+    (``warm_start``) waits for that row's run with the same seed."""
     order = [(seed, name) for seed in seeds for name in names]
     if jobs <= 1:
         for seed, name in order:
@@ -339,34 +338,18 @@ def run_rows(
         return
     import multiprocessing
 
-    def base_of(key: tuple[int, str]) -> tuple[int, str] | None:
-        seed, name = key
-        base = find_row(table, name).warm_start
-        return (seed, base) if base is not None and (seed, base) in order else None
-
     threads = max(1, (os.cpu_count() or 1) // jobs)
     context = multiprocessing.get_context("spawn")  # no forked torch threads or CUDA state
     with concurrent.futures.ProcessPoolExecutor(
         jobs, mp_context=context, initializer=_use_threads, initargs=(threads,)
     ) as pool:
         futures: dict[tuple[int, str], concurrent.futures.Future[dict[str, Any]]] = {}
-        held = list(order)  # not yet submitted: in order, those whose base has not ended
-
-        def submit_ready() -> None:
-            for key in list(held):
-                base = base_of(key)
-                if base is None or (base in futures and futures[base].done()):
-                    if base is not None:
-                        futures[base].result()  # its weights first (raises if that run failed)
-                    futures[key] = pool.submit(run, key[1], key[0])
-                    held.remove(key)
-
-        submit_ready()
+        for seed, name in order:
+            base = find_row(table, name).warm_start
+            if base is not None and (seed, base) in futures:
+                futures[(seed, base)].result()  # its weights first
+            futures[(seed, name)] = pool.submit(run, name, seed)
         for key in order:
-            while key not in futures:  # its base still runs: wait for any run to end
-                running = [future for future in futures.values() if not future.done()]
-                concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-                submit_ready()
             yield futures[key].result()
 
 
