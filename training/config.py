@@ -122,10 +122,6 @@ class TrainConfig:
             (0 < self.plateau_factor < 1, "plateau_factor must be in (0, 1)"),
             (self.plateau_patience >= 0, "plateau_patience must be >= 0"),
             (self.seed >= 0, "seed must be >= 0"),
-            (
-                self.data_root is None or self.data_root.strip() != "",
-                "data_root is empty: give the dataset's folder, or leave it out for the default",
-            ),
             (self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}"),
             (self.loss in LOSSES, f"loss must be one of {', '.join(LOSSES)}"),
             (self.amp in AMP_MODES, f"amp must be one of {', '.join(AMP_MODES)}"),
@@ -420,4 +416,10 @@ def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
     path = args.pop("config")
     data = _read_file(path) if path else {}
     data.update({k: v for k, v in args.items() if v is not None})
+    if isinstance(data.get("data_root"), str) and not data["data_root"].strip():
+        # checked here, not in TrainConfig: a stored config of an older run may hold "" (then
+        # the current folder) and must still load
+        raise ConfigError(
+            "data_root is empty: give the dataset's folder, or leave it out for the default"
+        )
     return TrainConfig.from_dict(data)
