@@ -320,6 +320,24 @@ def _use_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def bases_first(table: str, names: Sequence[str]) -> list[str]:
+    """``names`` in the given order, except that a row listed before the row it warm-starts
+    from (``warm_start``, when that row is listed too) moves to just after it."""
+    ordered: list[str] = []
+
+    def place(name: str) -> None:
+        if name in ordered:
+            return
+        base = find_row(table, name).warm_start
+        if base is not None and base in names:
+            place(base)
+        ordered.append(name)
+
+    for name in names:
+        place(name)
+    return ordered
+
+
 def run_rows(
     table: str,
     names: Sequence[str],
@@ -330,8 +348,8 @@ def run_rows(
     """``run(name, seed)`` for every seed and row, seed by seed (the first seed's table is
     complete first), ``jobs`` at a time in worker processes (``run`` must then be picklable);
     yields each result in that order. A row that starts from another row's weights
-    (``warm_start``) waits for that row's run with the same seed."""
-    order = [(seed, name) for seed in seeds for name in names]
+    (``warm_start``) runs after that row's run with the same seed, wherever it was listed."""
+    order = [(seed, name) for seed in seeds for name in bases_first(table, names)]
     if jobs <= 1:
         for seed, name in order:
             yield run(name, seed)

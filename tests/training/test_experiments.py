@@ -24,6 +24,7 @@ from training.experiments import (
     _result_line,
     _total_time,
     _train_seconds,
+    bases_first,
     find_row,
     main,
     report,
@@ -393,14 +394,18 @@ def _timed_run(folder: Path, name: str, seed: int) -> dict[str, object]:
     return {"row": name, "seed": seed, "start": start, "end": time.time(), "pid": os.getpid()}
 
 
+@pytest.mark.parametrize("rows", [["bp", "lrbp"], ["lrbp", "bp"]])
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_jobs_keep_the_order_and_wait_for_a_warm_start(jobs: int, tmp_path: Path) -> None:
+def test_jobs_keep_the_order_and_wait_for_a_warm_start(
+    jobs: int, rows: list[str], tmp_path: Path
+) -> None:
     """Results in seed-then-row order; LRBP (which starts from BP's weights) begins only after
-    BP's run with the same seed has ended, also when two run at a time."""
+    BP's run with the same seed has ended, also when two run at a time and when LRBP is listed
+    first."""
     import functools
 
     run = functools.partial(_timed_run, tmp_path)
-    lines = list(run_rows("table1", ["bp", "lrbp"], [0, 1], jobs, run))
+    lines = list(run_rows("table1", rows, [0, 1], jobs, run))
     assert [(line["row"], line["seed"]) for line in lines] == [
         ("bp", 0),
         ("lrbp", 0),
@@ -415,6 +420,13 @@ def test_jobs_keep_the_order_and_wait_for_a_warm_start(jobs: int, tmp_path: Path
         assert pids == {os.getpid()}
     else:  # in worker processes (started as they are needed: here often one does it all)
         assert os.getpid() not in pids
+
+
+def test_a_warm_start_row_listed_before_its_base_moves_just_after_it() -> None:
+    """Only a row listed before its base moves; a base that is not listed moves nothing."""
+    assert bases_first("table1", ["lrbp", "smso-64", "bp"]) == ["bp", "lrbp", "smso-64"]
+    assert bases_first("table1", ["smso-64", "bp", "lrbp"]) == ["smso-64", "bp", "lrbp"]
+    assert bases_first("table1", ["lrbp", "smso-64"]) == ["lrbp", "smso-64"]
 
 
 def test_jobs_below_one_are_refused(
