@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,14 @@ from training.checkpoint import CheckpointError
 from training.datasets import DatasetLayoutError
 from training.divergence import DivergenceError
 
-__all__ = ["USER_ERRORS", "HelpFormatter", "check_output_file", "file_above", "run_cli"]
+__all__ = [
+    "USER_ERRORS",
+    "HelpFormatter",
+    "check_output_file",
+    "file_above",
+    "out_of_memory",
+    "run_cli",
+]
 
 #: Errors caused by what the user gave (settings, files, datasets, weights), not by a bug.
 #: ConfigError, UnknownHeadError and UnknownBackboneError are ValueErrors; DivergenceError is
@@ -102,12 +110,46 @@ def check_output_file(
 
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:
-    """Run ``body``; on a user error print ``prog: error: message`` to stderr and return 2."""
+    """Run ``body``; on a user error, or memory the settings ask for and the machine does not
+    have, print ``prog: error: message`` to stderr and return 2."""
     try:
         return body()
     except USER_ERRORS as exc:
         print(f"{prog}: error: {_message(exc)}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        if not out_of_memory(exc):
+            raise
+        print(f"{prog}: error: {_out_of_memory_message(exc)}", file=sys.stderr)
+        return 2
+
+
+#: How torch says an allocation failed: CUDA's OutOfMemoryError, the CPU allocator's message.
+_NO_MEMORY = re.compile(r"out of memory|can't allocate memory", re.IGNORECASE)
+_TRIED = re.compile(r"(?:tried|Tried) to allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]i?B)")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's failure to allocate memory (CPU or GPU): the settings ask for
+    more than the machine has, not a bug."""
+    return isinstance(exc, RuntimeError) and (
+        type(exc).__name__ == "OutOfMemoryError" or bool(_NO_MEMORY.search(str(exc)))
+    )
+
+
+def _out_of_memory_message(exc: BaseException) -> str:
+    """One line: how much was asked for (when torch says) and which settings use less."""
+    tried = _TRIED.search(str(exc))
+    amount = ""
+    if tried is not None:
+        size, unit = float(tried.group(1)), tried.group(2)
+        shown = f"{size / 2**30:.1f} GiB" if unit == "bytes" else f"{size:g} {unit}"
+        amount = f" (one allocation of {shown})"
+    where = "GPU" if "CUDA" in str(exc) or type(exc).__name__ == "OutOfMemoryError" else "CPU"
+    return (
+        f"out of {where} memory{amount}: the settings ask for more than this machine has; a "
+        "smaller head (head_options dim, reduce_dim), batch_size or image_size needs less"
+    )
 
 
 def _message(exc: BaseException) -> str:

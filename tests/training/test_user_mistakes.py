@@ -72,6 +72,37 @@ def test_a_config_file_that_is_binary_or_a_folder_is_named(tmp_path):
         parse_train_config(["--config", str(folder)])
 
 
+def test_a_head_too_large_for_memory_is_named_and_leaves_no_run_folder(
+    tiny_fashion_mnist, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    args = ["--dataset", "fashion_mnist", "--data-root", str(tiny_fashion_mnist)]
+    # a projection of 10^13 x 64 floats: no machine has the 2.3 PiB it asks for
+    args += ["--head", "smso", "--head-options", '{"dim": 10000000000000}', "--out", str(out)]
+    assert train_main([*args, "--val-size", "40", "--epochs", "1", "--workers", "0"]) == 2
+    err = one_error_line(capsys, "smso-train")
+    assert "out of CPU memory (one allocation of" in err
+    assert "a smaller head (head_options dim, reduce_dim), batch_size or image_size" in err
+    assert not out.exists()
+
+
+def test_out_of_memory_is_told_from_other_runtime_errors():
+    from training.cli import _out_of_memory_message, out_of_memory, run_cli
+
+    cuda = RuntimeError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total capacity)"
+    )
+    assert out_of_memory(cuda)
+    assert _out_of_memory_message(cuda).startswith("out of GPU memory (one allocation of 20 GiB)")
+    assert not out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+    def bug() -> int:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):  # a bug still shows its traceback
+        run_cli("smso-train", bug)
+
+
 # --- smso-train: the run folder ---------------------------------------------------------------
 
 
