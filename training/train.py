@@ -47,7 +47,7 @@ from training.checkpoint import (
 )
 from training.cli import file_above, run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
-from training.datasets import PRESETS, LabelledImages, Splits, load_splits
+from training.datasets import PRESETS, LabelledImages, Splits, check_readable, load_splits
 from training.divergence import LossWatch
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
 from training.head_statistics import fit_input_statistics
@@ -225,6 +225,7 @@ class _Run:
         self.splits, self.preset = load_splits(
             cfg.dataset, cfg.data_root, preset, cfg.partition, self.cfg.val_size, cfg.seed
         )
+        check_readable(self.splits)  # a broken test image found now, not after training
         torch.manual_seed(cfg.seed)
         model_config = self.cfg.model_config(len(self.splits.classes), self.preset.channels)
         self.model = build_model(model_config).to(runtime.device)

@@ -581,6 +581,26 @@ def test_an_unreadable_image_is_named(tmp_path: Path) -> None:
         dataset[index]
 
 
+def test_unreadable_images_of_every_split_are_named_before_any_is_decoded(tmp_path: Path) -> None:
+    from training.datasets import check_readable
+
+    root = make_folder(tmp_path / "tree")
+    check_readable(load("image_folder", root))  # every file an image: nothing to say
+    (root / "test" / "dog" / "dog1.jpg").write_bytes(b"")  # empty
+    (root / "train" / "cat" / "cat0.jpg").write_text("<html>not a jpeg</html>")
+    with pytest.raises(DatasetLayoutError) as error:
+        check_readable(load("image_folder", root))
+    message = str(error.value)
+    assert message.startswith("2 image file(s) cannot be read: ")
+    assert f"test: {root / 'test' / 'dog' / 'dog1.jpg'} (cannot identify image file" in message
+    assert f"{root / 'train' / 'cat' / 'cat0.jpg'} (cannot identify image file" in message
+    assert message.endswith(": replace or remove them")
+    for name in ("cat1.PNG", "cat2.jpeg", "cat3.png", "cat4.jpg"):
+        (root / "train" / "cat" / name).write_text("x")
+    with pytest.raises(DatasetLayoutError, match=r"^6 image file\(s\) .*; and 1 more: replace"):
+        check_readable(load("image_folder", root))
+
+
 def test_fashion_mnist_missing_file(tmp_path: Path) -> None:
     (make_fashion(tmp_path) / "t10k-labels-idx1-ubyte").unlink()
     with pytest.raises(DatasetLayoutError, match="t10k-labels-idx1-ubyte") as error:

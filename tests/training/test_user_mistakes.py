@@ -188,6 +188,18 @@ def test_a_split_list_that_is_not_text_is_named(tmp_path):
         read_lines(path, "DTD's split list")
 
 
+def test_a_broken_test_image_is_named_before_training_not_after(tmp_path, capsys):
+    root = write_image_folder(tmp_path / "images", 3, 1)
+    broken = next((root / "test").rglob("*.png"))
+    broken.write_bytes(b"")
+    out = tmp_path / "r"
+    args = ["--dataset", "image_folder", "--data-root", str(root), "--out", str(out)]
+    assert train_main(args) == 2
+    err = one_error_line(capsys, "smso-train")
+    assert f"1 image file(s) cannot be read: test: {broken} (cannot identify image file" in err
+    assert not out.exists()  # no epoch was trained
+
+
 def test_an_image_folder_whose_test_folders_hold_no_images_is_a_layout_error(tmp_path, capsys):
     root = write_image_folder(tmp_path / "images", 3, 1)
     for image in (root / "test").rglob("*.png"):

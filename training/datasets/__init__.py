@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from training.datasets.base import DatasetLayoutError, LabelledImages, Splits, check_partition
+from training.datasets.base import (
+    DatasetLayoutError,
+    LabelledImages,
+    Splits,
+    check_partition,
+    check_readable,
+)
 from training.datasets.cub import cub200
 from training.datasets.dtd import dtd
 from training.datasets.fashion_mnist import VAL_SIZE, fashion_mnist
@@ -28,6 +34,7 @@ __all__ = [
     "LabelledImages",
     "Preset",
     "Splits",
+    "check_readable",
     "load_splits",
 ]
 

@@ -22,6 +22,7 @@ __all__ = [
     "ImageList",
     "Splits",
     "check_partition",
+    "check_readable",
     "class_folders",
     "holdout_rule",
     "image_splits",
@@ -199,6 +200,11 @@ class LabelledImages(Dataset[tuple[Any, int]]):
         """Labels in item order."""
         raise NotImplementedError
 
+    def unreadable(self) -> list[str]:
+        """What makes items unreadable before any is read, one line per item (``"path
+        (reason)"``); none for images held in memory."""
+        return []
+
 
 class ImageList(LabelledImages):
     """Labelled image files: item ``i`` is ``(transform(RGB image), label)``.
@@ -242,6 +248,19 @@ class ImageList(LabelledImages):
             ) from None
         return (self.transform(image) if self.transform else image), label
 
+    def unreadable(self) -> list[str]:
+        """Files whose header PIL cannot read (empty, not an image, a format PIL does not
+        know): ``"path (reason)"`` each. Headers only, about 0.1 ms a file; a file cut short
+        after its header is found when it is decoded."""
+        bad = []
+        for path, _ in self.samples:
+            try:
+                with Image.open(path):
+                    pass
+            except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+                bad.append(f"{path} ({error})")
+        return bad
+
     def with_transform(self, transform: Callable[[Image.Image], Any] | None) -> ImageList:
         """The same images and labels behind another transform."""
         return ImageList(self.samples, self.classes, transform, self.mode)
@@ -262,6 +281,23 @@ class Splits:
     classes: list[str]
     train_eval: LabelledImages
     validation: str = ""  # how the validation split was made, e.g. "10% of each class of train"
+
+
+def check_readable(splits: Splits) -> None:
+    """``DatasetLayoutError`` naming the files of the train, validation and test splits that
+    cannot be read as images (up to five of them, and how many in all), so that a broken test
+    image is found before training rather than after it."""
+    bad = [
+        f"{name}: {line}"
+        for name, split in (("train", splits.train), ("val", splits.val), ("test", splits.test))
+        for line in split.unreadable()
+    ]
+    if bad:
+        more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise DatasetLayoutError(
+            f"{len(bad)} image file(s) cannot be read: {'; '.join(bad[:5])}{more}: replace or "
+            "remove them"
+        )
 
 
 def image_splits(
