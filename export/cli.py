@@ -20,7 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from export.onnx_export import DEFAULT_OPSET, ExportError, FormChoice, export_checkpoint
+import onnx
+import onnxruntime as ort
+
+from export.onnx_export import (
+    DEFAULT_OPSET,
+    ExportError,
+    FormChoice,
+    export_checkpoint,
+    newest_opset,
+)
 from export.parity import ParityError
 from training.cli import HelpFormatter, run_cli
 
@@ -50,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         "one form and ignore it",
     )
     parser.add_argument(
-        "--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version, 18 or more"
+        "--opset",
+        type=int,
+        default=DEFAULT_OPSET,
+        help=f"ONNX opset version, {DEFAULT_OPSET} to {newest_opset()} (what onnxruntime loads)",
     )
     parser.add_argument(
         "--fp16",
@@ -111,9 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output or args.checkpoint.parent / "model.onnx"
 
     def body() -> int:
-        if args.opset < 18:
+        newest = newest_opset()
+        if not DEFAULT_OPSET <= args.opset <= newest:
             raise ValueError(
-                f"--opset must be 18 or more (the exporter's minimum), got {args.opset}"
+                f"--opset must be from {DEFAULT_OPSET} (the exporter's minimum) to {newest} (the "
+                f"newest that onnx {onnx.__version__} and onnxruntime {ort.__version__} both "
+                f"load), got {args.opset}"
             )
         try:
             result = export_checkpoint(

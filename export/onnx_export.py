@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import os
 import platform
@@ -163,8 +164,54 @@ def _trace(
             continue
         if program is None:
             raise ExportError("torch.onnx.export returned no program")
+        written = graph_opset(program.model_proto)
+        if written != opset:  # the exporter's version conversion failed and it kept its own
+            raise ExportError(
+                f"torch.onnx.export could not write opset {opset} (it wrote {written}): "
+                f"give --opset {DEFAULT_OPSET} (the default) or another it converts to"
+            )
         return program.model_proto
     raise ExportError("torch.onnx.export could not trace the model: " + " | ".join(errors))
+
+
+@functools.cache
+def newest_opset() -> int:
+    """The newest opset both this onnx and this onnxruntime load (onnxruntime refuses opsets
+    that onnx knows but has not released): each is tried on a one-node model, newest first."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the refusals are expected: keep the log quiet
+    for opset in range(onnx.defs.onnx_opset_version(), DEFAULT_OPSET, -1):
+        imports = [helper.make_opsetid("", opset)]
+        model = helper.make_model(
+            graph, opset_imports=imports, ir_version=helper.find_min_ir_version_for(imports)
+        )
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+        except Exception:  # onnxruntime's Fail / InvalidGraph: not this opset
+            continue
+        return opset
+    return DEFAULT_OPSET
+
+
+def graph_opset(proto: onnx.ModelProto) -> int | None:
+    """The version of the default (``ai.onnx``) operator set ``proto`` imports, if any."""
+    versions = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
+    return max(versions) if versions else None
+
+
+def is_onnx_model(path: Path) -> bool:
+    """Whether ``path`` holds an ONNX model (a graph with at least one node), e.g. an earlier
+    export that a new one may replace."""
+    try:
+        proto = onnx.load_model(path, load_external_data=False)
+    except Exception:  # protobuf's DecodeError, OSError, ...: not a model
+        return False
+    return proto.ir_version > 0 and len(proto.graph.node) > 0
 
 
 def _optimize(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
@@ -289,6 +336,11 @@ def export_checkpoint(
             "give another file name such as model.onnx"
         )
     check_output_file(output, "the output")
+    if output.exists() and not is_onnx_model(output):
+        raise ValueError(
+            f"the output {output} exists and is not an ONNX model, which the export would "
+            "replace: give another file name such as model.onnx (or remove the file)"
+        )
     model, payload = load_model(checkpoint)
     metrics = _metrics(checkpoint, payload)  # a broken test.json fails here, before tracing
     channels, side = _input_geometry(model, payload)
@@ -341,7 +393,7 @@ def export_checkpoint(
             "version": version or card["checkpoint"]["sha256"][:12],
         }
         card["export"] = {
-            "opset": opset,
+            "opset": graph_opset(proto),
             "precision": precision,
             "optimized": optimized,
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

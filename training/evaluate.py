@@ -21,6 +21,7 @@ from training.cli import HelpFormatter, check_output_file, non_negative_int, pos
 from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
+from training.json_lines import read_json_record
 from training.model import SecondOrderNet
 from training.runtime import DEVICES, setup_runtime
 
@@ -113,6 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What every report of ``smso-eval --json`` holds.
+REPORT_FIELDS = ("checkpoint", "split", "accuracy", "images", "confusion")
+
+
+def _check_replaceable_report(path: Path) -> None:
+    """``ValueError`` before any work when ``path`` holds something other than an earlier
+    ``smso-eval --json`` report (a checkpoint, a run's config.json, ...), which writing the
+    report would replace."""
+    if not path.exists():
+        return
+    try:
+        with path.open("rb") as file:
+            if file.read(1) != b"{":  # a checkpoint is not read whole to find that out
+                raise ValueError("not a JSON object")
+        read_json_record(path, REPORT_FIELDS)
+    except ValueError:
+        raise ValueError(
+            f"--json {path} holds something other than an earlier smso-eval report, which "
+            "writing the report would replace: give another file name"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-eval``; a user's mistake prints one error line and exits 2."""
     args = build_parser().parse_args(argv)
@@ -120,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         if args.json is not None:
             check_output_file(args.json, "--json", keep=(args.checkpoint,))
+            _check_replaceable_report(args.json)
         result, classes = evaluate_checkpoint(
             args.checkpoint, args.split, args.data_root, args.batch_size, args.device, args.workers
         )

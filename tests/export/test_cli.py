@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import onnx
+import onnxruntime as ort
 import pytest
 
 from export.card import check_served_name
 from export.cli import build_parser
 from export.cli import main as export_main
+from export.onnx_export import newest_opset
 from tests.training.test_cli_help import check_help
 
 
@@ -15,6 +18,7 @@ def test_every_smso_export_flag_has_help_and_shows_its_choices():
     assert {"--name", "--version", "--form", "--output", "--data-root"} <= set(helps)
     assert "{conv,covariance,auto}" in build_parser().format_help()
     assert "(default: 18)" in helps["--opset"]
+    assert f"18 to {newest_opset()} (what onnxruntime loads)" in helps["--opset"]
 
 
 @pytest.mark.parametrize("name", ["leaves", "my-model.v2", "A_1"])
@@ -75,3 +79,34 @@ def test_a_broken_test_report_beside_the_checkpoint_is_named(
     assert err.startswith("smso-export: error: the test report beside the checkpoint")
     assert f"{run / 'test.json'}: {message}" in err
     assert not (run / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("opset", [17, 99])
+def test_an_opset_outside_what_the_exporter_and_onnx_know_is_refused(tmp_path, capsys, opset):
+    output = tmp_path / "m.onnx"
+    args = [str(tmp_path / "missing.pt"), "-o", str(output), "--opset", str(opset)]
+    assert export_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"smso-export: error: --opset must be from 18 (the exporter's minimum) to "
+        f"{newest_opset()} (the newest that onnx {onnx.__version__} and onnxruntime "
+        f"{ort.__version__} both load), got {opset}"
+    )
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "content"), [("test.json", b'{"test_accuracy": 0.9}\n'), ("last.pt", b"PK\x03\x04")]
+)
+def test_an_output_that_is_not_an_onnx_model_is_never_replaced(
+    trained_run, tmp_path, capsys, name: str, content: bytes
+):
+    other = tmp_path / name
+    other.write_bytes(content)
+    assert export_main([str(trained_run / "best.pt"), "-o", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"smso-export: error: the output {other} exists and is not an ONNX model, which the "
+        "export would replace: give another file name such as model.onnx (or remove the file)"
+    )
+    assert other.read_bytes() == content

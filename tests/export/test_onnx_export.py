@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 from export import onnx_export
 from export.card import CARD_KEY, file_sha256
 from export.cli import main as export_main
-from export.onnx_export import export_checkpoint
+from export.onnx_export import export_checkpoint, graph_opset, newest_opset
 from export.parity import ParityError
 from training.checkpoint import load_model, save_checkpoint
 from training.datasets.presets import PRESETS
@@ -336,6 +336,17 @@ def test_cli_exports_and_reports_parity(trained_run, tmp_path, capsys):
     assert "wrote" in out
     assert "max relative difference" in out
     assert "test accuracy" in out
+
+
+def test_an_export_at_the_newest_opset_says_it_in_the_graph_and_the_card(trained_run, tmp_path):
+    """And a second export replaces the first (an ONNX model, not another file)."""
+    newest, output = newest_opset(), tmp_path / "m.onnx"
+    args = [str(trained_run / "best.pt"), "-o", str(output), "--no-typicality"]
+    assert export_main(args) == 0
+    assert export_main([*args, "--opset", str(newest)]) == 0
+    proto = onnx.load(output)
+    assert graph_opset(proto) == newest
+    assert card_of(output)["export"]["opset"] == newest
 
 
 @pytest.mark.parametrize(

@@ -250,6 +250,38 @@ def test_eval_json_is_checked_before_the_evaluation_and_never_replaces_the_check
 
 
 @pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("last.pt", b"PK\x03\x04 stands in for a checkpoint"),
+        ("config.json", b'{"epochs": 45}\n'),
+        ("notes.txt", b"mine"),
+    ],
+)
+def test_eval_json_never_replaces_a_file_that_is_not_an_earlier_report(
+    tmp_path, capsys, name: str, content: bytes
+):
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"PK\x03\x04 stands in for a checkpoint")
+    other = tmp_path / name
+    other.write_bytes(content)
+    assert eval_main([str(checkpoint), "--json", str(other)]) == 2
+    err = one_error_line(capsys, "smso-eval")
+    assert f"--json {other} holds something other than an earlier smso-eval report" in err
+    assert other.read_bytes() == content
+
+
+def test_eval_json_replaces_an_earlier_report(tiny_fashion_mnist, tmp_path):
+    fit(tiny_config(tiny_fashion_mnist, tmp_path / "run", epochs=1))
+    report = tmp_path / "eval.json"
+    args = [str(tmp_path / "run" / "best.pt"), "--split", "val", "--workers", "0"]
+    args += ["--json", str(report)]
+    assert eval_main(args) == 0
+    first = json.loads(report.read_text())
+    assert eval_main(args) == 0  # over its own earlier report
+    assert json.loads(report.read_text()) == first
+
+
+@pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
         ("--batch-size", "0", "argument --batch-size: must be 1 or more, got 0"),
