@@ -6,7 +6,9 @@ integers that hold a ``model.onnx``, and the highest one is served (Triton's "la
 With ``model_control = "poll"`` the folder is scanned every ``repository_poll_s`` seconds: a new
 model is loaded, a new version (or a changed file) is loaded and warmed up beside the old one
 and then takes its place, and a removed model stops taking requests once those in flight are
-answered. With ``"explicit"`` only the repository API (``/v2/repository/...``) loads and unloads.
+answered; the repository API may load a model from the folder at once, but not unload one
+(the folder decides). With ``"explicit"`` only the repository API (``/v2/repository/...``)
+loads and unloads.
 A model that fails to load is unavailable with its reason, and is tried again only when its file
 changes; the other models keep serving.
 """
@@ -130,7 +132,17 @@ class Repository:
                 raise ServiceError(400, "load_failed", f"model {name!r} failed to load: {reason}")
 
     async def unload(self, name: str) -> None:
-        """Stop serving ``name`` (404 if it is not known)."""
+        """Stop serving ``name`` (404 if it is not known). Refused (400) with
+        ``model_control = "poll"``, where the folder decides what is served (the next scan
+        would load it again), as Triton refuses it."""
+        if self.state.settings.model_control == "poll":
+            raise ServiceError(
+                400,
+                "unload_not_allowed",
+                f"the server follows its repository folder (model control 'poll'): remove "
+                f"{self.root / name} to unload {name!r}, or start the server with "
+                "--model-control explicit to load and unload through this API",
+            )
         async with self._lock:
             self.loaded.pop(name, None)
             if not await unload_model(self.state, name):

@@ -179,6 +179,19 @@ def test_explicit_control_loads_and_unloads_on_request(serve, repository, shippe
     assert client.post("/v2/repository/models/nothing/unload").status_code == 404
 
 
+def test_poll_control_refuses_an_unload_that_the_next_scan_would_undo(serve, repository):
+    client = serve(repository, default_model="boots")  # model_control "poll", the default
+    answer = client.post("/v2/repository/models/boots/unload")
+    assert answer.status_code == 400
+    assert answer.json()["error"] == (
+        "the server follows its repository folder (model control 'poll'): remove "
+        f"{repository / 'boots'} to unload 'boots', or start the server with --model-control "
+        "explicit to load and unload through this API"
+    )
+    assert index(client)["boots"] == ("1", "READY")
+    assert client.post("/v2/repository/models/boots/load").status_code == 200  # the folder's
+
+
 def test_a_single_model_server_has_no_repository_routes(make_client):
     client = make_client()
     assert client.post("/v2/repository/index").status_code == 404
