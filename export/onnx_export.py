@@ -66,7 +66,7 @@ from export.typicality_graph import (
 )
 from service.typicality import Typicality
 from training.backbones import backbone_spec
-from training.checkpoint import load_model, write_atomically
+from training.checkpoint import held_val_accuracy, load_model, write_atomically
 from training.cli import check_output_file
 from training.datasets.base import Splits
 from training.heads.smso import SMSOPooling
@@ -277,10 +277,11 @@ def _versions() -> dict[str, str]:
 
 
 def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
-    """Validation accuracy from the checkpoint; test accuracy from its ``test.json``, if any."""
+    """Validation accuracy of what the checkpoint holds (after Sigma's re-estimation, when it
+    was kept); test accuracy from its ``test.json``, if any."""
     metrics = {
         "epoch": payload.get("epoch"),
-        "val_accuracy": payload.get("val_accuracy"),
+        "val_accuracy": held_val_accuracy(payload),
         "test_accuracy": None,
         "test_images": None,
     }
@@ -295,7 +296,11 @@ def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
                 f"the test report beside the checkpoint is not smso-train's: {error}; remove "
                 "or repair it (the model card takes the test accuracy from it)"
             ) from None
-        if report.get("epoch") == payload.get("epoch"):  # the report is about this checkpoint
+        # the report is about this checkpoint: its epoch, and its Sigma (smso-recalibrate after
+        # the test changes it)
+        if report.get("epoch") == payload.get("epoch") and report.get(
+            "recalibration"
+        ) == payload.get("recalibration"):
             metrics["test_accuracy"] = report.get("test_accuracy")
             metrics["test_images"] = report.get("test_images")
     return metrics

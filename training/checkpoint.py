@@ -23,6 +23,7 @@ from training.model import ModelConfig, SecondOrderNet
 
 __all__ = [
     "CheckpointError",
+    "held_val_accuracy",
     "load_backbone",
     "load_checkpoint",
     "load_model",
@@ -64,6 +65,16 @@ def resave_checkpoint(
     own = ("format", "version", "model_config", "model_state")
     extra = {k: v for k, v in payload.items() if k not in own}
     return save_checkpoint(path, model, **{**extra, **changes})
+
+
+def held_val_accuracy(payload: dict[str, Any]) -> float | None:
+    """The validation accuracy of what a checkpoint holds: the one measured after SMSO's Sigma
+    was re-estimated, when the re-estimate was kept, else its epoch's (``val_accuracy``)."""
+    recalibration = payload.get("recalibration")
+    if isinstance(recalibration, dict) and recalibration.get("kept"):
+        return float(recalibration["val_accuracy_after"])
+    value = payload.get("val_accuracy")
+    return None if value is None else float(value)
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:

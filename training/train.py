@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 
 from training.checkpoint import (
     CheckpointError,
+    held_val_accuracy,
     load_backbone,
     load_checkpoint,
     resave_checkpoint,
@@ -66,12 +67,27 @@ class RunResult:
     """What a finished (or stopped) run reports."""
 
     out: Path
-    epochs_run: int
-    best_val_accuracy: float
+    epochs_run: int  # by this call (a resumed run ran the others before)
+    best_val_accuracy: float  # the best epoch's, which chose best.pt
     test: EvalResult | None
     # best.pt's weights when the run finished and best.pt was recalibrated or tested, else the
     # weights of the last epoch run
     model: SecondOrderNet
+    epochs_done: int = 0  # of the run's epochs, by this call and any before it
+    epochs: int = 0  # the run's epochs (cfg.epochs)
+    # SMSO's re-estimated Sigma in best.pt (training.recalibrate's report), when it was done
+    recalibration: dict[str, Any] | None = None
+
+    def summary(self) -> str:
+        """One line: the folder, epochs, and best.pt's validation accuracy (also after Sigma's
+        re-estimation, when that is what best.pt holds)."""
+        epochs = f"{self.epochs_done} of {self.epochs}"
+        if self.epochs_run != self.epochs_done:
+            epochs += f" ({self.epochs_run} by this call)"
+        val = f"{self.best_val_accuracy:.4f}"
+        if self.recalibration is not None and self.recalibration["kept"]:
+            val += f" ({self.recalibration['val_accuracy_after']:.4f} after Sigma's re-estimation)"
+        return f"run: {self.out}  epochs: {epochs}  best val: {val}"
 
 
 def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -500,12 +516,22 @@ def _fit(cfg: TrainConfig, runtime: Runtime) -> RunResult:
                 _duration(left),
             )
     finished = last == cfg.epochs
+    recalibration = None
     if finished and cfg.recalibrate and head_spec(cfg.head).input_statistics == "after_training":
-        _recalibrate_best(run, runtime, val_loader)
+        recalibration = _recalibrate_best(run, runtime, val_loader)
     test = None
     if cfg.eval_test and finished:
         test = _test_best(run, runtime)
-    return RunResult(out, last - run.start_epoch + 1, run.best_accuracy, test, run.model)
+    return RunResult(
+        out,
+        last - run.start_epoch + 1,
+        run.best_accuracy,
+        test,
+        run.model,
+        epochs_done=max(last, run.start_epoch - 1),
+        epochs=cfg.epochs,
+        recalibration=recalibration,
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -515,9 +541,10 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def _recalibrate_best(run: _Run, runtime: Runtime, val_loader: DataLoader) -> None:
+def _recalibrate_best(run: _Run, runtime: Runtime, val_loader: DataLoader) -> dict[str, Any]:
     """Re-estimate the head's statistics in ``best.pt`` over the training images: every rank
-    computes on its share and receives the estimate over all of them, rank 0 writes the file."""
+    computes on its share and receives the estimate over all of them, rank 0 writes the file.
+    Returns the report (``training.recalibrate.recalibrate``)."""
     if runtime.distributed:
         dist.barrier()  # rank 0 has written best.pt
     path = run.out / "best.pt"
@@ -533,6 +560,7 @@ def _recalibrate_best(run: _Run, runtime: Runtime, val_loader: DataLoader) -> No
     )
     if runtime.is_main:
         resave_checkpoint(path, run.model, payload, recalibration=report)
+    return report
 
 
 def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
@@ -555,7 +583,7 @@ def _test_best(run: _Run, runtime: Runtime) -> EvalResult:
             "checkpoint": str(run.out / "best.pt"),
             "epoch": payload["epoch"],
             "recalibration": payload.get("recalibration"),
-            "val_accuracy": payload["val_accuracy"],
+            "val_accuracy": held_val_accuracy(payload),
             "test_accuracy": result.accuracy,
             "test_loss": result.loss,
             "test_images": result.count,
@@ -572,10 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         result = fit(parse_train_config(argv))
-        print(
-            f"run: {result.out}  epochs: {result.epochs_run}  "
-            f"best val: {result.best_val_accuracy:.4f}"
-        )
+        print(result.summary())
         if result.test is not None:
             print(f"test accuracy: {result.test.accuracy:.4f} on {result.test.count} images")
         return 0

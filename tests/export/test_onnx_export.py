@@ -147,12 +147,29 @@ def test_the_model_card_says_what_a_server_needs(trained_run, exported):
     assert card["dataset"] == "fashion_mnist"
     report = json.loads((trained_run / "test.json").read_text())
     assert card["metrics"]["test_accuracy"] == report["test_accuracy"]
+    assert card["metrics"]["val_accuracy"] == report["val_accuracy"]  # what best.pt holds
     assert card["checkpoint"]["sha256"] == file_sha256(trained_run / "best.pt")
     assert card["parity"]["passed"]
     assert card["parity"]["batch_sizes"] == [1, 3, 8]
     assert card["parity"]["inputs"] == ["random", "real"]  # the tiny dataset was at hand
     assert card["parity"]["max_relative_difference"]["logits"] <= 1e-4
     assert {"torch", "onnx", "onnxruntime"} <= set(card["versions"])
+
+
+def test_a_test_report_of_the_checkpoint_before_smso_recalibrate_is_not_its_test(
+    trained_run, tmp_path
+):
+    """smso-recalibrate after the test changes Sigma: the card's test accuracy is unknown, its
+    validation accuracy the one measured with the new Sigma."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "test.json").write_text((trained_run / "test.json").read_text())
+    payload = torch.load(trained_run / "best.pt", weights_only=False)
+    again = {**payload["recalibration"], "kept": True, "val_accuracy_after": 0.125}
+    torch.save({**payload, "recalibration": again}, run / "best.pt")
+    card = export_checkpoint(run / "best.pt", run / "m.onnx", typicality=False).card
+    assert card["metrics"]["val_accuracy"] == 0.125
+    assert card["metrics"]["test_accuracy"] is None
 
 
 def test_the_file_passes_the_full_onnx_check(exported):

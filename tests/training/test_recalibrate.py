@@ -17,7 +17,7 @@ from torch import nn
 
 import training.recalibrate as module
 from export.graph import exportable
-from training.checkpoint import load_checkpoint, load_model
+from training.checkpoint import held_val_accuracy, load_checkpoint, load_model
 from training.evaluate import load_with_splits
 from training.head_statistics import accumulate_input_statistics
 from training.heads import SMSOPooling
@@ -163,6 +163,33 @@ def test_smso_train_recalibrates_best_pt_over_the_training_images(run: Path) -> 
         running = load_checkpoint(run / "last.pt")["model_state"]["head.running_cov"]
         assert torch.equal(held, running)  # one epoch: best.pt is last.pt's weights
         assert not torch.allclose(held, model.head.running_cov)
+
+
+def test_the_validation_accuracy_reported_is_that_of_what_best_pt_holds(run: Path) -> None:
+    """After a kept re-estimate, the one measured with it; else the epoch's."""
+    payload = load_checkpoint(run / "best.pt")
+    report = payload["recalibration"]
+    held = report["val_accuracy_after"] if report["kept"] else payload["val_accuracy"]
+    assert held_val_accuracy(payload) == held
+    assert json.loads((run / "test.json").read_text())["val_accuracy"] == held
+    kept = {**payload, "val_accuracy": 0.5, "recalibration": {**report, "kept": True}}
+    assert held_val_accuracy(kept) == report["val_accuracy_after"]
+    dropped = {**payload, "val_accuracy": 0.5, "recalibration": {**report, "kept": False}}
+    assert held_val_accuracy(dropped) == 0.5
+    assert held_val_accuracy({"val_accuracy": 0.5}) == 0.5
+
+
+def test_the_summary_line_gives_every_epoch_and_the_accuracy_after_the_re_estimate() -> None:
+    from training.train import RunResult
+
+    report = {"kept": True, "val_accuracy_before": 0.3333, "val_accuracy_after": 0.6667}
+    result = RunResult(Path("r"), 1, 0.3333, None, None, 2, 2, report)
+    assert result.summary() == (
+        "run: r  epochs: 2 of 2 (1 by this call)  best val: 0.3333 (0.6667 after Sigma's "
+        "re-estimation)"
+    )
+    plain = RunResult(Path("r"), 2, 0.9, None, None, 2, 2, {**report, "kept": False})
+    assert plain.summary() == "run: r  epochs: 2 of 2  best val: 0.9000"
 
 
 def test_no_recalibrate_keeps_the_running_sigma(tiny_fashion_mnist: Path, tmp_path: Path) -> None:
