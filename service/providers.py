@@ -130,7 +130,8 @@ def prepare_engine_cache(folder: Path | None) -> None:
 
 def check_providers(spec: str) -> list[str]:
     """The providers an explicit ``spec`` names, each one this onnxruntime has (a ValueError
-    listing the available ones otherwise); ``[]`` for ``"auto"``."""
+    listing the available ones otherwise) and, for TensorRT and CUDA, on a machine with an
+    NVIDIA GPU (a CUDA build of onnxruntime lists them everywhere); ``[]`` for ``"auto"``."""
     if spec == "auto":
         return []
     available = ort.get_available_providers()
@@ -140,6 +141,12 @@ def check_providers(spec: str) -> list[str]:
         raise ValueError(
             f"execution providers {missing} are not available in this onnxruntime; "
             f"available: {available}"
+        )
+    needing_gpu = [p for p in wanted if p in ACCELERATED]
+    if needing_gpu and not has_nvidia_gpu():
+        raise ValueError(
+            f"execution providers {needing_gpu} need an NVIDIA GPU and this machine has none "
+            f"(no NVIDIA driver): give providers 'auto', which runs on the CPU here, or {CPU!r}"
         )
     return wanted
 
@@ -230,7 +237,15 @@ def choose_providers(
         if TENSORRT in wanted:
             prepare_engine_cache(cache)
         session = _session(path, with_options(wanted), threads, spinning)
-        return session, session.get_providers()
+        used = session.get_providers()
+        if wanted[0] in ACCELERATED and used[0] != wanted[0]:
+            # onnxruntime falls back to the next provider, with its reason in its own log
+            raise ValueError(
+                f"execution provider {wanted[0]} was asked for and onnxruntime could not start "
+                f"it (its libraries did not load; onnxruntime's message above says which); the "
+                f"session would run on {used}: fix the libraries, or give providers 'auto'"
+            )
+        return session, used
     available = ort.get_available_providers()
     if not has_nvidia_gpu():  # a CUDA build of onnxruntime on a machine without a GPU
         available = [p for p in available if p not in ACCELERATED]

@@ -231,10 +231,11 @@ class Settings(BaseSettings):
         holds could never be admitted, and would get 503 with Retry-After forever; a model file
         that does not exist (unless a repository is served instead)."""
         if self.model_repository is None and not self.model_path.is_file():
+            problem = "is a folder, not a file" if self.model_path.is_dir() else "does not exist"
             raise ValueError(
-                f"model file {self.model_path} does not exist; give an ONNX file written by "
-                "smso-export (SMSO_MODEL_PATH or --model-path), or run `make onnx` for the "
-                "shipped one"
+                f"model file {self.model_path} {problem}; give an ONNX file written by "
+                "smso-export (SMSO_MODEL_PATH or --model-path; a folder of models is "
+                "--model-repository), or run `make onnx` for the shipped one"
             )
         if self.shared_session and self.model_repository is not None:
             raise ValueError(

@@ -59,14 +59,25 @@ def accelerator(tmp_path):
     return dataclasses.replace(ACCELERATOR, engine_cache_dir=tmp_path / "cache" / "trt")
 
 
+class Started:
+    """What a session that started on ``names`` says of its providers."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def get_providers(self) -> list[str]:
+        return self.names
+
+
 def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_model, accelerator):
     calls = []
 
     def fake_session(path, specs, threads, spinning):
         calls.append(specs)
-        return ort.InferenceSession(str(path), providers=[CPU])
+        return Started([name for name, _ in specs])
 
     monkeypatch.setattr(providers, "_session", fake_session)
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
     choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
     choose_providers(f"{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
@@ -79,6 +90,26 @@ def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_
     assert behind_tensorrt[2][1] == {}
     assert cuda_first[0] == (CUDA, provider_options(CUDA, accelerator))
     assert cuda_first[0][1]["enable_cuda_graph"] == "1"
+
+
+def test_an_accelerator_asked_for_by_name_is_never_replaced_by_the_cpu(monkeypatch, shipped_model):
+    """Without a GPU, CUDA or TensorRT by name is refused before any session (onnxruntime-gpu
+    lists them everywhere); on a GPU machine whose CUDA libraries do not load, onnxruntime's
+    silent fall-back to the CPU is refused."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [TENSORRT, CUDA, CPU])
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: False)
+    with pytest.raises(ValueError, match="need an NVIDIA GPU") as error:
+        choose_providers(f"{CUDA},{CPU}", Path(shipped_model))
+    assert str(error.value) == (
+        f"execution providers [{CUDA!r}] need an NVIDIA GPU and this machine has none (no NVIDIA "
+        f"driver): give providers 'auto', which runs on the CPU here, or {CPU!r}"
+    )
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(providers, "_session", lambda *args: Started([CPU]))
+    with pytest.raises(ValueError, match=rf"{CUDA} was asked for and onnxruntime could not start"):
+        choose_providers(f"{CUDA},{CPU}", Path(shipped_model))
+    _, used = choose_providers(CPU, Path(shipped_model))  # the CPU by name is fine
+    assert used == [CPU]
 
 
 def test_auto_tries_tensorrt_then_cuda_on_a_gpu_machine(monkeypatch, shipped_model, accelerator):
@@ -131,9 +162,8 @@ def test_the_engine_cache_folder_is_made_with_its_parents_before_tensorrt_starts
     cache = tmp_path / "home" / ".cache" / "smso" / "tensorrt"
     made = []
     gpu_machine(monkeypatch)
-    session = providers._session
     monkeypatch.setattr(
-        providers, "_session", lambda *a: made.append(cache.is_dir()) or session(*a)
+        providers, "_session", lambda *a: made.append(cache.is_dir()) or Started([TENSORRT, CPU])
     )
     accelerator = dataclasses.replace(ACCELERATOR, engine_cache_dir=cache)
     choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
