@@ -117,7 +117,8 @@ def _without_filename(what: str) -> ServiceError:
 
 
 async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
-    """The parts named ``file``, in order, each under the upload limit."""
+    """The parts named ``file``, in order, each under the upload limit (422 for a part of
+    another name, which would otherwise be left unanswered)."""
     values = form.getlist("file")
     if any(isinstance(value, str) for value in values):
         # a part without a filename is a text field to the parser: its bytes are decoded as
@@ -131,6 +132,14 @@ async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
             "missing_file",
             f"no file part named 'file' (parts sent: {names or 'none'}); send each image as "
             "a multipart part named 'file'",
+        )
+    others = sorted({key for key in form if key != "file"})
+    if others:  # an image sent under another name would be left out of the answer
+        raise ServiceError(
+            422,
+            "unknown_part",
+            f"parts named {', '.join(repr(o[:64]) for o in others[:5])} are not read; send "
+            "each image as a multipart part named 'file' and nothing else",
         )
     uploads = []
     for i, part in enumerate(parts):

@@ -148,6 +148,24 @@ _TARGETS: dict[str, Callable[..., Awaitable[Named]]] = {
 }
 
 
+def only_query(*names: str) -> Any:
+    """A dependency that refuses (422) query parameters other than ``names``: a mistyped one
+    (``?topk=3``) would otherwise be ignored and the request answered with the default."""
+    accepted = frozenset(names)
+
+    def check(request: Request) -> None:
+        unknown = sorted(set(request.query_params) - accepted)
+        if unknown:
+            raise ServiceError(
+                422,
+                "unknown_query_parameter",
+                f"unknown query parameter {', '.join(repr(u[:64]) for u in unknown[:5])}; "
+                f"{request.url.path[:200]} accepts {', '.join(sorted(accepted))}",
+            )
+
+    return Depends(check)
+
+
 def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitable[Named]]) -> None:
     """``/metadata``, ``/classify`` and ``/embed`` under ``prefix``: the default model's
     (``""``), a named model's, or a named version's."""
@@ -180,7 +198,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         f"{prefix}/classify",
         response_model=schemas.ClassifyResponse,
         tags=tags,
-        dependencies=[Depends(authorize)],
+        dependencies=[Depends(authorize), only_query("top_k", "filename")],
         openapi_extra=IMAGE_BODY,
         responses=schemas.ERROR_RESPONSES,
     )
@@ -215,7 +233,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         f"{prefix}/embed",
         response_model=schemas.EmbedResponse,
         tags=tags,
-        dependencies=[Depends(authorize)],
+        dependencies=[Depends(authorize), only_query("normalize", "encoding", "dtype", "filename")],
         openapi_extra=IMAGE_BODY,
         responses=schemas.ERROR_RESPONSES,
     )

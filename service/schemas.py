@@ -100,8 +100,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         401: "missing or wrong API key",
         404: "the model (or version) is not served here, or no model is the default",
         413: "upload or image over the limits",
-        415: "not an image",
-        422: "missing file part or bad query",
+        415: "a declared content type that is not an image",
+        422: "missing or unknown file part, or a bad or unknown query parameter",
         503: "overloaded (Retry-After), the model loading (Retry-After) or failed",
         504: "deadline passed",
     }.items()

@@ -111,6 +111,37 @@ def test_a_bad_query_is_422_json(make_client):
     assert "top_k" in response.json()["error"]["message"]
 
 
+def test_a_mistyped_query_parameter_is_422_not_ignored(make_client):
+    client = make_client()
+    response = classify(client, grey(1), topk=3)
+    assert response.status_code == 422
+    assert response.json()["error"] == {
+        "code": "unknown_query_parameter",
+        "message": "unknown query parameter 'topk'; /classify accepts filename, top_k",
+    }
+    files = [("file", ("a.png", grey(1), "image/png"))]
+    answer = client.post("/embed", files=files, params={"normalise": "true"})
+    assert answer.status_code == 422
+    assert answer.json()["error"]["message"] == (
+        "unknown query parameter 'normalise'; /embed accepts dtype, encoding, filename, normalize"
+    )
+    assert client.post("/embed", files=files, params={"normalize": "true"}).status_code == 200
+
+
+def test_an_image_part_of_another_name_beside_file_parts_is_422(make_client):
+    files = [
+        ("file", ("a.png", grey(1), "image/png")),
+        ("image", ("b.png", grey(2), "image/png")),
+    ]
+    response = make_client().post("/classify", files=files)
+    assert response.status_code == 422
+    assert response.json()["error"] == {
+        "code": "unknown_part",
+        "message": "parts named 'image' are not read; send each image as a multipart part "
+        "named 'file' and nothing else",
+    }
+
+
 def test_uploads_over_the_byte_limit_are_413_before_decoding(make_client):
     client = make_client(max_upload_bytes=2048, max_request_bytes=4096)
     big = png(np.random.default_rng(0).integers(0, 255, (64, 64), dtype=np.uint8))
