@@ -46,9 +46,16 @@ from training.checkpoint import (
     resave_checkpoint,
     save_checkpoint,
 )
-from training.cli import file_above, run_cli
+from training.cli import file_above, out_of_memory, run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
-from training.datasets import PRESETS, LabelledImages, Splits, check_readable, load_splits
+from training.datasets import (
+    PRESETS,
+    LabelledImages,
+    Preset,
+    Splits,
+    check_readable,
+    load_splits,
+)
 from training.divergence import LossWatch
 from training.engine import EvalResult, evaluate, make_criterion, train_one_epoch
 from training.head_statistics import fit_input_statistics
@@ -88,6 +95,27 @@ class RunResult:
         if self.recalibration is not None and self.recalibration["kept"]:
             val += f" ({self.recalibration['val_accuracy_after']:.4f} after Sigma's re-estimation)"
         return f"run: {self.out}  epochs: {epochs}  best val: {val}"
+
+
+def _check_input_size(model: SecondOrderNet, preset: Preset, runtime: Runtime) -> None:
+    """``ConfigError`` before the run folder is made when the model cannot run on the preset's
+    crops (e.g. ``image_size`` 4 leaves SMSO one spatial position): one forward pass of two
+    blank images in eval mode, which changes no weight or statistic."""
+    side = preset.image_size
+    blank = torch.zeros(2, preset.channels, side, side, device=runtime.device)
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(blank)
+    except (ValueError, RuntimeError) as error:  # a head's own check, or torch's shape errors
+        if out_of_memory(error):
+            raise
+        raise ConfigError(
+            f"image_size {side}: the model cannot run on {side} x {side} crops ({error}); give "
+            "a larger image_size"
+        ) from None
+    finally:
+        model.train()
 
 
 def _param_groups(model: SecondOrderNet, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -247,6 +275,7 @@ class _Run:
         self.model = build_model(model_config).to(runtime.device)
         if self.cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
+        _check_input_size(self.model, self.preset, runtime)
         self.criterion = make_criterion(self.cfg.loss, self.cfg.label_smoothing)
         self.optimizer = torch.optim.SGD(
             _param_groups(self.model, self.cfg),

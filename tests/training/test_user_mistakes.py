@@ -86,6 +86,19 @@ def test_a_head_too_large_for_memory_is_named_and_leaves_no_run_folder(
     assert not out.exists()
 
 
+def test_an_image_size_the_model_cannot_run_on_is_named_before_the_run_folder(
+    tiny_fashion_mnist, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    args = ["--dataset", "fashion_mnist", "--data-root", str(tiny_fashion_mnist)]
+    args += ["--val-size", "40", "--image-size", "4", "--out", str(out), "--workers", "0"]
+    assert train_main(args) == 2
+    err = one_error_line(capsys, "smso-train")
+    assert "image_size 4: the model cannot run on 4 x 4 crops (SMSOPooling needs at least 2" in err
+    assert err.endswith("give a larger image_size")
+    assert not out.exists()
+
+
 def test_out_of_memory_is_told_from_other_runtime_errors():
     from training.cli import _out_of_memory_message, out_of_memory, run_cli
 
