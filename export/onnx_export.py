@@ -341,7 +341,7 @@ def export_checkpoint(
             "give another file name such as model.onnx"
         )
     check_output_file(output, "the output")
-    if output.exists() and not is_onnx_model(output):
+    if output.is_file() and not is_onnx_model(output):
         raise ValueError(
             f"the output {output} exists and is not an ONNX model, which the export would "
             "replace: give another file name such as model.onnx (or remove the file)"

@@ -67,9 +67,19 @@ class Accelerator:
     cuda_graphs: bool = False  # CUDA provider: capture one CUDA graph per batch-size bucket
 
 
+#: Where a machine shows an NVIDIA driver: Linux's kernel driver, WSL2's GPU paravirtualisation
+#: (any vendor's GPU: the session's providers then tell), a Jetson's L4T release file.
+NVIDIA_MARKERS = (
+    "/proc/driver/nvidia/version",
+    "/dev/nvidiactl",
+    "/dev/dxg",
+    "/etc/nv_tegra_release",
+)
+
+
 def has_nvidia_gpu() -> bool:
-    """Whether an NVIDIA driver and device are present (no CUDA call needed)."""
-    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
+    """Whether an NVIDIA driver and device may be present (no CUDA call needed)."""
+    return any(Path(marker).exists() for marker in NVIDIA_MARKERS)
 
 
 def _shape(name: str, batch: int, shape: tuple[int, int, int]) -> str:

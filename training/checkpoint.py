@@ -68,11 +68,14 @@ def resave_checkpoint(
 
 
 def held_val_accuracy(payload: dict[str, Any]) -> float | None:
-    """The validation accuracy of what a checkpoint holds: the one measured after SMSO's Sigma
-    was re-estimated, when the re-estimate was kept, else its epoch's (``val_accuracy``)."""
+    """The validation accuracy of what a checkpoint holds: after a re-estimate of SMSO's
+    Sigma, the one measured with the re-estimate if it was kept, else the one measured without
+    it (what the checkpoint kept: the epoch's Sigma, or an earlier re-estimate); without one,
+    its epoch's (``val_accuracy``)."""
     recalibration = payload.get("recalibration")
-    if isinstance(recalibration, dict) and recalibration.get("kept"):
-        return float(recalibration["val_accuracy_after"])
+    if isinstance(recalibration, dict):
+        kept = recalibration.get("kept")
+        return float(recalibration["val_accuracy_after" if kept else "val_accuracy_before"])
     value = payload.get("val_accuracy")
     return None if value is None else float(value)
 

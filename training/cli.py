@@ -145,10 +145,12 @@ def _out_of_memory_message(exc: BaseException) -> str:
         size, unit = float(tried.group(1)), tried.group(2)
         shown = f"{size / 2**30:.1f} GiB" if unit == "bytes" else f"{size:g} {unit}"
         amount = f" (one allocation of {shown})"
-    where = "GPU" if "CUDA" in str(exc) or type(exc).__name__ == "OutOfMemoryError" else "CPU"
+    device = str(exc).upper()
+    gpu = "CUDA" in device or "MPS" in device or type(exc).__name__ == "OutOfMemoryError"
     return (
-        f"out of {where} memory{amount}: the settings ask for more than this machine has; a "
-        "smaller head (head_options dim, reduce_dim), batch_size or image_size needs less"
+        f"out of {'GPU' if gpu else 'CPU'} memory{amount}: the settings ask for more than is "
+        "free on this machine (other processes' use counts too); a smaller head (head_options "
+        "dim, reduce_dim), batch_size or image_size needs less"
     )
 
 

@@ -122,7 +122,7 @@ def _check_replaceable_report(path: Path) -> None:
     """``ValueError`` before any work when ``path`` holds something other than an earlier
     ``smso-eval --json`` report (a checkpoint, a run's config.json, ...), which writing the
     report would replace."""
-    if not path.exists():
+    if not path.is_file():  # nothing there, or a device or pipe (/dev/stdout): not read
         return
     try:
         with path.open("rb") as file:

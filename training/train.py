@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,7 +47,7 @@ from training.checkpoint import (
     resave_checkpoint,
     save_checkpoint,
 )
-from training.cli import file_above, out_of_memory, run_cli
+from training.cli import file_above, run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import (
     PRESETS,
@@ -97,6 +98,13 @@ class RunResult:
         return f"run: {self.out}  epochs: {epochs}  best val: {val}"
 
 
+#: What a head's own check (SMSO: "at least 2 spatial positions") and torch's convolutions and
+#: poolings say of an input too small for them.
+_TOO_SMALL = re.compile(
+    r"spatial positions|input size|output size|too small|kernel size", re.IGNORECASE
+)
+
+
 def _check_input_size(model: SecondOrderNet, preset: Preset, runtime: Runtime) -> None:
     """``ConfigError`` before the run folder is made when the model cannot run on the preset's
     crops (e.g. ``image_size`` 4 leaves SMSO one spatial position): one forward pass of two
@@ -107,8 +115,8 @@ def _check_input_size(model: SecondOrderNet, preset: Preset, runtime: Runtime) -
     try:
         with torch.no_grad():
             model(blank)
-    except (ValueError, RuntimeError) as error:  # a head's own check, or torch's shape errors
-        if out_of_memory(error):
+    except (ValueError, RuntimeError) as error:
+        if not _TOO_SMALL.search(str(error)):  # a device, library or programming error
             raise
         raise ConfigError(
             f"image_size {side}: the model cannot run on {side} x {side} crops ({error}); give "
@@ -269,7 +277,8 @@ class _Run:
         self.splits, self.preset = load_splits(
             cfg.dataset, cfg.data_root, preset, cfg.partition, self.cfg.val_size, cfg.seed
         )
-        check_readable(self.splits)  # a broken test image found now, not after training
+        # a broken test image found now, not after training
+        check_readable(self.splits, test=cfg.eval_test)
         torch.manual_seed(cfg.seed)
         model_config = self.cfg.model_config(len(self.splits.classes), self.preset.channels)
         self.model = build_model(model_config).to(runtime.device)

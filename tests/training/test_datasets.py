@@ -599,6 +599,11 @@ def test_unreadable_images_of_every_split_are_named_before_any_is_decoded(tmp_pa
         (root / "train" / "cat" / name).write_text("x")
     with pytest.raises(DatasetLayoutError, match=r"^6 image file\(s\) .*; and 1 more: replace"):
         check_readable(load("image_folder", root))
+    for name in ("cat1.PNG", "cat2.jpeg", "cat3.png", "cat4.jpg", "cat0.jpg"):
+        _image(root / "train" / "cat" / name)
+    check_readable(load("image_folder", root), test=False)  # the broken test image is not read
+    with pytest.raises(DatasetLayoutError, match=r"^1 image file\(s\) .*: test: "):
+        check_readable(load("image_folder", root))
 
 
 def test_fashion_mnist_missing_file(tmp_path: Path) -> None:

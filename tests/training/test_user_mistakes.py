@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.training.conftest import write_idx, write_image_folder
 from tests.training.test_train import tiny_config
@@ -83,6 +84,7 @@ def test_a_head_too_large_for_memory_is_named_and_leaves_no_run_folder(
     err = one_error_line(capsys, "smso-train")
     assert "out of CPU memory (one allocation of" in err
     assert "a smaller head (head_options dim, reduce_dim), batch_size or image_size" in err
+    assert "more than is free on this machine (other processes' use counts too)" in err
     assert not out.exists()
 
 
@@ -97,6 +99,37 @@ def test_an_image_size_the_model_cannot_run_on_is_named_before_the_run_folder(
     assert "image_size 4: the model cannot run on 4 x 4 crops (SMSOPooling needs at least 2" in err
     assert err.endswith("give a larger image_size")
     assert not out.exists()
+
+
+def test_a_forward_error_that_is_not_about_the_size_is_not_blamed_on_image_size():
+    from training.datasets import PRESETS
+    from training.runtime import setup_runtime
+    from training.train import _check_input_size
+
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("CUDA error: no kernel image is available for execution")
+
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        _check_input_size(Broken(), PRESETS["fashion_mnist"], setup_runtime("cpu", "off"))
+
+
+def test_eval_json_to_a_pipe_is_written_not_read_first(tmp_path):
+    """``--json /dev/stdout | jq``: the check of what the file holds must not read a pipe."""
+    import os
+    import threading
+
+    from training.evaluate import _check_replaceable_report
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    checked = threading.Thread(target=_check_replaceable_report, args=(fifo,), daemon=True)
+    checked.start()
+    checked.join(5)
+    if checked.is_alive():  # blocked opening the pipe: let it go
+        with fifo.open("wb"):
+            pass
+        pytest.fail("the check opened the pipe to read it")
 
 
 def test_out_of_memory_is_told_from_other_runtime_errors():

@@ -283,15 +283,12 @@ class Splits:
     validation: str = ""  # how the validation split was made, e.g. "10% of each class of train"
 
 
-def check_readable(splits: Splits) -> None:
-    """``DatasetLayoutError`` naming the files of the train, validation and test splits that
-    cannot be read as images (up to five of them, and how many in all), so that a broken test
-    image is found before training rather than after it."""
-    bad = [
-        f"{name}: {line}"
-        for name, split in (("train", splits.train), ("val", splits.val), ("test", splits.test))
-        for line in split.unreadable()
-    ]
+def check_readable(splits: Splits, test: bool = True) -> None:
+    """``DatasetLayoutError`` naming the files of the train, validation and (``test``) test
+    splits that cannot be read as images (up to five of them, and how many in all), so that a
+    broken test image is found before training rather than after it."""
+    named = [("train", splits.train), ("val", splits.val)] + [("test", splits.test)] * test
+    bad = [f"{name}: {line}" for name, split in named for line in split.unreadable()]
     if bad:
         more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise DatasetLayoutError(
