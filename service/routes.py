@@ -48,6 +48,8 @@ IMAGE_BODY = {
                         }
                     },
                     "required": ["file"],
+                    # a part of another name is refused (422): an image there would be left out
+                    "additionalProperties": False,
                 }
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},

@@ -326,9 +326,12 @@ def test_a_float16_export_keeps_sums_of_squares_beyond_float16s_range(trained_ru
         assert np.abs(got - want.numpy()).max() <= 2e-2 * np.abs(want.numpy()).max()
 
 
-def test_a_parity_failure_names_the_outputs_and_writes_nothing(trained_run, tmp_path, monkeypatch):
+def test_a_parity_failure_names_the_outputs_and_writes_nothing(
+    trained_run, exported, tmp_path, monkeypatch
+):
     output = tmp_path / "m.onnx"
-    output.write_bytes(b"an earlier export")
+    earlier = exported.read_bytes()
+    output.write_bytes(earlier)
     optimize = onnx_export._optimize
 
     def broken_optimizer(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
@@ -342,7 +345,7 @@ def test_a_parity_failure_names_the_outputs_and_writes_nothing(trained_run, tmp_
     monkeypatch.setattr(onnx_export, "_optimize", broken_optimizer)
     with pytest.raises(ParityError, match=r"logits: max relative difference [0-9.e-]+ > 0.0001"):
         export_checkpoint(trained_run / "best.pt", output)
-    assert output.read_bytes() == b"an earlier export"
+    assert output.read_bytes() == earlier
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no half-written file beside it
 
 
