@@ -349,6 +349,7 @@ def test_sigterm_loses_no_request_sent_on_a_keep_alive_connection(workers, shipp
         def client(i: int) -> int:
             answered = 0
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            reconnecting = False  # after a Connection: close, http.client connects anew
             try:
                 while True:
                     try:
@@ -358,13 +359,15 @@ def test_sigterm_loses_no_request_sent_on_a_keep_alive_connection(workers, shipp
                     except ConnectionRefusedError:
                         return answered  # stopped listening: refused, never accepted
                     except (OSError, http.client.HTTPException) as error:
-                        lost.append(f"client {i} after {answered}: {error!r}")
+                        where = "new" if reconnecting or not answered else "kept-alive"
+                        lost.append(f"client {i} after {answered}, {where} connection: {error!r}")
                         return answered
                     assert response.status == 200
                     answered += 1
                     connected[i].set()
                     if response.will_close:
                         closing.append(i)
+                        reconnecting = True
                     time.sleep(0.05)
             finally:
                 connected[i].set()  # (a client that failed does not hold the test up)
