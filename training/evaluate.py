@@ -21,7 +21,7 @@ from training.cli import HelpFormatter, check_output_file, non_negative_int, pos
 from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
-from training.json_lines import read_json_record
+from training.json_lines import holds_record
 from training.model import SecondOrderNet
 from training.runtime import DEVICES, setup_runtime
 
@@ -122,18 +122,12 @@ def _check_replaceable_report(path: Path) -> None:
     """``ValueError`` before any work when ``path`` holds something other than an earlier
     ``smso-eval --json`` report (a checkpoint, a run's config.json, ...), which writing the
     report would replace."""
-    if not path.is_file():  # nothing there, or a device or pipe (/dev/stdout): not read
-        return
-    try:
-        with path.open("rb") as file:
-            if file.read(1) != b"{":  # a checkpoint is not read whole to find that out
-                raise ValueError("not a JSON object")
-        read_json_record(path, REPORT_FIELDS)
-    except ValueError:
+    # nothing there, or a device or pipe (/dev/stdout): not read
+    if path.is_file() and not holds_record(path, REPORT_FIELDS):
         raise ValueError(
             f"--json {path} holds something other than an earlier smso-eval report, which "
             "writing the report would replace: give another file name"
-        ) from None
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

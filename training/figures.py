@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from training.cli import check_output_file, positive_int, run_cli
 from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
-from training.json_lines import read_json_lines, read_json_record
+from training.json_lines import holds_record, read_json_lines
 from training.model import SecondOrderNet
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
@@ -224,13 +224,11 @@ def _check_out(out: Path, inputs: Sequence[Path], numbers: bool) -> None:
     beside = out.with_suffix(".json")
     if numbers and beside.exists():
         check_output_file(beside, "the numbers' file", keep=tuple(inputs))
-        try:
-            read_json_record(beside, ("images", "checkpoint", "split"))
-        except ValueError:
+        if not holds_record(beside, ("images", "checkpoint", "split")):
             raise ValueError(
                 f"--out {out} writes its numbers to {beside}, which holds something else than "
                 "an earlier fig2's numbers: give another --out"
-            ) from None
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

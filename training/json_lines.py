@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_json_lines", "read_json_record"]
+__all__ = ["holds_record", "read_json_lines", "read_json_record"]
 
 
 def read_json_lines(path: Path, required: Iterable[str] = ()) -> list[dict[str, Any]]:
@@ -38,6 +38,20 @@ def read_json_record(path: Path, required: Iterable[str] = ()) -> dict[str, Any]
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     return _record(_text(path), str(path), list(required))
+
+
+def holds_record(path: Path, required: Iterable[str]) -> bool:
+    """Whether the regular file ``path`` holds one JSON object with every field of ``required``
+    (an earlier report a tool may write over); a file that does not start with ``{`` (such as
+    a checkpoint) is not read whole to find that out."""
+    try:
+        with path.open("rb") as file:
+            if file.read(1) != b"{":
+                return False
+        read_json_record(path, required)
+    except ValueError:
+        return False
+    return True
 
 
 def _text(path: Path) -> str:
