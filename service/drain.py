@@ -7,6 +7,8 @@ on draining, during which :class:`CloseWhenDraining` makes every response say
 ``Connection: close`` (uvicorn then closes that connection once the response is sent); only
 after the keep-alive timeout, when a client that kept a connection idle no longer expects to
 use it, does uvicorn's own shutdown run (in-flight requests answered, the rest closed).
+Connections the kernel had queued for the listening socket when it stopped accepting are
+accepted and answered too (:func:`close_listeners`), not reset.
 
 With several worker processes (``smso-serve --workers N``), :class:`DrainingSupervisor` runs
 uvicorn's supervisor with workers that drain the same way (:class:`DrainingProcess`), and
@@ -18,14 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from asyncio.trsock import TransportSocket
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.supervisors import multiprocess
 
-__all__ = ["CloseWhenDraining", "DrainingProcess", "DrainingServer", "DrainingSupervisor"]
+__all__ = [
+    "CloseWhenDraining",
+    "DrainingProcess",
+    "DrainingServer",
+    "DrainingSupervisor",
+    "close_listeners",
+]
 
 
 class CloseWhenDraining:
@@ -61,16 +70,57 @@ class DrainingServer(uvicorn.Server):
         self.on_drain = on_drain
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for server in self.servers:  # stop accepting (uvicorn's shutdown does it again: no-op)
-            server.close()
-        for sock in sockets or []:
-            sock.close()
+        # stop accepting (uvicorn's shutdown closes them again: no-op); nothing awaited before
+        # the backlog is taken, so the event loop accepts nothing in between
+        listeners = [sock for server in self.servers for sock in server.sockets]
+        queued = close_listeners(listeners, close=[*self.servers, *(sockets or [])])
         self.on_drain()
         loop = asyncio.get_running_loop()
+        for conn in queued:  # served like any other connection, answered Connection: close
+            await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
         deadline = loop.time() + self.config.timeout_keep_alive
         while self.server_state.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await super().shutdown(sockets)
+
+    def _protocol(self) -> asyncio.Protocol:
+        """A protocol for one connection, made as uvicorn's ``startup`` makes them."""
+        return self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+
+
+def close_listeners(
+    listeners: Sequence[socket.socket | TransportSocket],
+    close: Sequence[asyncio.Server | socket.socket],
+) -> list[socket.socket]:
+    """Close ``close`` (the servers and sockets that listen on ``listeners``) without
+    resetting the connections queued on them; returns those connections, accepted.
+
+    The kernel completes a client's handshake before the server accepts the connection, and
+    closing a listening socket resets every connection still in its backlog, though the client
+    may already have sent its request. So the listening sockets are held open (a duplicate of
+    each) while ``close`` closes, then the backlog is accepted until it is empty and the
+    duplicates closed at once: a connection is refused or accepted, reset only if it arrives
+    in the few microseconds between the last ``accept`` and ``close``.
+    """
+    held = [socket.fromfd(sock.fileno(), sock.family, sock.type) for sock in listeners]
+    for item in close:
+        item.close()
+    queued: list[socket.socket] = []
+    for listener in held:
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except ConnectionAbortedError:  # the client gave up while it was queued
+                continue
+            except OSError:  # empty (BlockingIOError), or out of descriptors: stop here
+                break
+            conn.setblocking(False)
+            queued.append(conn)
+        listener.close()
+    return queued
 
 
 def _mark_draining(app: Any) -> None:
