@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Fashion-MNIST head comparison on one GPU: every row of `smso-experiment run fmnist` x every
 # seed, each a whole run with the shipped model's recipe, in parallel; then the report. What
-# `make fmnist-table` does on the CPU one run at a time.
+# `make fmnist-table` does on the CPU two runs at a time.
 #
 # A small_cnn step at 28 px is bound by its Python process, not by the GPU, so the runs are
 # separate processes with one CPU thread each (OMP_NUM_THREADS=1), JOBS at a time, in float32
@@ -44,8 +44,8 @@ start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 
 nvidia-smi -L
-# Every row of the table, those whose step costs most first (on the CPU: CBP-RM 2.6x SMSO p = 64's,
-# SMSO p = 1,024 2x, MPN and DeepO2P 1.7x; on a GPU DeepO2P's float64 eigendecompositions are the
+# Every row of the table, those whose step costs most first (single-thread CPU time of a batch-64
+# step: CBP-RM 2.6x SMSO p = 64's, SMSO p = 1,024 2x, MPN and DeepO2P 1.7x; on a GPU DeepO2P's float64 eigendecompositions are the
 # likely slowest), so that the last runs to start are short ones.
 ALL=$($PY -c "from training.experiments import TABLES
 first = ['deepo2p', 'cbp-rm', 'smso-1024', 'mpn']
