@@ -19,10 +19,11 @@ connections once the workers stop accepting instead of queueing them for nobody.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import socket
-from asyncio.trsock import TransportSocket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +36,8 @@ __all__ = [
     "DrainingSupervisor",
     "close_listeners",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class CloseWhenDraining:
@@ -61,8 +64,9 @@ class CloseWhenDraining:
 
 
 class DrainingServer(uvicorn.Server):
-    """A uvicorn server that, on shutdown, first stops accepting, calls ``on_drain`` (the app
-    starts answering ``Connection: close``) and gives its open connections up to
+    """A uvicorn server that, on shutdown, first stops accepting (answering the connections
+    already queued for it: :func:`close_listeners`), calls ``on_drain`` (the app starts
+    answering ``Connection: close``) and gives its open connections up to
     ``config.timeout_keep_alive`` seconds to end on their own."""
 
     def __init__(self, config: uvicorn.Config, on_drain: Callable[[], Any]) -> None:
@@ -75,24 +79,59 @@ class DrainingServer(uvicorn.Server):
         listeners = [sock for server in self.servers for sock in server.sockets]
         queued = close_listeners(listeners, close=[*self.servers, *(sockets or [])])
         self.on_drain()
+        # served like any other connection, and so answered Connection: close
+        await asyncio.gather(*(self._serve_accepted(conn) for conn in queued))
         loop = asyncio.get_running_loop()
-        for conn in queued:  # served like any other connection, answered Connection: close
-            await loop.connect_accepted_socket(self._protocol, conn, ssl=self.config.ssl)
         deadline = loop.time() + self.config.timeout_keep_alive
         while self.server_state.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await super().shutdown(sockets)
 
-    def _protocol(self) -> asyncio.Protocol:
-        """A protocol for one connection, made as uvicorn's ``startup`` makes them."""
-        return self.config.http_protocol_class(  # type: ignore[call-arg]
-            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
-        )
+    async def _serve_accepted(self, conn: socket.socket) -> None:
+        """Serve ``conn`` with a protocol made as uvicorn's ``startup`` makes them; a
+        connection that fails to start (a TLS handshake) is closed and logged, as asyncio's
+        own accept does."""
+        config = self.config
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=self.server_state, app_state=self.lifespan.state
+                ),
+                conn,
+                ssl=config.ssl,
+            )
+        except Exception as error:  # one client's failure ends only its own connection
+            conn.close()
+            log.warning("a connection queued at shutdown could not be served: %r", error)
+
+
+class _Listening(Protocol):
+    """A listening socket as the event loop's server shows it (asyncio's TransportSocket,
+    uvloop's PseudoSocket, or a socket)."""
+
+    @property
+    def family(self) -> int: ...
+
+    @property
+    def type(self) -> int: ...
+
+    def fileno(self) -> int: ...
+
+
+#: ``accept`` errors that Linux reports for a connection that failed while queued; the next one
+#: may be fine (``man 2 accept``: treat them like EAGAIN, by retrying)
+_RETRY_ACCEPT = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
+        "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
 
 
 def close_listeners(
-    listeners: Sequence[socket.socket | TransportSocket],
-    close: Sequence[asyncio.Server | socket.socket],
+    listeners: Sequence[_Listening], close: Sequence[asyncio.Server | socket.socket]
 ) -> list[socket.socket]:
     """Close ``close`` (the servers and sockets that listen on ``listeners``) without
     resetting the connections queued on them; returns those connections, accepted.
@@ -101,25 +140,40 @@ def close_listeners(
     closing a listening socket resets every connection still in its backlog, though the client
     may already have sent its request. So the listening sockets are held open (a duplicate of
     each) while ``close`` closes, then the backlog is accepted until it is empty and the
-    duplicates closed at once: a connection is refused or accepted, reset only if it arrives
-    in the few microseconds between the last ``accept`` and ``close``.
+    duplicates closed at once. Where this process held the last descriptor of the socket, a
+    connection is then refused or accepted, reset only if it arrives in the microseconds
+    between the last ``accept`` and ``close`` (or if this process runs out of descriptors);
+    where other processes still hold it (``--workers``), the port goes on listening and they
+    accept.
     """
-    held = [socket.fromfd(sock.fileno(), sock.family, sock.type) for sock in listeners]
-    for item in close:
-        item.close()
+    held: list[socket.socket] = []
+    try:
+        for sock in listeners:
+            try:
+                held.append(socket.fromfd(sock.fileno(), sock.family, sock.type))
+            except OSError as error:  # out of descriptors: this one closes as it would have
+                log.warning("cannot hold a listening socket open to drain it: %r", error)
+    finally:
+        for item in close:
+            item.close()
     queued: list[socket.socket] = []
     for listener in held:
-        listener.setblocking(False)
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except ConnectionAbortedError:  # the client gave up while it was queued
-                continue
-            except OSError:  # empty (BlockingIOError), or out of descriptors: stop here
-                break
-            conn.setblocking(False)
-            queued.append(conn)
-        listener.close()
+        try:
+            listener.setblocking(False)
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:  # the backlog is empty
+                    break
+                except OSError as error:
+                    if error.errno in _RETRY_ACCEPT:
+                        continue
+                    log.warning("stopped accepting queued connections: %r", error)
+                    break
+                conn.setblocking(False)
+                queued.append(conn)
+        finally:
+            listener.close()
     return queued
 
 
