@@ -45,8 +45,9 @@ elapsed() { echo $(($(date +%s) - start)); }
 
 nvidia-smi -L
 # Every row of the table, those whose step costs most first (single-thread CPU time of a batch-64
-# step: CBP-RM 2.6x SMSO p = 64's, SMSO p = 1,024 2x, MPN and DeepO2P 1.7x; on a GPU DeepO2P's float64 eigendecompositions are the
-# likely slowest), so that the last runs to start are short ones.
+# step: CBP-RM 2.6x SMSO p = 64's, SMSO p = 1,024 2x, MPN and DeepO2P 1.7x; on a GPU DeepO2P's
+# float64 eigendecompositions are the likely slowest), so that the last runs to start are short
+# ones.
 ALL=$($PY -c "from training.experiments import TABLES
 first = ['deepo2p', 'cbp-rm', 'smso-1024', 'mpn']
 rows = [r.name for r in TABLES['fmnist']]
