@@ -40,8 +40,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "CARD_FORMAT",
@@ -51,6 +52,7 @@ __all__ = [
     "card_json",
     "check_served_name",
     "file_sha256",
+    "read_card",
 ]
 
 CARD_KEY = "smso.model_card"
@@ -78,6 +80,35 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class _Entry(Protocol):
+    """One ``metadata_props`` entry of an ONNX model (``onnx.StringStringEntryProto``)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def value(self) -> str: ...
+
+
+class _HasMetadata(Protocol):
+    """An ONNX ``ModelProto``, as far as the card needs it."""
+
+    @property
+    def metadata_props(self) -> Iterable[_Entry]: ...
+
+
+def read_card(model: _HasMetadata) -> dict[str, Any]:
+    """The card stored in ``model.metadata_props`` (an ``onnx.ModelProto``), parsed.
+
+    ``KeyError`` naming :data:`CARD_KEY` when the file holds no card.
+    """
+    for prop in model.metadata_props:
+        if prop.key == CARD_KEY:
+            card: dict[str, Any] = json.loads(prop.value)
+            return card
+    raise KeyError(f"the ONNX model has no {CARD_KEY!r} in its metadata_props")
 
 
 def card_json(card: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from export import onnx_export
-from export.card import CARD_KEY, file_sha256
+from export.card import CARD_KEY, file_sha256, read_card
 from export.cli import main as export_main
 from export.onnx_export import export_checkpoint, graph_opset, newest_opset
 from export.parity import ParityError
@@ -29,8 +29,7 @@ C, P = 8, 4  # the tiny run's SMSO: c = 8 channels, p = 4
 
 
 def card_of(path: Path) -> dict:
-    props = {p.key: p.value for p in onnx.load(path).metadata_props}
-    return json.loads(props[CARD_KEY])
+    return read_card(onnx.load(path))
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -124,6 +123,13 @@ def test_onnxruntime_matches_pytorch_at_other_batch_sizes_and_image_sizes(
         expected = model(images)
     np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(embedding, expected.embedding.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_reading_the_card_of_a_file_without_one_names_the_missing_key():
+    bare = onnx.helper.make_model(onnx.helper.make_graph([], "bare", [], []))
+    bare.metadata_props.add(key="other", value="{}")
+    with pytest.raises(KeyError, match=CARD_KEY):
+        read_card(bare)
 
 
 def test_the_model_card_says_what_a_server_needs(trained_run, exported):

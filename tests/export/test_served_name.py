@@ -3,14 +3,13 @@ export with --name and --version, classify one of its images through the server.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import onnx
 import pytest
 from fastapi.testclient import TestClient
 
-from export.card import CARD_KEY
+from export.card import read_card
 from export.cli import main as export_main
 from service.app import create_app
 from service.settings import Settings
@@ -39,8 +38,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_the_card_holds_the_served_name_and_version(exported):
     _, model = exported
-    metadata = {p.key: p.value for p in onnx.load(str(model)).metadata_props}
-    card = json.loads(metadata[CARD_KEY])
+    card = read_card(onnx.load(str(model)))
     assert card["served"] == {"name": NAME, "version": VERSION}
     assert card["classes"] == sorted(FOLDER_CLASSES)
 
