@@ -15,6 +15,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
@@ -22,6 +23,7 @@ from service import pipeline, routes
 from service.app import create_app
 from service.errors import ServiceError
 from service.pipeline import ServiceState, run_batched
+from service.runner import Batch
 from service.settings import Settings
 
 from .conftest import FakeBackend, grey
@@ -74,7 +76,7 @@ def test_more_images_than_the_queue_can_ever_hold_is_413_with_the_reason():
 class BrokenBackend(FakeBackend):
     """Loads (it has a card) but every run raises, the warm-up's first."""
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
         raise RuntimeError("Required inputs (['image']) are missing from input feed")
 
 
@@ -148,7 +150,9 @@ def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model
 def _hold_slow_files(client: TestClient, hold: Callable[[], None]) -> list[str]:
     """Files named ``slow*`` call ``hold()`` in the decode thread before they are decoded; the
     list returned fills with the names of the files decoded."""
-    model = client.app.state.smso.registry.lookup()
+    app = client.app
+    assert isinstance(app, FastAPI)  # create_app's
+    model = app.state.smso.registry.lookup()
     original = model.preprocess
     decoded: list[str] = []
 

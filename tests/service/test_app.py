@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.runner import Batch
+
 from .conftest import CLASSES, FakeBackend, HeldWarmUp, grey, png
 
 NOISE = png(np.random.default_rng(0).integers(0, 255, (64, 64), dtype=np.uint8))
@@ -252,7 +254,7 @@ def test_a_failing_batch_fails_every_request_in_it_with_json(make_client):
 class NaNBackend(FakeBackend):
     """A broken model: NaN logits for every image."""
 
-    def run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
         logits, embedding = super().run(images)
         return np.full_like(logits, np.nan), embedding
 

@@ -9,15 +9,22 @@ import numpy as np
 import pytest
 
 from service import access, stage_clock
-from service.batcher import MicroBatcher, NonFiniteOutputError, QueueFullError, finite_rows
+from service.batcher import (
+    BatchStats,
+    MicroBatcher,
+    NonFiniteOutputError,
+    QueueFullError,
+    finite_rows,
+)
+from service.runner import Batch
 
 LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s timeout
 
 
 def recorder(batches: list[int]):
-    def run(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(images: Batch) -> tuple[np.ndarray, np.ndarray]:
         batches.append(len(images))
-        flat = np.stack(images).reshape(len(images), -1)
+        flat = np.stack(list(images)).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     return run
@@ -46,7 +53,7 @@ def test_each_caller_gets_its_own_row_of_one_batch():
 
 
 def test_an_image_whose_outputs_are_not_finite_fails_alone():
-    def run_fn(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def run_fn(images: Batch) -> tuple[np.ndarray, np.ndarray]:
         values = np.array([float(im.flat[0]) for im in images], np.float32)
         logits = np.stack([values, values], axis=1)  # (N, 2)
         embedding = np.stack([values, values, values], axis=1)  # (N, 3)
@@ -54,7 +61,7 @@ def test_an_image_whose_outputs_are_not_finite_fails_alone():
         embedding[values == 2, 0] = np.inf  # image 2: an infinite embedding value
         return logits, embedding
 
-    async def main() -> list[object]:
+    async def main() -> list[tuple[np.ndarray, ...] | BaseException]:
         batcher = MicroBatcher(run_fn, 4, LONG_WAIT_S, 16)
         batcher.start()
         futures = [batcher.submit(image(v)) for v in range(4)]  # one full batch
@@ -79,10 +86,10 @@ def test_finite_rows_checks_every_output_row_by_row():
 
 
 def test_outputs_that_do_not_have_one_row_per_image_fail_the_batch():
-    def short(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def short(images: Batch) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros((len(images), 2)), np.zeros((len(images) - 1, 3))
 
-    async def main() -> list[object]:
+    async def main() -> list[tuple[np.ndarray, ...] | BaseException]:
         batcher = MicroBatcher(short, 3, LONG_WAIT_S, 16)
         batcher.start()
         futures = [batcher.submit(image(v)) for v in range(3)]
@@ -156,7 +163,7 @@ def test_without_announcements_the_batcher_waits_up_to_max_wait():
 
 def test_a_full_queue_refuses_at_once_and_a_failing_batch_fails_every_caller():
     async def main() -> None:
-        def fail(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        def fail(images: Batch) -> tuple[np.ndarray, np.ndarray]:
             raise RuntimeError("boom")
 
         batcher = MicroBatcher(fail, 4, 0.0, 2)
@@ -176,7 +183,7 @@ def test_after_a_slow_batch_announced_images_are_waited_for_a_quarter_of_its_tim
         batches: list[int] = []
         record = recorder(batches)
 
-        def slow(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        def slow(images: Batch) -> tuple[np.ndarray, np.ndarray]:
             import time
 
             time.sleep(0.4)  # patience after this batch: 0.25 * 0.4 s = 0.1 s
@@ -237,13 +244,13 @@ def test_with_two_in_flight_the_next_batch_is_dispatched_while_one_runs():
 
     release = threading.Event()
     started: list[int] = []
-    stats = []
+    stats: list[BatchStats] = []
 
-    def slow(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def slow(images: Batch) -> tuple[np.ndarray, np.ndarray]:
         started.append(len(images))
         if len(started) == 1:
             release.wait(5)  # the first batch holds the thread until the second is queued
-        flat = np.stack(images).reshape(len(images), -1)
+        flat = np.stack(list(images)).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     async def main() -> None:
@@ -282,7 +289,7 @@ def test_a_requests_queue_and_inference_times_span_all_its_batches():
         batches: list[int] = []
         slow = recorder(batches)
 
-        def run_slowly(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        def run_slowly(images: Batch) -> tuple[np.ndarray, np.ndarray]:
             time.sleep(0.02)
             return slow(images)
 
@@ -305,24 +312,24 @@ def test_a_requests_queue_and_inference_times_span_all_its_batches():
 
 
 def test_each_batch_reports_the_stages_its_run_function_recorded():
-    stats = []
+    stats: list[BatchStats] = []
 
-    def timed(images: np.ndarray):
+    def timed(images: Batch):
         start = stage_clock.record("stack", time.perf_counter())
         time.sleep(0.02)
         stage_clock.record("run", start)
-        flat = np.stack(images).reshape(len(images), -1)
+        flat = np.stack(list(images)).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
-    def untimed(images: np.ndarray):
-        flat = np.stack(images).reshape(len(images), -1)
+    def untimed(images: Batch):
+        flat = np.stack(list(images)).reshape(len(images), -1)
         return flat.sum(1, keepdims=True), flat.mean(1, keepdims=True)
 
     async def main(fn) -> None:
         batcher = MicroBatcher(fn, 4, 0.0, 16, on_batch=stats.append)
         batcher.start()
         await batcher.run_direct(np.stack([image(1.0)]))  # warm-up's stages are not a batch's
-        await asyncio.gather(*batcher.submit_all(np.stack([image(v) for v in range(3)])))
+        await asyncio.gather(*batcher.submit_all(list(np.stack([image(v) for v in range(3)]))))
         await batcher.stop()
 
     run(main(timed))

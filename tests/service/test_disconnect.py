@@ -11,6 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+from starlette.types import Message
 
 from service.disconnect import CancelWhenGone
 
@@ -25,7 +26,7 @@ class Connection:
 
     def __init__(self) -> None:
         self.leave = asyncio.Event()
-        self.sent: list[dict] = []
+        self.sent: list[Message] = []
         self.body_read = False
         self.calls = 0
 
@@ -37,7 +38,7 @@ class Connection:
         await self.leave.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict) -> None:
+    async def send(self, message: Message) -> None:
         self.sent.append(message)
         if message["type"] == "http.response.body" and not message.get("more_body"):
             self.leave.set()

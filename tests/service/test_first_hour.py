@@ -161,9 +161,11 @@ def test_make_serve_says_where_to_go_and_stops_quietly(tmp_path, shipped_model, 
         text=True,
         start_new_session=True,
     )
+    errors = make.stderr
+    assert errors is not None  # stderr=PIPE
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_http_ready(base, lambda: None if make.poll() is None else make.stderr.read())
+        wait_http_ready(base, lambda: None if make.poll() is None else errors.read())
         assert httpx.get(f"{base}/").headers["location"] == "/docs"  # httpx does not follow
         time.sleep(0.2)
         os.killpg(make.pid, sig)

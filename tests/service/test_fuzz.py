@@ -16,6 +16,7 @@ import math
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -448,6 +449,7 @@ def bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
     )
     if length == "any":
         length = draw(st.integers(-2, len(body) + 2))
+    assert not isinstance(length, str)  # "any" was drawn as an integer just above
     return body, length
 
 
@@ -471,7 +473,7 @@ def _check_request(request: InferRequest) -> None:
         assert output.classification >= 0
 
 
-def _parse_or_refuse(body: bytes, length: int | None) -> None:
+def _parse_or_refuse(body: bytes | bytearray, length: int | None) -> None:
     try:
         request = parse_request(body, length, max_json_bytes=1 << 16, max_elements=64)
     except ProtocolError as error:
@@ -548,7 +550,11 @@ def test_compressed_requests_decompress_and_parse_or_raise_a_protocol_error(
     """Bodies compressed as tritonclient compresses them, truncated or corrupted, through
     ``decompress`` then ``parse_request``."""
     raw, length = body
-    packed = {"gzip": gzip.compress, "deflate": zlib.compress}.get(encoding.lower(), bytes)(raw)
+    compressors: dict[str, Callable[[bytes], bytes]] = {
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+    }
+    packed = compressors.get(encoding.lower(), bytes)(raw)
     if cut is not None:
         packed = packed[: cut % (len(packed) + 1)]
     if edits is not None:

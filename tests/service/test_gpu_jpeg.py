@@ -6,6 +6,7 @@ Pillow's) and onnxruntime's CPU provider run the code; the ``cuda`` tests need a
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -166,7 +167,12 @@ def test_jpegs_whose_parsers_could_disagree_take_pillows_path():
 def test_restart_markers_and_subsamplings_are_decoded_on_the_device():
     photo = _photo(641, 479)
     pillow, device, recorder = _pair(IMAGENET)
-    for save in ({"restart_marker_blocks": 4}, {"subsampling": 1}, {"subsampling": 2}):
+    saves: tuple[dict[str, Any], ...] = (  # Pillow's JPEG options
+        {"restart_marker_blocks": 4},
+        {"subsampling": 1},
+        {"subsampling": 2},
+    )
+    for save in saves:
         data = _jpeg(photo, quality=85, **save)
         _assert_close(_grey_levels(device(data, "a.jpg"), pillow(data, "a.jpg"), IMAGENET))
     assert recorder.decoders == ["device"] * 3

@@ -12,6 +12,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -22,7 +23,13 @@ from .conftest import free_port, png
 from .test_server import real_server, serve_on_a_taken_port
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.grpc import (  # noqa: E402
+    InferenceServerClient,
+    InferInput,
+    InferRequestedOutput,
+    service_pb2,
+    service_pb2_grpc,
+)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 grpc = pytest.importorskip("grpc")
@@ -46,19 +53,19 @@ def server(shipped_model: str) -> Iterator[tuple[str, str, str]]:
 
 
 @pytest.fixture(scope="module")
-def client(server: tuple[str, str, str]) -> Iterator[grpcclient.InferenceServerClient]:
+def client(server: tuple[str, str, str]) -> Iterator[InferenceServerClient]:
     triton = grpcclient.InferenceServerClient(server[1])
     yield triton
     triton.close()
 
 
-def bytes_input(files: list[bytes]) -> grpcclient.InferInput:
+def bytes_input(files: list[bytes]) -> InferInput:
     tensor = grpcclient.InferInput("image_bytes", [len(files)], "BYTES")
     tensor.set_data_from_numpy(np.array(files, dtype=object))
     return tensor
 
 
-def tensor_input(array: np.ndarray, name: str = "image") -> grpcclient.InferInput:
+def tensor_input(array: np.ndarray, name: str = "image") -> InferInput:
     tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
     tensor.set_data_from_numpy(array)
     return tensor
@@ -77,7 +84,7 @@ def raw_fp32_request(name: str, count: int) -> service_pb2.ModelInferRequest:
     )
 
 
-def outputs(k: int) -> list[grpcclient.InferRequestedOutput]:
+def outputs(k: int) -> list[InferRequestedOutput]:
     return [
         grpcclient.InferRequestedOutput("logits", class_count=k),
         grpcclient.InferRequestedOutput("embedding"),
@@ -216,7 +223,7 @@ def test_errors_are_status_codes_with_rest_messages(client, server):
     assert (
         _grpc_error(lambda: client.get_model_metadata("other")).status() == "StatusCode.NOT_FOUND"
     )
-    cases = [
+    cases: list[tuple[InferInput, dict[str, Any]]] = [
         (tensor_input(zeros, "pixels"), {"name": "pixels", "shape": [1, 1, 28, 28]}),
         (tensor_input(np.zeros((1, 3, 28, 28), np.float32)), {"shape": [1, 3, 28, 28]}),
     ]
@@ -270,7 +277,9 @@ def test_sigterm_answers_the_grpc_request_in_flight(shipped_model):
             # an idle keep-alive HTTP connection keeps the server draining (up to keep_alive_s)
             # rather than stopping the gRPC server 0.1 s after SIGTERM: on a busy machine the
             # call below could come after that, and meet a closed port instead of the drain
-            idle = http.client.HTTPConnection(urlsplit(base).hostname, urlsplit(base).port)
+            address = urlsplit(base)
+            assert address.hostname is not None
+            idle = http.client.HTTPConnection(address.hostname, address.port)
             idle.request("GET", "/healthz")
             idle.getresponse().read()
             server.send_signal(signal.SIGTERM)
@@ -322,6 +331,7 @@ def test_a_grpc_call_has_a_request_id_echoed_an_access_line_and_metrics(shipped_
         assert 'smso_grpc_request_duration_seconds_count{method="ModelInfer"} 2.0' in metrics
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+        assert server.stdout is not None  # stdout=PIPE
         output = server.stdout.read()
     lines = [json.loads(line) for line in output.splitlines()]
     (line,) = [a for a in lines if a.get("request_id") == "g-1"]

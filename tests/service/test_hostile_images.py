@@ -467,7 +467,7 @@ def test_a_float_image_with_a_huge_negative_value_is_scaled_without_overflow():
 
 
 def test_sixteen_bit_values_round_to_the_nearest_eight_bit_value():
-    values = np.arange(0, 65536, 1, np.uint16).reshape(256, 256)
+    values = np.arange(0, 65536, 1, dtype=np.uint16).reshape(256, 256)
     spec = Preprocessing(colour="L", resize=None, crop=256, mean=[0.0], std=[1.0])
     out = Preprocessor(spec, 10**8)(saved(Image.fromarray(values), "PNG"))[0] * 255
     expected = np.round(values.astype(np.float64) * 255 / 65535)

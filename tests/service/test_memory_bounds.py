@@ -14,6 +14,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from starlette.types import Message
 
 from service.bodies import BodyBudget, BufferedBytes
 from service.errors import ServiceError
@@ -139,7 +140,7 @@ def test_the_budget_holds_a_declared_body_until_its_request_ends():
     async def receive() -> dict:
         return {"type": "http.request", "body": b"x" * 80, "more_body": False}
 
-    async def send(message: dict) -> None:
+    async def send(message: Message) -> None:
         pass
 
     def scope(length: int) -> dict:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,7 +53,7 @@ def repository(tmp_path: Path, shipped_model: str) -> Path:
 def serve() -> Iterator[Callable[..., TestClient]]:
     clients: list[TestClient] = []
 
-    def start(repository: Path, **settings: object) -> TestClient:
+    def start(repository: Path, **settings: Any) -> TestClient:
         settings = {"max_batch_size": 4, "repository_poll_s": 0.1, **settings}
         client = TestClient(create_app(Settings(model_repository=repository, **settings)))
         client.__enter__()

@@ -267,6 +267,7 @@ def test_a_real_server_logs_only_json_lines(shipped_model):
         assert httpx.get(f"{base}/nowhere").status_code == 404
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+        assert server.stdout is not None  # stdout=PIPE
         output = server.stdout.read()
     lines = [json.loads(line) for line in output.splitlines()]  # every line is JSON
     loggers = {line["logger"] for line in lines}

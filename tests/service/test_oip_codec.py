@@ -42,6 +42,7 @@ def test_json_tensors_flat_or_nested_become_arrays_of_their_shape():
         assert request.id == "r1"
         assert request.outputs is None
         assert not request.binary_output
+        assert isinstance(tensor.data, np.ndarray)
         assert tensor.data.dtype == np.float32
         assert not tensor.binary
         np.testing.assert_array_equal(tensor.data, values)
@@ -76,6 +77,7 @@ def test_binary_tensors_follow_the_json_header_in_input_order():
     assert b.data == images
     assert a.binary
     assert b.binary
+    assert request.outputs is not None
     assert request.outputs[0].binary
     assert request.outputs[0].classification == 2
     assert request.binary_output
@@ -403,7 +405,9 @@ def test_binary_data_output_is_the_default_of_listed_outputs():
         "outputs": [{"name": "a"}, {"name": "b", "parameters": {"binary_data": False}}],
         "parameters": {"binary_data_output": True},
     }
-    a, b = parse_request(json.dumps(body).encode(), None).outputs
+    outputs = parse_request(json.dumps(body).encode(), None).outputs
+    assert outputs is not None
+    a, b = outputs
     assert a.binary
     assert not b.binary
 

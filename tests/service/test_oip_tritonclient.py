@@ -21,6 +21,7 @@ from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 from .conftest import free_port, wait_http_ready
 
 tritonclient = pytest.importorskip("tritonclient.http")
+from tritonclient.http import InferenceServerClient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 API_KEY = "tr1ton"
@@ -55,7 +56,7 @@ def server(shipped_model: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(server: str) -> Iterator[tritonclient.InferenceServerClient]:
+def client(server: str) -> Iterator[InferenceServerClient]:
     triton = tritonclient.InferenceServerClient(url=server)
     yield triton
     triton.close()

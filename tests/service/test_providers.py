@@ -160,11 +160,14 @@ def test_the_engine_cache_folder_is_made_with_its_parents_before_tensorrt_starts
     the session where the parent is missing (the default, ~/.cache/smso/tensorrt, on a fresh
     machine)."""
     cache = tmp_path / "home" / ".cache" / "smso" / "tensorrt"
-    made = []
+    made: list[bool] = []
     gpu_machine(monkeypatch)
-    monkeypatch.setattr(
-        providers, "_session", lambda *a: made.append(cache.is_dir()) or Started([TENSORRT, CPU])
-    )
+
+    def fake_session(*args: object) -> Started:
+        made.append(cache.is_dir())
+        return Started([TENSORRT, CPU])
+
+    monkeypatch.setattr(providers, "_session", fake_session)
     accelerator = dataclasses.replace(ACCELERATOR, engine_cache_dir=cache)
     choose_providers(f"{TENSORRT},{CUDA},{CPU}", Path(shipped_model), accelerator=accelerator)
     assert made == [True]
@@ -199,6 +202,7 @@ def test_settings_give_the_backend_its_options(shipped_model, tmp_path):
     options = settings.backend_options
     assert options == BackendOptions("auto", 0, False, 32, tmp_path, True, False, True)
     default = Settings(model_path=shipped_model).backend_options
+    assert default.engine_cache_dir is not None
     assert default.engine_cache_dir.parts[-2:] == ("smso", "tensorrt")
 
 
@@ -215,6 +219,7 @@ def test_the_default_engine_cache_follows_xdg_and_survives_a_user_without_home(
 
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     options = Settings(model_path=shipped_model).backend_options
+    assert options.engine_cache_dir is not None
     assert options.engine_cache_dir.parts[-2:] == ("smso", "tensorrt")
 
 

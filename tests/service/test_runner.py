@@ -168,7 +168,9 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
     backend = OnnxBackend(shipped_model, options)
     assert backend.providers[0] == CUDA
     assert backend.mode == mode
-    sessions = backend._runner.sessions  # one per bucket, each with its shape fixed
+    runner = backend._runner
+    assert isinstance(runner, (PlainRunner, BoundRunner))
+    sessions = runner.sessions  # one per bucket, each with its shape fixed
     assert len({id(s) for s in sessions.values()}) == len(sessions) == 4
     assert sessions[8].get_inputs()[0].shape == [8, 1, 28, 28]
     for size in backend.warmup_batches:

@@ -46,9 +46,11 @@ def real_server(
         stderr=subprocess.STDOUT,
         text=True,
     )
+    output = server.stdout
+    assert output is not None  # stdout=PIPE
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_http_ready(base, lambda: None if server.poll() is None else server.stdout.read())
+        wait_http_ready(base, lambda: None if server.poll() is None else output.read())
         yield base, server
     finally:
         if server.poll() is None:
@@ -268,6 +270,7 @@ def test_a_session_host_that_dies_stops_the_server_with_status_1(shipped_model):
         (host,) = [pid for pid, name in _children(server.pid).items() if name == "smso-host"]
         os.kill(host, signal.SIGKILL)
         assert server.wait(timeout=60) == 1
+        assert server.stdout is not None  # stdout=PIPE
         assert "the session host exited while serving" in server.stdout.read()
 
 

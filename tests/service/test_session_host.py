@@ -102,6 +102,7 @@ class _Recorder:
         self.sizes: list[int] = []
         self.fail = fail
         self.card = SimpleNamespace(input=SimpleNamespace(channels=1, height=2, width=2))
+        self.buckets: list[int] | None = None  # as OnnxBackend's on the CPU: no padding
 
     def run(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
         self.sizes.append(len(batch))
@@ -422,6 +423,7 @@ def test_a_host_whose_parent_is_killed_exits(shipped_model: str):
         text=True,
         env={**os.environ, "PYTHONPATH": root},
     )
+    assert parent.stdout is not None  # stdout=PIPE
     try:
         host = int(parent.stdout.readline())
         assert process_running(host)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, TraceFlags
+from opentelemetry.util.types import AnyValue
 
 from service.span_encoding import SpanEncoder
 from service.span_export import _consume, _encoded_sender, from_record, to_record
@@ -33,6 +34,10 @@ def _records() -> tuple[list[tuple[Any, ...]], Resource]:
     and scopes interleaved."""
     span, resource = _sdk_span()
     sdk = to_record(span)
+    # records: their 13 fields, then scope, events and links (added below for some)
+    root: tuple[Any, ...]
+    child: tuple[Any, ...]
+    empty: tuple[Any, ...]
     root = ("POST /classify", 5, 6, 0, False, 1, (), 1, 10, 20, {"http.route": "/x"}, 0, None)
     root += (SERVICE, (), ())
     odd = {
@@ -71,7 +76,8 @@ def test_the_otlp_exporter_is_sent_encoded_requests_and_others_get_sdk_spans():
     exporter = OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
     assert _encoded_sender(exporter) is not None  # this SDK version: the fast path
     assert _encoded_sender(InMemorySpanExporter()) is None
-    exporter._client = SimpleNamespace(export=lambda data, timeout: None)  # another shape
+    # another shape: deliberately not the SDK's (private) client class
+    exporter._client = cast(Any, SimpleNamespace(export=lambda data, timeout: None))
     assert _encoded_sender(exporter) is None
 
 
@@ -81,7 +87,7 @@ class _ChangedClient(OTLPSpanExporter):
 
     def __init__(self) -> None:
         super().__init__(endpoint="http://127.0.0.1:9/v1/traces")
-        self._client = SimpleNamespace(export=self._refuse)
+        self._client = cast(Any, SimpleNamespace(export=self._refuse))  # not the SDK's client
         self.spans: list[Any] = []
 
     @staticmethod
@@ -154,7 +160,11 @@ def _limited_span(limits: SpanLimits | None) -> ReadableSpan:
     tracer = provider.get_tracer("smso.test")
     linked = SpanContext(0xDEF, 0x99, True, TraceFlags(1))
     links = [Link(linked, {"a": "long link value", "b": 1}), Link(linked, {"c": "x"})]
-    attributes = {"url.path": "/classify/very/long", "n": 1, "tags": ("abcdef", "g")}
+    attributes: dict[str, AnyValue] = {
+        "url.path": "/classify/very/long",
+        "n": 1,
+        "tags": ("abcdef", "g"),
+    }
     span = tracer.start_span("POST /classify", attributes=attributes, links=links, start_time=10)
     span.add_event("first", {"x": "one", "y": "two"}, timestamp=11)
     span.add_event("second", {"z": "a long message"}, timestamp=12)

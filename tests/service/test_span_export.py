@@ -57,13 +57,14 @@ def test_a_record_rebuilds_the_same_span():
     again = from_record(to_record(span), resource, {})
     assert again.to_json() == span.to_json()
     assert again.instrumentation_scope == span.instrumentation_scope
+    assert again.parent is not None
     assert again.parent.is_remote
     assert again.context.trace_state == span.context.trace_state
 
 
 def test_a_full_queue_drops_and_counts(caplog):
     exporter = InMemorySpanExporter()
-    told = []
+    told: list[int] = []
     pipe = SpanPipe(
         Resource({}), exporter, schedule_delay_ms=60_000, max_queue_size=3, on_drop=told.append
     )
@@ -82,6 +83,7 @@ def test_a_dead_exporter_process_drops_spans_without_failing(caplog):
     """The exporter runs at a lower priority; once it is gone, spans are dropped and counted."""
     pipe = SpanPipe(Resource({}), schedule_delay_ms=60_000)
     pipe.start()  # the real child process (no endpoint: it would export to localhost)
+    assert pipe._process is not None
     stat = Path(f"/proc/{pipe._process.pid}/stat")
     expected = min(os.nice(0) + EXPORTER_NICENESS, 19)  # ours plus its own
     deadline = time.monotonic() + 20

@@ -250,7 +250,9 @@ def test_a_grpc_call_has_its_own_span_over_queue_and_inference(mode):
     call = by_name["inference.GRPCInferenceService/ModelInfer"]
     assert call.kind is SpanKind.SERVER
     assert call.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert call.parent is not None
     assert call.parent.span_id == 0xB7AD6B7169203331
+    assert call.attributes is not None
     assert dict(call.attributes) == {
         "rpc.system": "grpc",
         "rpc.service": "inference.GRPCInferenceService",
@@ -258,8 +260,11 @@ def test_a_grpc_call_has_its_own_span_over_queue_and_inference(mode):
         "rpc.grpc.status_code": 0,
     }
     for child in ("queue", "inference"):
-        assert by_name[child].parent.span_id == call.context.span_id
+        child_parent = by_name[child].parent
+        assert child_parent is not None
+        assert child_parent.span_id == call.context.span_id
     metadata = by_name["inference.GRPCInferenceService/ModelMetadata"]
+    assert metadata.attributes is not None
     assert metadata.attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
     assert metadata.status.status_code is StatusCode.UNSET
     assert metadata.parent is None
