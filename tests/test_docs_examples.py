@@ -223,7 +223,7 @@ def _check_python(example: Example, stdout: str) -> None:
 
 PARAMS = [
     pytest.param(
-        e, id=e.where, marks=[pytest.mark.skip(reason=e.skip_reason)] * bool(e.skip_reason)
+        e, id=e.where, marks=[pytest.mark.skip(reason=e.skip_reason or "")] * bool(e.skip_reason)
     )
     for e in EXAMPLES
 ]

@@ -270,11 +270,10 @@ def test_deployment_drains_before_it_is_killed(variant: str) -> None:
 def test_pod_runs_as_the_image_user_on_a_read_only_root(name: str, pod: dict[str, Any]) -> None:
     """The image's `USER smso` is a name, which the kubelet cannot check against runAsNonRoot:
     the uid must be given, and be the Dockerfile's. Everything the service writes is a volume."""
-    uid = int(
-        re.search(r"useradd [^\n]*--uid (\d+)", (ROOT / "docker/serve-gpu.Dockerfile").read_text())[
-            1
-        ]
-    )
+    dockerfile = (ROOT / "docker/serve-gpu.Dockerfile").read_text()
+    useradd = re.search(r"useradd [^\n]*--uid (\d+)", dockerfile)
+    assert useradd is not None, "the Dockerfile creates no user with a fixed --uid"
+    uid = int(useradd[1])
     container = _container(pod)
     security = {**pod.get("securityContext", {}), **container["securityContext"]}
     assert security["runAsNonRoot"] is True, name

@@ -91,12 +91,15 @@ def test_the_own_images_section_runs_as_printed(tmp_path):
                     text=True,
                     start_new_session=True,
                 )
-                wait_http_ready(
-                    f"http://127.0.0.1:{port}",
-                    lambda process=server: (
-                        None if process.poll() is None else process.stdout.read()
-                    ),
-                )
+
+                def exited(process: subprocess.Popen[str] = server) -> str | None:
+                    """The server's output once it has exited; None while it runs."""
+                    if process.poll() is None:
+                        return None
+                    assert process.stdout is not None  # stdout=PIPE
+                    return process.stdout.read()
+
+                wait_http_ready(f"http://127.0.0.1:{port}", exited)
                 timings.append((program, time.monotonic() - began))
                 continue
             if program == "curl":
@@ -131,7 +134,9 @@ def test_the_own_images_section_runs_as_printed(tmp_path):
         + ")"
     )
 
-    posted = Path(re.search(r"file=@(\S+)", readme_commands()[-1]).group(1))
+    upload = re.search(r"file=@(\S+)", readme_commands()[-1])
+    assert upload is not None, "the README's last command posts no file"
+    posted = Path(upload.group(1))
     assert (tmp_path / posted).is_file(), f"the README posts {posted}, which the folder lacks"
     body = json.loads(done.stdout)
     assert body["model"] == {"name": "my-images", "version": "1"}

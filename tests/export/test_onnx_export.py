@@ -14,6 +14,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
+from torch import nn
 
 from export import onnx_export
 from export.card import CARD_KEY, file_sha256, read_card
@@ -22,6 +23,7 @@ from export.onnx_export import export_checkpoint, graph_opset, newest_opset
 from export.parity import ParityError
 from training.checkpoint import load_model, save_checkpoint
 from training.datasets.presets import PRESETS
+from training.heads.smso import SMSOPooling
 from training.model import ModelConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,6 +312,7 @@ def test_the_float16_file_matches_float32_pytorch_within_its_tolerance(
 
 def test_a_float16_export_keeps_sums_of_squares_beyond_float16s_range(trained_run, tmp_path):
     model, payload = load_model(trained_run / "best.pt")
+    assert isinstance(model.head, SMSOPooling)
     with torch.no_grad():
         model.head.weight.mul_(1000)  # u = W x grows 1,000-fold; Sigma's fold cancels it
     path = save_checkpoint(tmp_path / "big.pt", model, preset=payload["preset"])
@@ -430,6 +433,7 @@ def test_a_checkpoint_whose_outputs_are_not_finite_is_refused(tmp_path, capsys):
     """A diverged run's NaN weights: parity must not pass NaN against NaN as "no difference"."""
     config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
     model = build_model(config).eval()
+    assert isinstance(model.classifier, nn.Linear)
     with torch.no_grad():
         model.classifier.weight.fill_(float("nan"))
     path = save_checkpoint(tmp_path / "m.pt", model)

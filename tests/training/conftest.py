@@ -10,6 +10,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from training.datasets.base import LabelledImages
+from training.datasets.fashion_mnist import TensorImages
+
+
+def tensors(dataset: LabelledImages) -> TensorImages:
+    """``dataset``, which Fashion-MNIST loads as :class:`TensorImages` (images and labels in
+    memory)."""
+    assert isinstance(dataset, TensorImages)
+    return dataset
+
 
 def write_idx(path: Path, array: np.ndarray) -> None:
     """Write a uint8 array as an idx file (gzip-compressed when the name ends in .gz)."""

@@ -46,6 +46,7 @@ def test_output_shape_and_attributes(name: str) -> None:
 
 def test_vgg16_stops_after_conv5_3_relu() -> None:
     body = create_backbone("vgg16").body
+    assert isinstance(body, nn.Sequential)
     convs = [m for m in body if isinstance(m, nn.Conv2d)]
     assert len(convs) == 13  # conv1_1 .. conv5_3
     assert isinstance(body[-1], nn.ReLU)
@@ -96,7 +97,10 @@ def test_grey_input_sums_the_pretrained_rgb_filters(resnet18_weights) -> None:
     path, state = resnet18_weights
     backbone = create_backbone("resnet18", pretrained=path, in_channels=1)
     expected = state["conv1.weight"].sum(dim=1, keepdim=True)
-    assert torch.allclose(backbone.body[0].weight, expected)
+    assert isinstance(backbone.body, nn.Sequential)
+    stem = backbone.body[0]
+    assert isinstance(stem, nn.Conv2d)
+    assert torch.allclose(stem.weight, expected)
     assert backbone(torch.randn(1, 1, 64, 64)).shape == (1, 512, 2, 2)
 
 

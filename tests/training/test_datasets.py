@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from tests.training.conftest import write_idx
+from tests.training.conftest import tensors, write_idx
 from training.datasets import DATASETS, PRESETS, DatasetLayoutError, Preset, Splits, load_splits
-from training.datasets.base import ImageList, stratified_holdout
+from training.datasets.base import ImageList, LabelledImages, stratified_holdout
 from training.datasets.fashion_mnist import CLASSES, TensorImages, fashion_mnist
 from training.datasets.presets import SmallImageTransform, erase_mask
 
@@ -82,7 +82,8 @@ MIT_TRAIN = {"bakery": 10, "bar": 10, "kitchen": 20}  # train images per class; 
 
 
 def make_mit(base: Path) -> Path:
-    train, test = [], []
+    train: list[str] = []
+    test: list[str] = []
     for c, n in MIT_TRAIN.items():
         for i in range(n + 2):
             _image(base / "Images" / c / f"{c}_{i:03d}.jpg", 10 * i)
@@ -97,7 +98,9 @@ CUB_CLASSES = ["001.Black_footed_Albatross", "002.Laysan_Albatross", "003.Sooty_
 
 def make_cub(base: Path) -> Path:
     """6 images per class, ids class by class: the first 4 of each class train, the last 2 test."""
-    images, labels, split = [], [], []
+    images: list[str] = []
+    labels: list[str] = []
+    split: list[str] = []
     for class_id, c in enumerate(CUB_CLASSES, 1):
         for i in range(1, 7):
             image_id = len(images) + 1
@@ -136,7 +139,7 @@ def make_fashion(base: Path, gz: bool = False, torchvision: bool = False) -> Pat
     folder.mkdir(parents=True, exist_ok=True)
     train = np.zeros((30, 28, 28), np.uint8)
     train[:, 0, 0] = np.arange(30)
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "train-images-idx3-ubyte": train,
         "train-labels-idx1-ubyte": np.arange(30) % 10,
         "t10k-images-idx3-ubyte": np.full((10, 28, 28), 7, np.uint8),
@@ -167,9 +170,15 @@ def load(name: str, root: Path | None, partition: int = 1, seed: int = 0) -> Spl
     return load_splits(name, root, small(name), partition, 5, seed)[0]
 
 
-def names(dataset: ImageList) -> dict[str, str]:
+def files(dataset: LabelledImages) -> ImageList:
+    """``dataset``, which a dataset of image files loads as an :class:`ImageList`."""
+    assert isinstance(dataset, ImageList)
+    return dataset
+
+
+def names(dataset: LabelledImages) -> dict[str, str]:
     """File name -> class name of every sample."""
-    return {path.name: dataset.classes[label] for path, label in dataset.samples}
+    return {path.name: dataset.classes[label] for path, label in files(dataset).samples}
 
 
 def sizes(splits: Splits) -> tuple[int, int, int]:
@@ -308,8 +317,9 @@ def test_mit_indoor_splits_and_holdout(tmp_path: Path) -> None:
     assert not train & val
     listed = {line.split("/")[1] for line in (root / "TrainImages.txt").read_text().split()}
     assert train | val == listed
-    assert load("mit_indoor", root, seed=3).val.samples == splits.val.samples
-    assert any(load("mit_indoor", root, seed=s).val.samples != splits.val.samples for s in range(5))
+    held = files(splits.val).samples
+    assert files(load("mit_indoor", root, seed=3).val).samples == held
+    assert any(files(load("mit_indoor", root, seed=s).val).samples != held for s in range(5))
 
 
 def test_stratified_holdout() -> None:
@@ -532,13 +542,13 @@ def test_fashion_mnist_layouts(tmp_path: Path, gz: bool, torchvision: bool) -> N
     assert (CLASSES[0], CLASSES[-1], len(CLASSES)) == ("T-shirt/top", "Ankle boot", 10)
     assert isinstance(splits.train, TensorImages)
     train_ids = set(splits.train.images[:, 0, 0].tolist())
-    val_ids = set(splits.val.images[:, 0, 0].tolist())
+    val_ids = set(tensors(splits.val).images[:, 0, 0].tolist())
     assert not train_ids & val_ids
     assert train_ids | val_ids == set(range(30))
     assert splits.train.targets == [i % 10 for i in sorted(train_ids)]
     assert splits.test.targets == list(range(10))
     again = fashion_mnist(root, val_size=5, seed=1)
-    assert torch.equal(again.val.images, splits.val.images)
+    assert torch.equal(tensors(again.val).images, tensors(splits.val).images)
 
 
 def test_fashion_mnist_bad_magic(tmp_path: Path) -> None:
@@ -573,7 +583,8 @@ def test_an_unreadable_image_is_named(tmp_path: Path) -> None:
     bad = root / "train" / "cat" / "cat0.jpg"
     bad.write_text("not a jpeg")
     splits = load("image_folder", root)
-    dataset = splits.train if bad in [p for p, _ in splits.train.samples] else splits.val
+    train = files(splits.train)
+    dataset = train if bad in [p for p, _ in train.samples] else files(splits.val)
     index = [p for p, _ in dataset.samples].index(bad)
     with pytest.raises(
         DatasetLayoutError, match=r"cannot read image .*cat0\.jpg .*replace or remove"

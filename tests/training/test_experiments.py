@@ -9,6 +9,7 @@ import statistics
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ from training.model import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SMOKE = {"epochs": 1, "batch_size": 4, "workers": 0, "device": "cpu"}
+SMOKE: dict[str, Any] = {"epochs": 1, "batch_size": 4, "workers": 0, "device": "cpu"}
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,7 @@ def test_table2_table3_and_fig4_run(
 ) -> None:
     minc = make_minc(tmp_path_factory.mktemp("minc"))
     out = tmp_path / "runs"
-    common = {"scratch": True, "data_root": str(minc), **SMOKE}
+    common: dict[str, Any] = {"scratch": True, "data_root": str(minc), **SMOKE}
     run_row("table2", "smso-64", "minc2500", out, image_size=64, **common)  # ResNet-50
     run_row("table2", "bp", "minc2500", out, image_size=64, **common)
     run_row("table3", "flatten", "minc2500", out, image_size=32, **common)
@@ -351,7 +352,7 @@ def test_the_report_gives_mean_and_std_over_the_seeds(two_seeds: Path) -> None:
 
 
 def test_the_total_training_time_sums_median_based_and_measured_times() -> None:
-    records = [
+    records: list[dict[str, Any]] = [
         {"epochs": 45, "median_epoch_seconds": 40.0, "train_seconds": 2400.0},  # 30 min, 40 min
         {"epochs": 45, "median_epoch_seconds": 80.0, "train_seconds": 6600.0},  # 60 min, 110 min
         {"epochs": 10, "median_epoch_seconds": None, "train_seconds": 1800.0},  # older result
@@ -452,7 +453,12 @@ def test_resume_skips_finished_runs_and_refuses_other_settings(
 
 
 def test_resume_finishes_a_stopped_run(tiny_fashion_mnist: Path, tmp_path: Path) -> None:
-    common = {"data_root": str(tiny_fashion_mnist), "val_size": 40, "epochs": 2, "device": "cpu"}
+    common: dict[str, Any] = {
+        "data_root": str(tiny_fashion_mnist),
+        "val_size": 40,
+        "epochs": 2,
+        "device": "cpu",
+    }
     stopped = run_row("fmnist", "first-order", None, tmp_path, seed=3, stop_after=1, **common)
     assert stopped["test_accuracy"] is None
     assert not (tmp_path / "results.jsonl").exists()

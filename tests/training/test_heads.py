@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -10,8 +10,11 @@ import scipy.linalg
 import torch
 
 from training.heads import HEADS, Head, HeadOptionError, HeadSpec, UnknownHeadError, create_head
+from training.heads.compact_bilinear import RandomMaclaurin
 from training.heads.deepo2p import SymmetricLog
+from training.heads.lrbp import LowRankBilinear
 from training.heads.mpn import newton_schulz_sqrt
+from training.heads.vgg_fc import VGGClassifierHead
 from training.second_order import covariance
 
 # name -> (c, options, expected output_dim) at the paper's settings (docs/smso.md).
@@ -106,6 +109,7 @@ def test_blank_input_gives_finite_outputs_and_gradients(name: str, value: float)
     out = head(x)
     out.square().sum().backward()
     assert torch.isfinite(out).all()
+    assert x.grad is not None
     assert torch.isfinite(x.grad).all()
     for pname, param in head.named_parameters():
         assert param.grad is None or torch.isfinite(param.grad).all(), pname
@@ -122,6 +126,16 @@ def test_autocast_runs_the_second_order_heads_in_float32(name: str) -> None:
 
 
 # --- each head against its formula, computed independently in numpy/scipy -------------------
+
+
+H = TypeVar("H", bound=Head)
+
+
+def created(kind: type[H], name: str, c: int, **options: Any) -> H:
+    """``create_head(name, c, **options)``, checked to be the class ``kind``."""
+    head = create_head(name, c, **options)
+    assert isinstance(head, kind)
+    return head
 
 
 def _positions(x: torch.Tensor) -> np.ndarray:
@@ -192,6 +206,7 @@ def test_symmetric_log_gradient_is_finite_at_repeated_eigenvalues() -> None:
     a = (2.0 * torch.eye(4, dtype=torch.float64))[None].requires_grad_()
     SymmetricLog.apply(a, 1e-12).sum().backward()
     # d/dA sum(log A) at A = 2I is the identity... divided by 2 (and symmetrised ones off-diagonal)
+    assert a.grad is not None
     torch.testing.assert_close(a.grad[0], torch.full((4, 4), 0.5, dtype=torch.float64))
 
 
@@ -235,7 +250,7 @@ def test_tensor_sketch_matches_circular_convolution_of_count_sketches() -> None:
 
 def test_random_maclaurin_matches_formula() -> None:
     c, d = 5, 32
-    head = create_head("cbp_rm", c, dim=d)
+    head = created(RandomMaclaurin, "cbp_rm", c, dim=d)
     x = torch.randn(2, c, 3, 3)
     pos = _positions(x)
     w1, w2 = head.proj1.double().numpy(), head.proj2.double().numpy()
@@ -265,7 +280,7 @@ def test_compact_bilinear_approximates_the_bilinear_kernel(name: str) -> None:
 
 def test_lrbp_matches_formula_and_scores_classes() -> None:
     c, k, m, r = 6, 4, 5, 4
-    head = create_head("lrbp", c, num_classes=k, projection_dim=m, rank=r)
+    head = created(LowRankBilinear, "lrbp", c, num_classes=k, projection_dim=m, rank=r)
     with torch.no_grad():
         head.bias.normal_()
     spec = HEADS["lrbp"]
@@ -298,11 +313,12 @@ def test_lrbp_scaled_square_root_comes_first() -> None:
     torch.testing.assert_close(rooted(x), expected)
     blank = torch.zeros(2, 6, 3, 3, requires_grad=True)  # with its eps the root has a gradient
     create_head("lrbp", 6, num_classes=4, sqrt_scale=2e5, projection_dim=5)(blank).sum().backward()
+    assert blank.grad is not None
     assert torch.isfinite(blank.grad).all()
 
 
 def test_lrbp_projection_from_gram_svd() -> None:
-    head = create_head("lrbp", 6, num_classes=3, projection_dim=2)
+    head = created(LowRankBilinear, "lrbp", 6, num_classes=3, projection_dim=2)
     feats = torch.randn(10, 6, 4, 4) * torch.tensor([5.0, 1, 1, 1, 3, 1])[None, :, None, None]
     head.init_projection(feats)
     top = head.projection.detach().abs().argmax(dim=1).tolist()
@@ -331,7 +347,7 @@ def test_bad_input_shape_is_named() -> None:
 
 
 def test_vgg_fc_is_pool5_fc6_fc7_and_takes_torchvision_weights() -> None:
-    head = create_head("vgg_fc", 4, hidden=8, pool=2).eval()
+    head = created(VGGClassifierHead, "vgg_fc", 4, hidden=8, pool=2).eval()
     state = {
         "classifier.0.weight": torch.randn(8, 16),
         "classifier.0.bias": torch.randn(8),

@@ -13,6 +13,7 @@ from tests.training.test_heads import SMALL
 from training.backbones import UnknownBackboneError
 from training.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from training.heads import HEADS, UnknownHeadError
+from training.heads.smso import SMSOPooling
 from training.model import ModelConfig, SecondOrderNet, build_model
 
 
@@ -46,12 +47,14 @@ def test_lrbp_has_no_classifier_of_its_own() -> None:
 
 def test_structure_is_backbone_conv_bn_head_classifier() -> None:
     model = build_model(small_config("smso", head_options={"dim": 5}))
+    assert isinstance(model.reduce, nn.Sequential)
     conv, bn = model.reduce
     assert isinstance(conv, nn.Conv2d)
     assert conv.kernel_size == (1, 1)
     assert conv.bias is None
     assert isinstance(bn, nn.BatchNorm2d)
     assert bn.num_features == 8
+    assert isinstance(model.classifier, nn.Linear)
     assert model.classifier.in_features == 5
     assert model.classifier.out_features == 3
 
@@ -71,10 +74,15 @@ def test_smso_state_dict_keys_are_those_of_earlier_checkpoints() -> None:
 
 def test_new_layers_are_glorot_normal() -> None:
     model = build_model(ModelConfig(num_classes=200, backbone="resnet18", head="smso"))
-    conv_w = model.reduce[0].weight  # (256, 512, 1, 1)
+    assert isinstance(model.reduce, nn.Sequential)
+    conv = model.reduce[0]
+    assert isinstance(conv, nn.Conv2d)
+    conv_w = conv.weight  # (256, 512, 1, 1)
     assert conv_w.std().item() == pytest.approx((2 / (512 + 256)) ** 0.5, rel=0.02)
+    assert isinstance(model.head, SMSOPooling)
     pv = model.head.weight  # (2048, 256)
     assert pv.std().item() == pytest.approx((2 / (2048 + 256)) ** 0.5, rel=0.02)
+    assert isinstance(model.classifier, nn.Linear)
     fc = model.classifier.weight  # (200, 2048)
     assert fc.std().item() == pytest.approx((2 / (2048 + 200)) ** 0.5, rel=0.02)
     assert torch.count_nonzero(model.classifier.bias) == 0

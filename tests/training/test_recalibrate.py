@@ -152,17 +152,20 @@ def test_smso_train_recalibrates_best_pt_over_the_training_images(run: Path) -> 
     # lowered the validation accuracy by more than its noise, else the running Sigma
     model, _ = load_model(run / "best.pt")
     _, _, splits = load_with_splits(run / "best.pt")
+    train = splits.train_eval
     with torch.no_grad():
-        features = [model.forward_features(x[None]) for x, _ in splits.train_eval]
-    held = model.head.running_cov.clone()
-    accumulate_input_statistics(model.head, features)
+        features = [model.forward_features(train[i][0][None]) for i in range(len(train))]
+    head = model.head
+    assert isinstance(head, SMSOPooling)
+    held = head.running_cov.clone()
+    accumulate_input_statistics(head, features)
     if report["kept"]:
-        torch.testing.assert_close(held, model.head.running_cov, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(held, head.running_cov, rtol=1e-5, atol=1e-6)
     else:
         assert report["val_accuracy_after"] < report["val_accuracy_before"]
         running = load_checkpoint(run / "last.pt")["model_state"]["head.running_cov"]
         assert torch.equal(held, running)  # one epoch: best.pt is last.pt's weights
-        assert not torch.allclose(held, model.head.running_cov)
+        assert not torch.allclose(held, head.running_cov)
 
 
 def test_the_validation_accuracy_reported_is_that_of_what_best_pt_holds(run: Path) -> None:
@@ -184,12 +187,13 @@ def test_the_summary_line_gives_every_epoch_and_the_accuracy_after_the_re_estima
     from training.train import RunResult
 
     report = {"kept": True, "val_accuracy_before": 0.3333, "val_accuracy_after": 0.6667}
-    result = RunResult(Path("r"), 1, 0.3333, None, None, 2, 2, report)
+    model = build_model(ModelConfig(3, "small_cnn", "smso", {"dim": 8}, reduce_dim=8))
+    result = RunResult(Path("r"), 1, 0.3333, None, model, 2, 2, report)
     assert result.summary() == (
         "run: r  epochs: 2 of 2 (1 by this call)  best val: 0.3333 (0.6667 after Sigma's "
         "re-estimation)"
     )
-    plain = RunResult(Path("r"), 2, 0.9, None, None, 2, 2, {**report, "kept": False})
+    plain = RunResult(Path("r"), 2, 0.9, None, model, 2, 2, {**report, "kept": False})
     assert plain.summary() == "run: r  epochs: 2 of 2  best val: 0.9000"
 
 
@@ -236,7 +240,9 @@ def test_a_re_estimate_that_lowers_validation_accuracy_is_not_kept(monkeypatch) 
     """The choice between the running and the re-estimated Sigma is made on validation images:
     on a small or easy dataset the running one can suit the trained weights better."""
     model = build_model(ModelConfig(3, "small_cnn", "smso", {"dim": 8}, reduce_dim=8))
-    running = model.head.running_cov.clone()
+    head = model.head
+    assert isinstance(head, SMSOPooling)
+    running = head.running_cov.clone()
     accuracies = iter([0.9, 0.5])  # before, after
 
     def evaluate(*args, **kwargs):
@@ -248,10 +254,11 @@ def test_a_re_estimate_that_lowers_validation_accuracy_is_not_kept(monkeypatch) 
 
     monkeypatch.setattr(module, "evaluate", evaluate)
     monkeypatch.setattr(module, "fit_input_statistics", fit_input_statistics)
-    report = module.recalibrate(model, [], [], None, 3, setup_runtime("cpu", "off"))
+    criterion = nn.functional.cross_entropy  # unused: evaluate is replaced
+    report = module.recalibrate(model, [], [], criterion, 3, setup_runtime("cpu", "off"))
     assert report["kept"] is False
     assert (report["val_accuracy_before"], report["val_accuracy_after"]) == (0.9, 0.5)
-    assert torch.equal(model.head.running_cov, running)
+    assert torch.equal(head.running_cov, running)
     accuracies = iter([0.5, 0.495])  # within 2 standard errors (0.01): the statistically right one
-    assert module.recalibrate(model, [], [], None, 3, setup_runtime("cpu", "off"))["kept"]
-    torch.testing.assert_close(model.head.running_cov, running * 1e6)
+    assert module.recalibrate(model, [], [], criterion, 3, setup_runtime("cpu", "off"))["kept"]
+    torch.testing.assert_close(head.running_cov, running * 1e6)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.heads.smso import AFFINES, FORMS, SMSOPooling
+from training.heads.smso import AFFINES, FORMS, Form, SMSOPooling
 
 
 def reference_smso(x: np.ndarray, w: np.ndarray, sigma: np.ndarray, gamma, beta) -> np.ndarray:
@@ -23,8 +23,17 @@ def reference_smso(x: np.ndarray, w: np.ndarray, sigma: np.ndarray, gamma, beta)
     return np.stack(out)
 
 
+def affine(layer: SMSOPooling) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's ``log_gamma`` and ``beta``, which its default ``affine="both"`` creates."""
+    assert layer.log_gamma is not None
+    assert layer.beta is not None
+    return layer.log_gamma, layer.beta
+
+
 def reference_for(layer: SMSOPooling, x: torch.Tensor) -> np.ndarray:
     """``reference_smso`` with the layer's own weights, Sigma, gamma and beta."""
+    assert layer.gamma is not None
+    assert layer.beta is not None
     params = [layer.weight, layer.running_cov, layer.gamma, layer.beta]
     w, sigma, gamma, beta = (t.detach().double().numpy() for t in params)
     return reference_smso(x.numpy(), w, sigma, gamma, beta)
@@ -34,8 +43,9 @@ def randomize(layer: SMSOPooling) -> SMSOPooling:
     """Non-trivial gamma, beta and running Sigma, so every term of the formula is exercised."""
     c = layer.in_channels
     with torch.no_grad():
-        layer.log_gamma.normal_(0, 0.3)
-        layer.beta.normal_(0, 0.5)
+        log_gamma, beta = affine(layer)
+        log_gamma.normal_(0, 0.3)
+        beta.normal_(0, 0.5)
         a = torch.randn(c, c)
         layer.running_cov.copy_(a @ a.T / c + 0.5 * torch.eye(c))
     return layer.eval()
@@ -77,8 +87,10 @@ def test_state_dicts_have_the_same_names_in_both_forms() -> None:
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_fresh_layer_outputs_standardised_z(form: str) -> None:
+def test_fresh_layer_outputs_standardised_z(form: Form) -> None:
     layer = SMSOPooling(8, 4, form=form).eval()
+    assert layer.gamma is not None
+    assert layer.beta is not None
     assert torch.equal(layer.gamma, torch.ones(4))
     assert torch.equal(layer.beta, torch.zeros(4))
     x = torch.randn(2, 8, 5, 5)
@@ -114,12 +126,13 @@ def test_affine_variants_have_their_parameters(affine: str) -> None:
 def test_gamma_stays_positive_under_any_update() -> None:
     layer = SMSOPooling(8, 4)
     with torch.no_grad():
-        layer.log_gamma.fill_(-50.0)
-    assert (layer.gamma > 0).all()
+        affine(layer)[0].fill_(-50.0)
+    assert layer.gamma is not None
+    assert bool((layer.gamma > 0).all())
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_running_sigma_updates_in_training_only(form: str) -> None:
+def test_running_sigma_updates_in_training_only(form: Form) -> None:
     layer = SMSOPooling(4, 3, form=form, momentum=0.5)
     x = torch.randn(6, 4, 5, 5) * 3
     layer(x)
@@ -149,18 +162,19 @@ def test_cumulative_average_without_momentum() -> None:
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("transform", ["sqrt", "log", "cuberoot", "none"])
-def test_constant_input_gives_finite_outputs_and_gradients(form: str, transform: str) -> None:
+def test_constant_input_gives_finite_outputs_and_gradients(form: Form, transform: str) -> None:
     layer = SMSOPooling(8, 4, form=form, transform=transform)
     x = torch.full((2, 8, 5, 5), 3.0, requires_grad=True)
     out = layer(x)
     out.sum().backward()
     assert torch.isfinite(out).all()
+    assert x.grad is not None
     assert torch.isfinite(x.grad).all()
-    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_autocast_computes_in_float32(form: str) -> None:
+def test_autocast_computes_in_float32(form: Form) -> None:
     layer = randomize(SMSOPooling(16, 8, form=form))
     x = torch.randn(2, 16, 6, 6).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,6 +25,8 @@ from training.config import ConfigError, TrainConfig, parse_train_config
 from training.evaluate import load_with_splits
 from training.evaluate import main as eval_main
 from training.head_statistics import accumulate_input_statistics
+from training.heads.lrbp import LowRankBilinear
+from training.heads.smso import SMSOPooling
 from training.model import ModelConfig, build_model
 from training.train import fit
 from training.train import main as train_main
@@ -31,8 +34,8 @@ from training.train import main as train_main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def tiny_config(data_root: Path, out: Path, **overrides) -> TrainConfig:
-    fields = {
+def tiny_config(data_root: Path, out: Path, **overrides: Any) -> TrainConfig:
+    fields: dict[str, Any] = {
         "dataset": "fashion_mnist",
         "data_root": str(data_root),
         "val_size": 40,
@@ -69,6 +72,7 @@ def test_a_run_writes_its_config_metrics_checkpoints_and_test_report(tiny_fashio
     report = json.loads((out / "test.json").read_text())
     assert report["test_images"] == 60
     assert sum(map(sum, report["confusion"])) == 60
+    assert result.test is not None
     assert report["test_accuracy"] == pytest.approx(result.test.accuracy)
 
 
@@ -242,14 +246,16 @@ def test_two_cpu_processes_with_gloo_end_with_identical_weights(tiny_fashion_mni
     # Sigma recalibrated over both ranks' shares of the 160 training images, not rank 0's
     assert load_checkpoint(out / "best.pt")["recalibration"]["images"] == 160
     model, _, splits = load_with_splits(out / "best.pt")
-    sigma = model.head.running_cov.clone()
+    head = model.head
+    assert isinstance(head, SMSOPooling)
+    sigma = head.running_cov.clone()
     assert torch.equal(ranks[0]["head.running_cov"], sigma)
 
     def estimate(indices: range) -> torch.Tensor:
         images = torch.stack([splits.train_eval[i][0] for i in indices])
         with torch.no_grad():
-            accumulate_input_statistics(model.head, [model.forward_features(images)])
-        return model.head.running_cov.clone()
+            accumulate_input_statistics(head, [model.forward_features(images)])
+        return head.running_cov.clone()
 
     torch.testing.assert_close(estimate(range(160)), sigma, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(estimate(range(0, 160, 2)), sigma, rtol=1e-3, atol=1e-4)
@@ -277,11 +283,14 @@ def test_lrbp_starts_from_the_gram_matrix_of_the_training_features(tiny_fashion_
         head_options=options,
         eval_test=False,
     )
-    projection = fit(cfg).model.head.projection.detach().double()  # (m, c)
+    head = fit(cfg).model.head
+    assert isinstance(head, LowRankBilinear)
+    projection = head.projection.detach().double()  # (m, c)
     torch.manual_seed(cfg.seed)  # the model fit built, before its first epoch
     fresh = build_model(cfg.model_config(10, 1)).eval()
     _, _, splits = load_with_splits(tmp_path / "run" / "best.pt")
-    images = torch.stack([image for image, _ in splits.train_eval])
+    train = splits.train_eval
+    images = torch.stack([train[i][0] for i in range(len(train))])
     with torch.no_grad():
         x = fresh.forward_features(images).double().flatten(2)  # (N, c, n)
     gram = torch.einsum("bcn,bdn->cd", x, x)
@@ -346,8 +355,9 @@ def test_ema_averages_the_weights_after_every_step_by_its_formula(tiny_fashion_m
 
     cfg = tiny_config(tiny_fashion_mnist, tmp_path / "run", ema=0.75)
     run = _Run(cfg, setup_runtime("cpu", "off"))
-    stepped = []
+    stepped: list[int] = []
     step = run.after_step(lambda: stepped.append(1))
+    assert step is not None
     for value in (1.0, 5.0, 9.0):
         with torch.no_grad():
             for tensor in [*run.model.parameters(), *run.model.buffers()]:

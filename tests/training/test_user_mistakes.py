@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -103,6 +104,7 @@ def test_an_image_size_the_model_cannot_run_on_is_named_before_the_run_folder(
 
 def test_a_forward_error_that_is_not_about_the_size_is_not_blamed_on_image_size():
     from training.datasets import PRESETS
+    from training.model import SecondOrderNet
     from training.runtime import setup_runtime
     from training.train import _check_input_size
 
@@ -110,8 +112,9 @@ def test_a_forward_error_that_is_not_about_the_size_is_not_blamed_on_image_size(
         def forward(self, x):
             raise RuntimeError("CUDA error: no kernel image is available for execution")
 
+    broken = cast(SecondOrderNet, Broken())  # a stand-in: only its forward is called
     with pytest.raises(RuntimeError, match="no kernel image"):
-        _check_input_size(Broken(), PRESETS["fashion_mnist"], setup_runtime("cpu", "off"))
+        _check_input_size(broken, PRESETS["fashion_mnist"], setup_runtime("cpu", "off"))
 
 
 def test_eval_json_to_a_pipe_is_written_not_read_first(tmp_path):

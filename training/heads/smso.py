@@ -42,7 +42,7 @@ from training.second_order import at_least_float32, check_feature_map, covarianc
 __all__ = ["AFFINES", "FORMS", "SMSOPooling"]
 
 Form = Literal["conv", "covariance"]
-FORMS: tuple[str, ...] = ("conv", "covariance")
+FORMS: tuple[Form, ...] = ("conv", "covariance")
 #: Which of ``gamma`` and ``beta`` are trained (paper Table 3).
 AFFINES: tuple[str, ...] = ("both", "beta", "gamma", "none")
 
