@@ -42,7 +42,7 @@ from bench.benchlib import write_json  # noqa: E402
 from bench.serve import jpegs, oip_bodies  # noqa: E402
 from bench.standin import CARD, StandinBackend  # noqa: E402
 from service.app import create_app  # noqa: E402
-from service.card import parse_card  # noqa: E402
+from service.card import CARD_KEY, parse_card  # noqa: E402
 from service.images import Preprocessor  # noqa: E402
 from service.oip import build_router  # noqa: E402
 from service.routes import build_routes  # noqa: E402
@@ -135,7 +135,7 @@ async def lifespan(app: Any) -> Callable[[], Any]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    card, _ = parse_card({"smso.model_card": json.dumps(CARD)})
+    card, _ = parse_card({CARD_KEY: json.dumps(CARD)})
     files = jpegs(4)
     pre = Preprocessor(card.preprocessing, 10**9)
     bodies = oip_bodies(files, np.stack([pre(data) for data in files]))

@@ -534,10 +534,10 @@ def standin_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     per request: queueing, thread hops, parsing and answering."""
     sys.path.insert(0, str(ROOT))
     from bench.standin import CARD
-    from service.card import parse_card
+    from service.card import CARD_KEY, parse_card
     from service.images import Preprocessor
 
-    card, _ = parse_card({"smso.model_card": json.dumps(CARD)})
+    card, _ = parse_card({CARD_KEY: json.dumps(CARD)})
     pre = Preprocessor(card.preprocessing, 10**9)
     bodies = oip_bodies(files, np.stack([pre(data) for data in files]))
     per_round = args.requests // args.rounds

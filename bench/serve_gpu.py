@@ -781,7 +781,7 @@ def _drive(
     """The loads of :func:`serve_loads` against a running server; results into ``result``."""
     import httpx
 
-    from service.card import parse_card
+    from service.card import CARD_KEY, parse_card
 
     result["ready_s"] = ready_s
     for _ in range(100):  # with several workers, /readyz may have been answered by one of them
@@ -790,7 +790,7 @@ def _drive(
             break
         time.sleep(0.2)
     card = answer.raise_for_status().json()["card"]
-    name, _ = parse_card({"smso.model_card": json.dumps(card)})
+    name, _ = parse_card({CARD_KEY: json.dumps(card)})
     routes = {
         "/classify JPEG": (f"{base}/classify", "jpeg"),
         "/v2 FP32": (f"{base}/v2/models/{name.name}/infer", "fp32"),

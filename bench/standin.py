@@ -56,13 +56,13 @@ class StandinBackend:
 
     def __init__(self, latency_ms: float = 1.3, per_image_ms: float = 0.19) -> None:
         sys.path.insert(0, str(ROOT))
-        from service.card import parse_card
+        from service.card import CARD_KEY, parse_card
         from service.runner import fill
 
         self._fill = fill
         self._host = np.zeros((0, 3, 224, 224), np.float32)  # grows to the largest batch
 
-        self.card, self.card_dict = parse_card({"smso.model_card": json.dumps(CARD)})
+        self.card, self.card_dict = parse_card({CARD_KEY: json.dumps(CARD)})
         self.providers = ["StandinExecutionProvider"]
         self.latency_s, self.per_image_s = latency_ms / 1e3, per_image_ms / 1e3
         self.batches = 0

@@ -49,10 +49,10 @@ __all__ = [
     "CARD_KEY",
     "CARD_VERSION",
     "SERVED_NAME",
+    "card_from_proto",
     "card_json",
     "check_served_name",
     "file_sha256",
-    "read_card",
 ]
 
 CARD_KEY = "smso.model_card"
@@ -99,7 +99,7 @@ class _HasMetadata(Protocol):
     def metadata_props(self) -> Iterable[_Entry]: ...
 
 
-def read_card(model: _HasMetadata) -> dict[str, Any]:
+def card_from_proto(model: _HasMetadata) -> dict[str, Any]:
     """The card stored in ``model.metadata_props`` (an ``onnx.ModelProto``), parsed.
 
     ``KeyError`` naming :data:`CARD_KEY` when the file holds no card.

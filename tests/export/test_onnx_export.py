@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 from torch import nn
 
 from export import onnx_export
-from export.card import CARD_KEY, file_sha256, read_card
+from export.card import CARD_KEY, card_from_proto, file_sha256
 from export.cli import main as export_main
 from export.onnx_export import export_checkpoint, graph_opset, newest_opset
 from export.parity import ParityError
@@ -31,7 +32,7 @@ C, P = 8, 4  # the tiny run's SMSO: c = 8 channels, p = 4
 
 
 def card_of(path: Path) -> dict:
-    return read_card(onnx.load(path))
+    return card_from_proto(onnx.load(path))
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -130,8 +131,8 @@ def test_onnxruntime_matches_pytorch_at_other_batch_sizes_and_image_sizes(
 def test_reading_the_card_of_a_file_without_one_names_the_missing_key():
     bare = onnx.helper.make_model(onnx.helper.make_graph([], "bare", [], []))
     bare.metadata_props.add(key="other", value="{}")
-    with pytest.raises(KeyError, match=CARD_KEY):
-        read_card(bare)
+    with pytest.raises(KeyError, match=re.escape(f"no {CARD_KEY!r} in its metadata_props")):
+        card_from_proto(bare)
 
 
 def test_the_model_card_says_what_a_server_needs(trained_run, exported):

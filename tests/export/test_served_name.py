@@ -9,7 +9,7 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 
-from export.card import read_card
+from export.card import card_from_proto
 from export.cli import main as export_main
 from service.app import create_app
 from service.settings import Settings
@@ -38,7 +38,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_the_card_holds_the_served_name_and_version(exported):
     _, model = exported
-    card = read_card(onnx.load(str(model)))
+    card = card_from_proto(onnx.load(str(model)))
     assert card["served"] == {"name": NAME, "version": VERSION}
     assert card["classes"] == sorted(FOLDER_CLASSES)
 

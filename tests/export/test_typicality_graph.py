@@ -105,12 +105,12 @@ def test_stripping_the_score_also_drops_the_cards_note_of_it():
     it): a stripped file's card no longer says so, and keeps its reference."""
     import json
 
-    from export.card import CARD_KEY
+    from export.card import CARD_KEY, card_from_proto
 
     proto = outputs_model(features=True)
     append_score(proto, reference(features=True))
     section = {"format": 1, "images": 600, "output": OUTPUT, "output_max_difference": 1e-6}
     proto.metadata_props.add(key=CARD_KEY, value=json.dumps({"typicality": section}))
     assert strip_score(proto)
-    card = json.loads(next(p.value for p in proto.metadata_props if p.key == CARD_KEY))
+    card = card_from_proto(proto)
     assert card["typicality"] == {"format": 1, "images": 600}

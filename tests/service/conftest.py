@@ -20,7 +20,7 @@ from PIL import Image
 
 from service import stage_clock
 from service.app import create_app
-from service.card import ModelCard, parse_card
+from service.card import CARD_KEY, ModelCard, parse_card
 from service.runner import Batch, buckets, stacked
 from service.settings import DEFAULT_MODEL, Settings
 
@@ -44,7 +44,7 @@ class FakeBackend:
     def __init__(self, delay_s: float = 0.0, fail: bool = False):
         import json
 
-        self.card, self.card_dict = parse_card({"smso.model_card": json.dumps(CARD)})
+        self.card, self.card_dict = parse_card({CARD_KEY: json.dumps(CARD)})
         self.providers = ["FakeExecutionProvider"]
         self.delay_s, self.fail = delay_s, fail
         self.batches: list[int] = []

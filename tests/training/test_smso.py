@@ -23,7 +23,7 @@ def reference_smso(x: np.ndarray, w: np.ndarray, sigma: np.ndarray, gamma, beta)
     return np.stack(out)
 
 
-def affine(layer: SMSOPooling) -> tuple[torch.Tensor, torch.Tensor]:
+def affine_parameters(layer: SMSOPooling) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's ``log_gamma`` and ``beta``, which its default ``affine="both"`` creates."""
     assert layer.log_gamma is not None
     assert layer.beta is not None
@@ -43,7 +43,7 @@ def randomize(layer: SMSOPooling) -> SMSOPooling:
     """Non-trivial gamma, beta and running Sigma, so every term of the formula is exercised."""
     c = layer.in_channels
     with torch.no_grad():
-        log_gamma, beta = affine(layer)
+        log_gamma, beta = affine_parameters(layer)
         log_gamma.normal_(0, 0.3)
         beta.normal_(0, 0.5)
         a = torch.randn(c, c)
@@ -126,7 +126,7 @@ def test_affine_variants_have_their_parameters(affine: str) -> None:
 def test_gamma_stays_positive_under_any_update() -> None:
     layer = SMSOPooling(8, 4)
     with torch.no_grad():
-        affine(layer)[0].fill_(-50.0)
+        affine_parameters(layer)[0].fill_(-50.0)
     assert layer.gamma is not None
     assert bool((layer.gamma > 0).all())
 
