@@ -87,9 +87,9 @@ onnx: $(VENV)/.installed-dev data
 # CBP-TS, CBP-RM, LRBP, DeepO2P, SMSO p = 16 to 1,024) with the shipped model's recipe, seeds 0,
 # 1 and 2, two runs at a time on the CPU (FMNIST_JOBS); the table goes to
 # runs/fmnist-table/table.md.
-# About 30-35 hours on 2 cores: the first four runs took 48-76 minutes each by their median
-# epochs (one at a time), and per training step the heads cost 1x (LRBP, CBP-TS) to 2.6x
-# (CBP-RM) of SMSO p = 64 (single-thread CPU time of a batch-64 step).
+# About 16 hours on 2 cores, two runs at a time: the 33 runs' training summed to 32.1 hours,
+# 34 to 58 minutes a run for most rows, 77 for CBP-RM (medians over the seeds, measured two at
+# a time; validation and test passes not included).
 # Interrupted? Run it again: finished runs are kept and an unfinished one resumes from its last
 # epoch (a folder started with another recipe is refused; remove runs/fmnist-table to start
 # over). On a GPU, rows x seeds in parallel (40 to 60 minutes, estimated): bench/fmnist_table_gpu.sh.
