@@ -87,7 +87,7 @@ onnx: $(VENV)/.installed-dev data
 # CBP-TS, CBP-RM, LRBP, DeepO2P, SMSO p = 16 to 1,024) with the shipped model's recipe, seeds 0,
 # 1 and 2, two runs at a time on the CPU (FMNIST_JOBS); the table goes to
 # runs/fmnist-table/table.md.
-# About 16 hours on 2 cores, two runs at a time: the 33 runs' training summed to 32.1 hours,
+# About 18 hours on 2 cores, two runs at a time: the 33 runs' training summed to 32.1 hours,
 # 34 to 58 minutes a run for most rows, 77 for CBP-RM (medians over the seeds, measured two at
 # a time; validation and test passes not included).
 # Interrupted? Run it again: finished runs are kept and an unfinished one resumes from its last
