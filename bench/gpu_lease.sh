@@ -107,7 +107,7 @@ zstandard.ZstdDecompressor(max_window_size=2**31).copy_stream(sys.stdin.buffer, 
   export PYTHONPATH=$site:$PWD PATH=$tmp/pyspy/bin:$site/bin:$PATH
   python3 -c "import onnxruntime as o; p = o.get_available_providers(); print('onnxruntime', o.__version__, p)
 assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gpu has no CUDA provider here"
-  timeout 120 python3 -m pytest -m cuda tests/service/test_runner.py tests/service/test_gpu_jpeg.py \
+  timeout 120 python3 -m pytest -m cuda tests/service/runtime/test_runner.py tests/service/imaging/test_gpu_jpeg.py \
     -q -s -p no:cacheprovider >"$OUT/pytest.log" 2>&1
   echo "pytest -m cuda (runner, gpu_jpeg): $(tail -1 "$OUT/pytest.log")"
   grep "nvJPEG + graph" "$OUT/pytest.log"

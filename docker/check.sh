@@ -60,16 +60,16 @@ cd "$tmp"
 
 step "serving dependencies (GPU image: docker/install-serving.sh), fresh venv"
 PYTHON=$serving_python bash "$root/docker/install-serving.sh" "$tmp/serve-gpu"
-install_project "$tmp/serve-gpu" "$(cd "$root" && context serve service)"
+install_project "$tmp/serve-gpu" "$(cd "$root" && context serve service modelcard)"
 "$tmp/serve-gpu/bin/python" -c "import service.app, service.cli, onnxruntime" \
   || fail "the service does not import in the GPU serving venv"
 "$tmp/serve-gpu/bin/smso-serve" --help >/dev/null || fail "smso-serve --help in the GPU serving venv"
 # GPU JPEG decoding from the installed package (its graph is package data): here on
 # nvImageCodec's CPU decoder and onnxruntime's CPU provider, the code the GPU runs
-"$tmp/serve-gpu/bin/python" - <<'PY' || fail "GPU JPEG decoding (service.gpu_jpeg) does not run in the GPU serving venv"
-from service.card import Preprocessing
-from service.gpu_jpeg import GpuJpegPreprocessor
-from service.images import Preprocessor
+"$tmp/serve-gpu/bin/python" - <<'PY' || fail "GPU JPEG decoding (service.imaging.gpu_jpeg) does not run in the GPU serving venv"
+from service.core.card import Preprocessing
+from service.imaging.gpu_jpeg import GpuJpegPreprocessor
+from service.imaging.images import Preprocessor
 
 spec = Preprocessing(colour="RGB", resize=256, crop=224, mean=[0.5] * 3, std=[0.25] * 3)
 GpuJpegPreprocessor(Preprocessor(spec, 10**7), "cpu")  # decodes and checks a probe JPEG
@@ -125,10 +125,7 @@ done_step
 
 step "training dependencies (docker/install-training.sh), fresh venv"
 bash "$root/docker/install-training.sh" "$tmp/train"
-train_context=$(cd "$root" && context train training export)
-# as train.Dockerfile: the card's typicality format from service/ (numpy only), not the service
-mkdir -p "$train_context/service"
-cp "$root/service/__init__.py" "$root/service/typicality.py" "$train_context/service/"
+train_context=$(cd "$root" && context train training export modelcard)
 install_project "$tmp/train" "$train_context"
 "$tmp/train/bin/smso-train" --help >/dev/null || fail "smso-train --help in the training venv"
 "$tmp/train/bin/smso-export" --help >/dev/null || fail "smso-export --help in the training venv"

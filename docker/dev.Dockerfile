@@ -7,7 +7,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends make \
 WORKDIR /app
 # Dependencies first, so that a code change does not reinstall them.
 COPY pyproject.toml README.md ./
-RUN mkdir training export service && touch training/__init__.py export/__init__.py service/__init__.py \
+RUN mkdir training export service modelcard \
+    && touch training/__init__.py export/__init__.py service/__init__.py modelcard/__init__.py \
     && python -m pip install --no-cache-dir -e '.[dev]'
 COPY . .
 CMD ["python", "-m", "pytest"]

@@ -18,9 +18,11 @@ COPY docker/requirements.py docker/install-serving.sh docker/
 ENV PATH=/opt/venv/bin:$PATH
 RUN bash docker/install-serving.sh /opt/venv --cpu
 
-# 2. The service (only the service package: no training code in a serving image) and the model.
+# 2. The service and the card's maths it shares with export (no training code in a serving
+#    image) and the model.
 COPY README.md ./
 COPY service service
+COPY modelcard modelcard
 RUN pip install --quiet --no-deps . && rm -rf build ./*.egg-info
 COPY models models
 COPY docker/healthcheck.py /usr/local/bin/smso-healthcheck

@@ -25,9 +25,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     LD_LIBRARY_PATH=/opt/venv/tensorrt_libs:$LD_LIBRARY_PATH
 RUN bash docker/install-serving.sh /opt/venv --tensorrt && bash docker/check-gpu-libs.sh /opt/venv
 
-# 2. The service (only the service package: no training code in a serving image) and the model.
+# 2. The service and the card's maths it shares with export (no training code in a serving
+#    image) and the model.
 COPY README.md ./
 COPY service service
+COPY modelcard modelcard
 RUN pip install --quiet --no-deps . && rm -rf build ./*.egg-info
 COPY models models
 COPY docker/healthcheck.py /usr/local/bin/smso-healthcheck

@@ -25,8 +25,8 @@ RUN bash docker/install-training.sh /opt/venv
 COPY README.md ./
 COPY training training
 COPY export export
-# the model card's typicality format, which the exporter writes (numpy only; not the service)
-COPY service/__init__.py service/typicality.py service/
+# the model card's typicality maths, which the exporter writes (numpy only; not the service)
+COPY modelcard modelcard
 RUN pip install --quiet --no-deps . && rm -rf build ./*.egg-info
 COPY configs configs
 COPY docker/train.sh docker/train.sh

@@ -1,11 +1,13 @@
 """The FastAPI app, assembled: ``create_app(settings, backend=None)``.
 
-The state (``service.pipeline.ServiceState``), the lifespan that loads the models (one file, or a
-repository followed by ``service.repository``) and stops them, the middleware (request id and access
-line, metrics, client gone, body budget, drain), and the routes: ``service.routes`` (health,
-metrics, and each model's ``/classify``, ``/embed`` and ``/metadata``), ``service.oip`` (the Open
-Inference Protocol under ``/v2``) and ``service.docs`` (the OpenAPI docs, offline). The lifespan
-also runs the protocol's gRPC side (``service.grpc_server``) on ``settings.grpc_port``, unless 0.
+The state (``service.dataplane.pipeline.ServiceState``), the lifespan that loads the models (one
+file, or a repository followed by ``service.models.repository``) and stops them, the middleware
+(request id and access line, metrics, client gone, body budget, drain), and the routes:
+``service.http.routes`` (health,
+metrics, and each model's ``/classify``, ``/embed`` and ``/metadata``), ``service.http.oip`` (the
+Open Inference Protocol under ``/v2``) and ``service.http.docs`` (the OpenAPI docs, offline). The
+lifespan also runs the protocol's gRPC side (``service.grpc.server``) on ``settings.grpc_port``,
+unless 0.
 """
 
 from __future__ import annotations
@@ -21,25 +23,31 @@ from opentelemetry.trace import TracerProvider
 from starlette.types import ASGIApp
 from threadpoolctl import threadpool_limits
 
-from service.access import AccessLog
-from service.backend import Backend
-from service.bodies import BodyBudget
-from service.disconnect import CancelWhenGone
-from service.docs import install_docs
-from service.drain import CloseWhenDraining
-from service.errors import install_error_handlers
-from service.loader import close_backend, load_model
-from service.logs import configure_logging
-from service.metrics import MetricsMiddleware
-from service.oip import build_router
-from service.pipeline import ServiceState
-from service.repository import Repository
-from service.routes import build_routes
-from service.settings import Settings
-from service.tracing import TELEMETRY_OFF, Spans, piped_provider, tracer, tracing_requested
+from service.core.settings import Settings
+from service.dataplane.state import ServiceState
+from service.http.access import AccessLog
+from service.http.disconnect import CancelWhenGone
+from service.http.docs import install_docs
+from service.http.drain import CloseWhenDraining
+from service.http.errors import install_error_handlers
+from service.http.metrics import MetricsMiddleware
+from service.http.oip import build_router
+from service.http.routes import build_routes
+from service.limits.bodies import BodyBudget
+from service.models.loader import close_backend, load_model
+from service.models.repository import Repository
+from service.runtime.backend import Backend
+from service.telemetry.logs import configure_logging
+from service.telemetry.tracing import (
+    TELEMETRY_OFF,
+    Spans,
+    piped_provider,
+    tracer,
+    tracing_requested,
+)
 
 if TYPE_CHECKING:  # the SDK is the tracing extra's
-    from service.span_export import SpanPipe
+    from service.telemetry.span_export import SpanPipe
 
 __all__ = ["app_from_environment", "create_app"]
 
@@ -47,7 +55,7 @@ log = logging.getLogger("service")
 
 
 class _App(FastAPI):
-    """FastAPI with :class:`~service.access.AccessLog` outside Starlette's own error layer, so
+    """FastAPI with :class:`~service.http.access.AccessLog` outside Starlette's own error layer, so
     that a last-resort 500 too carries the request's id (``add_middleware`` nests inside it)."""
 
     def build_middleware_stack(self) -> ASGIApp:
@@ -65,7 +73,7 @@ def create_app(
 
     Spans go to ``tracer_provider`` (a test's), the service's own through ``span_pipe`` when
     one is given (it must be among the provider's processors); with neither, when the
-    environment names an OTLP endpoint, to an exporter process (``service.tracing``).
+    environment names an OTLP endpoint, to an exporter process (``service.telemetry.tracing``).
     """
     state = ServiceState(settings)
     if tracer_provider is None and tracing_requested():
@@ -107,7 +115,7 @@ def create_app(
         try:
             if settings.grpc_port:  # the same state, registry and batchers as HTTP
                 # imported here: with --grpc-port 0 neither grpcio nor tritonclient is loaded
-                from service.grpc_server import start_grpc_server
+                from service.grpc.server import start_grpc_server
 
                 grpc_server = await start_grpc_server(state)
             yield
@@ -134,7 +142,7 @@ def create_app(
         version="1",
         lifespan=lifespan,
         openapi_url="/openapi.json" if docs else None,
-        docs_url=None,  # service.docs serves them, offline
+        docs_url=None,  # service.http.docs serves them, offline
         redoc_url=None,
         # no redirect from /classify/ to /classify: its Location would be built from the
         # client's Host header (and a POST's body lost on the way)

@@ -11,7 +11,7 @@ With ``--workers N`` (N > 1) uvicorn's supervisor runs N server processes on the
 loading the model with its own session, batcher and decode threads; ``/metrics`` combines their
 values (prometheus_client's multiprocess mode, in a temporary folder). With
 ``--shared-session true`` a session host process loads the model first and the workers hand it
-their batches (:mod:`service.session_host`): one session and one CUDA context for all.
+their batches (:mod:`service.runtime.session_host`): one session and one CUDA context for all.
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ import numpy as np
 from pydantic import SecretStr, ValidationError
 
 from service.app import create_app
-from service.backend import OnnxBackend, read_card
-from service.card import CardError
-from service.connections import ServerConfig
-from service.drain import DrainingServer, DrainingSupervisor
-from service.host_process import HostHandle, start_host
-from service.logs import configure_logging
-from service.metrics import MULTIPROC_ENV
-from service.providers import TENSORRT, check_providers, prepare_engine_cache
-from service.settings import Settings, unknown_variables
-from service.tracing import check_tracing
+from service.core.card import CardError
+from service.core.settings import Settings, unknown_variables
+from service.http.connections import ServerConfig
+from service.http.drain import DrainingServer, DrainingSupervisor
+from service.runtime.backend import BackendOptions, OnnxBackend, read_card
+from service.runtime.host_process import HostHandle, start_host
+from service.runtime.providers import TENSORRT, check_providers, prepare_engine_cache
+from service.telemetry.logs import configure_logging
+from service.telemetry.metrics import MULTIPROC_ENV
+from service.telemetry.tracing import check_tracing
 
 __all__ = ["main"]
 
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = None
     if settings.model_repository is None:  # a repository's models are each loaded, or
         try:  # unavailable with their reason, while the server runs
-            backend = OnnxBackend(settings.model_path, settings.backend_options)
+            backend = OnnxBackend(settings.model_path, BackendOptions.from_settings(settings))
             _try_once(backend, settings.model_path)
         except (CardError, ValueError, ModelCannotRunError) as error:
             listener.close()
@@ -178,7 +178,7 @@ class _Server(DrainingServer):
 def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
     """uvicorn's settings for ``app``: address, read bounds, connection limit, drain bound.
     Its loggers go to the service's handler (no logging configuration of its own) and its access
-    log is off: :class:`service.access.AccessLog` writes one line per request instead."""
+    log is off: :class:`service.http.access.AccessLog` writes one line per request instead."""
     return ServerConfig(
         app,
         host=settings.host,
@@ -214,7 +214,9 @@ def _check_decoding(settings: Settings) -> None:
     """With ``decode_device=cuda``: a ValueError saying what is missing (nvImageCodec,
     onnxruntime's CUDA provider, a GPU) before the server starts."""
     if settings.decode_device != "cpu":
-        from service.gpu_jpeg import check_available  # needs nvImageCodec: imported only then
+        from service.imaging.gpu_jpeg import (
+            check_available,  # needs nvImageCodec: imported only then
+        )
 
         check_available(settings.decode_device)
 
@@ -256,7 +258,7 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         if settings.model_repository is None:
             read_card(settings.model_path)
         if TENSORRT in check_providers(settings.providers):
-            prepare_engine_cache(settings.backend_options.engine_cache_dir)
+            prepare_engine_cache(settings.engine_cache)
         _check_grpc_port(settings)
         listener = _listen(settings.host, settings.port)
     except (CardError, OSError, ValueError) as error:
@@ -268,7 +270,7 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             "SMSO session host loading %s for %d workers", settings.model_path, settings.workers
         )
         try:
-            host = start_host(settings.model_path, settings.backend_options)
+            host = start_host(settings.model_path, BackendOptions.from_settings(settings))
         except (TimeoutError, ValueError) as error:
             listener.close()
             print(f"smso-serve: error: session host: {error}", file=sys.stderr)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import DEFAULT_MODEL
+from service.core.settings import DEFAULT_MODEL
 from tests.service.test_server import real_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ ELSEWHERE = {
     "127.0.0.1:8003": "the own-images section's server on a model trained there: "
     "tests/test_own_images_readme.py runs that section as printed",
     "127.0.0.1:8002": "the model repository section's server on a folder of models: "
-    "tests/service/test_model_repository.py covers each of its routes",
+    "tests/service/models/test_model_repository.py covers each of its routes",
 }
 API_KEY = "docs-example-key"
 # curl as the docs call it, plus: errors shown, the status on a last line of its own

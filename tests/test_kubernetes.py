@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from service.app import create_app
-from service.metrics import Metrics
-from service.settings import DEFAULT_MODEL, Settings
+from service.core.settings import DEFAULT_MODEL, Settings
+from service.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "kubernetes"

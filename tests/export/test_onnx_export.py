@@ -474,7 +474,7 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(
 ):
     """40 validation images of a p = 4 embedding: the reference the service scores with, its
     p-values calibrated on those images; --no-typicality leaves it out."""
-    from service.typicality import Typicality
+    from modelcard.typicality import Typicality
 
     section = card_of(exported)["typicality"]
     assert section["images"] == 40

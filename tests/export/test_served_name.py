@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from export.card import card_from_proto
 from export.cli import main as export_main
 from service.app import create_app
-from service.settings import Settings
+from service.core.settings import Settings
 from tests.service.conftest import wait_ready
 from tests.training.conftest import FOLDER_CLASSES, write_image_folder
 from training.evaluate import main as eval_main

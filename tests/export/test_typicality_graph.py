@@ -1,5 +1,5 @@
 """The typicality score folded into a graph: onnxruntime's float32 answer against numpy's
-float64 one (``service.typicality``) for full-rank and low-rank precisions, with and without the
+float64 one (``modelcard.typicality``) for full-rank and low-rank precisions, with and without the
 features term; and the output removed again."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from export import typicality as export_typicality
 from export.typicality import fit
 from export.typicality_graph import OUTPUT, append_score, score_parity, strip_score
-from service.typicality import Typicality
+from modelcard.typicality import Typicality
 
 K, P, C = 4, 12, 9  # classes, embedding, features
 

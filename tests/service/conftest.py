@@ -18,11 +18,11 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service import stage_clock
 from service.app import create_app
-from service.card import CARD_KEY, ModelCard, parse_card
-from service.runner import Batch, buckets, stacked
-from service.settings import DEFAULT_MODEL, Settings
+from service.core.card import CARD_KEY, ModelCard, parse_card
+from service.core.settings import DEFAULT_MODEL, Settings
+from service.runtime.runner import Batch, buckets, stacked
+from service.telemetry import stage_clock
 
 CLASSES = [f"class{k}" for k in range(10)]
 CARD: dict[str, Any] = {

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.runner import Batch
+from service.runtime.runner import Batch
 
 from .conftest import CLASSES, FakeBackend, HeldWarmUp, grey, png
 

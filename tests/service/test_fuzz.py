@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from service.card import Preprocessing
-from service.gpu_jpeg import GpuJpegPreprocessor
-from service.images import FORMATS, ImageError, ImageTooLargeError, Preprocess, Preprocessor
-from service.oip_codec import (
+from service.core.card import Preprocessing
+from service.imaging.gpu_jpeg import GpuJpegPreprocessor
+from service.imaging.images import FORMATS, ImageError, ImageTooLargeError, Preprocess, Preprocessor
+from service.protocol.codec import (
     DATATYPES,
     InferRequest,
     ProtocolError,
@@ -454,7 +454,7 @@ def bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
 
 
 def _check_request(request: InferRequest) -> None:
-    """What a parsed request promises to ``service.oip``: data that matches its shape."""
+    """What a parsed request promises to ``service.http.oip``: data that matches its shape."""
     assert request.id is None or isinstance(request.id, str)
     assert isinstance(request.parameters, dict)
     assert request.inputs

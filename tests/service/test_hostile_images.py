@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from service.card import Preprocessing
-from service.images import (
+from service.core.card import Preprocessing
+from service.imaging.images import (
     FORMATS,
     MAX_ASPECT_RATIO,
     AspectRatioError,
@@ -142,8 +142,8 @@ def test_the_aspect_ratio_bound_is_inclusive(size, refused):
 
 PEAK = """
 import resource, sys
-from service.card import Preprocessing
-from service.images import ImageError, Preprocessor
+from service.core.card import Preprocessing
+from service.imaging.images import ImageError, Preprocessor
 data = open(sys.argv[1], "rb").read()
 spec = Preprocessing(colour=sys.argv[2], resize=256, crop=224, mean=[0.5] * 3, std=[0.25] * 3)
 if spec.colour == "L":

@@ -15,7 +15,7 @@ import uvicorn
 from PIL import Image
 
 from service.app import create_app
-from service.settings import Settings
+from service.core.settings import Settings
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
 from .conftest import free_port, wait_http_ready
@@ -134,8 +134,8 @@ def test_image_bytes_give_what_classify_and_embed_give(client, model, server, im
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_a_preprocessed_tensor_gives_what_the_images_give(client, model, server, images, binary):
-    from service.card import Preprocessing
-    from service.images import Preprocessor
+    from service.core.card import Preprocessing
+    from service.imaging.images import Preprocessor
 
     card = httpx.get(f"http://{server}/metadata", headers=AUTH).json()["card"]
     preprocess = Preprocessor(Preprocessing.model_validate(card["preprocessing"]), 10**8)

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.cli import main
-from service.settings import Settings
+from service.core.settings import Settings
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
 from .conftest import free_port, png, process_running, wait_http_ready, wait_ready

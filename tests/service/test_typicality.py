@@ -16,10 +16,10 @@ from scipy import stats
 
 from export import typicality as export_typicality
 from export.typicality import fit
-from service.backend import OnnxBackend
-from service.drift import RARE, DriftMonitor, binomial_tail
-from service.loader import scored
-from service.typicality import Precision, Typicality, encode_array, energy
+from modelcard.typicality import Precision, Typicality, encode_array, energy
+from service.models.drift import RARE, DriftMonitor, binomial_tail
+from service.models.loader import scored
+from service.runtime.backend import OnnxBackend
 from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
 

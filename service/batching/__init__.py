@@ -1,0 +1,1 @@
+"""The micro-batcher: images from many requests gathered into one inference call."""

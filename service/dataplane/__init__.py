@@ -1,0 +1,1 @@
+"""The transport-free request path every door shares: decode, admit, batch, infer."""

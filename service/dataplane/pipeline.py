@@ -1,0 +1,241 @@
+"""The request pipeline every inference route shares: decode images off the event loop, queue
+them in the micro-batcher and await their rows of the outputs under the request's deadline.
+
+``/classify``, ``/embed`` and the Open Inference Protocol's ``infer`` differ only in how images
+arrive and how answers are written; all of them go through :func:`decode_all` (encoded images)
+and :func:`run_batched` (preprocessed ``(C, H, W)`` float32 arrays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from service.batching.batcher import NonFiniteOutputError, QueueFullError
+from service.core.errors import BackendUnavailableError, ServiceError
+from service.dataplane.state import ServiceState
+from service.dataplane.upload import Upload
+from service.imaging.images import ImageError, ImageTooLargeError
+from service.models.registry import LoadedModel
+from service.telemetry import requests as access
+
+__all__ = [
+    "Outputs",
+    "decode_all",
+    "run_batched",
+    "softmax",
+    "top_classes",
+]
+
+log = logging.getLogger("service")
+
+#: One image's ``(logits (K,), embedding (p,))``, then ``typicality (2,)`` (score, p-value)
+#: where the model has a typicality reference.
+Outputs = tuple[np.ndarray, ...]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """``exp(l_k - max l) / sum_j exp(l_j - max l)`` over the last axis, in float64."""
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax scores ``(N, K)`` of logits ``(N, K)`` and each row's ``k`` best class indices
+    ``(N, min(k, K))``, best first (ties: the lower index): what /classify and the protocol's
+    classification extension both answer."""
+    scores = softmax(logits)
+    return scores, np.argsort(-scores, axis=-1, kind="stable")[..., :k]
+
+
+def _decode_unless_abandoned(
+    state: ServiceState,
+    model: LoadedModel,
+    upload: Upload,
+    deadline: float,
+    gone: threading.Event,
+) -> np.ndarray | None:
+    """In a decode thread: the image decoded, or ``None`` (counted as dropped) when its request
+    no longer wants it: an image may wait for a thread longer than its request lives."""
+    if gone.is_set() or time.perf_counter() > deadline:
+        state.metrics.dropped.inc()
+        return None
+    return model.preprocess(upload.data, upload.filename)
+
+
+def _deadline_exceeded(state: ServiceState) -> ServiceError:
+    timeout = state.settings.request_timeout_s
+    message = f"no answer within the deadline (at most {timeout:g} s)"
+    return ServiceError(504, "deadline_exceeded", message)
+
+
+def _retrieve(work: asyncio.Future[np.ndarray | None]) -> None:
+    """Read a decode's outcome that nobody awaits any more (its request failed or left), so
+    that asyncio does not log its exception as never retrieved."""
+    if not work.cancelled():
+        work.exception()
+
+
+async def _decode(
+    state: ServiceState,
+    model: LoadedModel,
+    upload: Upload,
+    deadline: float,
+    gone: threading.Event,
+) -> np.ndarray:
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter()
+    work = loop.run_in_executor(
+        state.decoder, _decode_unless_abandoned, state, model, upload, deadline, gone
+    )
+    work.add_done_callback(_retrieve)
+    try:
+        # shielded: a request that is cancelled (its client left) leaves its images queued for
+        # the decode threads, which drop them (``gone``) and count them, instead of asyncio
+        # cancelling them unseen
+        image = await asyncio.shield(work)
+    except ImageTooLargeError as error:
+        raise ServiceError(413, "image_too_large", str(error)) from None
+    except ImageError as error:
+        raise ServiceError(400, "invalid_image", str(error)) from None
+    if image is None:
+        raise _deadline_exceeded(state)
+    state.metrics.decode.observe(time.perf_counter() - start)
+    return image
+
+
+async def decode_all(
+    state: ServiceState,
+    model: LoadedModel,
+    uploads: Sequence[Upload],
+    deadline: float | None = None,
+) -> list[np.ndarray]:
+    """Each encoded image decoded and preprocessed for ``model`` to ``(C, H, W)`` float32, in
+    a thread pool; 400 (undecodable) or 413 (over the pixel limit) naming the file.
+
+    Admitted first (503 at once when ``max_inflight`` images are already being decoded), and
+    under the request's ``deadline`` (a ``time.perf_counter()`` value; by default
+    ``request_timeout_s`` from now): 504 once it passes. Once the request has failed or passed
+    its deadline, its images still waiting for a decode thread are dropped, not decoded.
+
+    The images are announced to the batcher while they decode, so that it waits for them; the
+    caller submits them (:func:`run_batched`) with no ``await`` in between.
+    """
+    batcher = model.batcher
+    if deadline is None:
+        deadline = time.perf_counter() + state.settings.request_timeout_s
+    with (
+        state.spans.timed("decode", {"smso.images": len(uploads)}),
+        _timed("decode_s", len(uploads)),
+        state.admission.admit(len(uploads)),
+    ):
+        gone = threading.Event()  # the decode threads skip this request's images once set
+        batcher.announce(len(uploads))
+        tasks = [asyncio.ensure_future(_decode(state, model, u, deadline, gone)) for u in uploads]
+        try:
+            async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
+                return list(await asyncio.gather(*tasks))
+        except TimeoutError:
+            raise _deadline_exceeded(state) from None
+        finally:
+            gone.set()
+            for task in tasks:  # a failed image (400) leaves its siblings running otherwise
+                task.cancel()
+            batcher.withdraw(len(uploads))
+
+
+@contextlib.contextmanager
+def _timed(name: str, images: int) -> Iterator[None]:
+    """The time inside, added to the current request's ``name`` timing for its access line
+    (also when it fails), and its image count."""
+    record = access.current()
+    if record is None:  # not within a request (a test calling the pipeline directly)
+        yield
+        return
+    record.images = images
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record.add(name, time.perf_counter() - start)
+
+
+async def run_batched(
+    state: ServiceState,
+    model: LoadedModel,
+    images: Sequence[np.ndarray],
+    deadline: float,
+    route: str,
+) -> list[Outputs]:
+    """Each ``(C, H, W)`` image through ``model``'s micro-batcher; its outputs, in order.
+
+    413 when there are more images than the queue can ever hold, 503 when it is full, 504 once
+    ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in
+    failed or gave NaN or infinite outputs (the model's fault, not the client's).
+    """
+    record = access.current()
+    if record is not None:  # its queue and inference times come from the batcher
+        record.images = len(images)
+    capacity = state.settings.queue_size
+    if len(images) > capacity:  # never admitted, however long the client retries
+        message = f"{len(images)} images; the queue holds at most {capacity}"
+        raise ServiceError(413, "too_many_images", message)
+    try:
+        futures = model.batcher.submit_all(images)
+    except QueueFullError:
+        raise ServiceError(
+            503,
+            "overloaded",
+            "the server is at capacity; retry shortly",
+            headers={"Retry-After": "1"},
+        ) from None
+    try:
+        async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
+            outputs = await asyncio.gather(*futures)
+    except TimeoutError:
+        for future in futures:
+            future.cancel()
+        if record is not None:  # its wait, or its inference, ends at the deadline
+            record.cut(time.perf_counter())
+        raise _deadline_exceeded(state) from None
+    except BackendUnavailableError as error:
+        log.error("inference failed: %s", error)
+        raise ServiceError(
+            503, "backend_unavailable", f"{error}; retry later", headers={"Retry-After": "5"}
+        ) from None
+    except NonFiniteOutputError:
+        # JSON cannot carry them, and no class or embedding can be read from them
+        answered = [f for f in futures if f.done() and not f.cancelled()]
+        broken = sum(isinstance(f.exception(), NonFiniteOutputError) for f in answered)
+        for future in futures:  # the request fails: its images still queued need not run
+            future.cancel()
+        log.error(
+            "model %s version %s gave NaN or infinite outputs for %d of %d images answered",
+            model.name,
+            model.version,
+            broken,
+            len(answered),
+        )
+        raise ServiceError(
+            500,
+            "model_output_not_finite",
+            "the model's outputs are NaN or infinite: the model file is at fault, not the image",
+        ) from None
+    except Exception as error:
+        log.error("inference failed: %s", error)
+        raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
+    state.metrics.images.labels(route, model.name, model.version).inc(len(images))
+    if model.drift is not None:  # the scores ride as a third output (service.models.loader.scored)
+        typicality = np.stack([o[2] for o in outputs])  # (N, 2): score, p-value
+        histogram = state.metrics.typicality.labels(model.name, model.version)
+        for score in typicality[:, 0].tolist():
+            histogram.observe(score)
+        model.drift.observe(typicality[:, 1])
+    return list(outputs)

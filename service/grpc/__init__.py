@@ -1,0 +1,2 @@
+"""The gRPC door: the Open Inference Protocol's ``GRPCInferenceService`` on grpcio's asyncio
+server."""

@@ -1,0 +1,380 @@
+"""The Open Inference Protocol's gRPC API (KServe v2's ``inference.GRPCInferenceService``, what
+Triton serves on port 8001 and ``tritonclient.grpc`` speaks).
+
+The service runs in the HTTP server's process and event loop (``grpc.aio``), on the same
+:class:`~service.dataplane.pipeline.ServiceState`: the same registry, decode threads, admission
+bounds and micro-batchers, so a gRPC request and a REST request of the same images are batched
+together and answered alike. The protocol's meaning (checks, images from tensors, answer tensors,
+classification strings) comes from ``service.http.oip``, shared with the REST routes; this module
+only turns protocol buffers into :class:`~service.protocol.codec.InferRequest` and answers back.
+
+RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer (inputs in
+``raw_input_contents``, as ``tritonclient`` sends them, or in typed ``contents``; outputs always
+in ``raw_output_contents``), and, when a repository is served, RepositoryIndex,
+RepositoryModelLoad and RepositoryModelUnload (else UNIMPLEMENTED, as for every other RPC).
+The message stubs are those ``tritonclient[grpc]`` ships (``tritonclient.grpc.service_pb2``),
+generated from Triton's published ``grpc_service.proto``.
+
+Errors carry REST's message with the matching status code (:data:`STATUS_CODES`); with an API
+key, the model RPCs need it in the metadata (``authorization: Bearer <key>`` or ``x-api-key``).
+The server binds with ``SO_REUSEPORT`` (grpcio's default), which lets the worker processes of
+``smso-serve --workers N`` share the port; ``smso-serve`` checks beforehand that no other process
+listens there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from service.core.errors import ServiceError
+from service.dataplane.state import ServiceState
+from service.protocol import semantics as oip
+from service.protocol.codec import (
+    DATATYPES,
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    ProtocolError,
+    RequestedOutput,
+    binary_tensor,
+    check_input,
+    requested_output,
+    tensor_bytes,
+)
+from service.telemetry import requests as access
+
+__all__ = ["STATUS_CODES", "InferenceService", "start_grpc_server"]
+
+log = logging.getLogger("service")
+
+#: The gRPC status of each HTTP status the service answers with (the protocol's mapping:
+#: KServe's and Triton's servers answer the same way).
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+#: ModelInfer's route, as the images counter and traces label it.
+INFER_ROUTE = "/inference.GRPCInferenceService/ModelInfer"
+
+#: Each datatype's field of ``InferTensorContents`` (FP16 has none: it goes as raw contents).
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+Reply = TypeVar("Reply")
+
+#: What is still answered once SIGTERM has arrived (the HTTP side closes its listening socket;
+#: gRPC's open channels would go on bringing new calls): liveness and readiness, which say so.
+_WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+
+
+def _status(error: ServiceError) -> grpc.StatusCode:
+    if error.status == 503 and error.code == "overloaded":  # retry later, not "down"
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return STATUS_CODES.get(error.status, grpc.StatusCode.UNKNOWN)
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A protobuf ``map<string, InferParameter>`` as plain values."""
+    out = {}
+    for key, value in parameters.items():
+        choice = value.WhichOneof("parameter_choice")
+        out[key] = None if choice is None else getattr(value, choice)
+    return out
+
+
+def _input(tensor: Any, raw: bytes | None, max_elements: int) -> InputTensor:
+    """One ``ModelInferRequest.InferInputTensor``, its data from ``raw`` or its contents."""
+    name, datatype = tensor.name, tensor.datatype
+    shape = check_input(
+        name, datatype, list(tensor.shape), _parameters(tensor.parameters), max_elements
+    )
+    if raw is not None:
+        return InputTensor(name, datatype, shape, binary_tensor(raw, name, datatype, shape), True)
+    field = _CONTENTS.get(datatype)
+    if field is None:
+        raise ProtocolError(f"input {name!r}: {datatype} goes in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} needs {count} elements, "
+            f"contents.{field} has {len(values)}"
+        )
+    if datatype == "BYTES":  # raw bytes, as in binary data (JSON's base64 is JSON's only)
+        return InputTensor(name, datatype, shape, list(values), True)
+    try:  # a value out of its datatype's range (300 as INT8) is refused, not wrapped
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.array(values, DATATYPES[datatype]).reshape(shape)
+    except (OverflowError, FloatingPointError, ValueError):
+        raise ProtocolError(f"input {name!r}: contents do not fit {datatype}") from None
+    return InputTensor(name, datatype, shape, array, True)
+
+
+def infer_request(message: Any, max_elements: int) -> InferRequest:
+    """A ``ModelInferRequest`` as the REST side parses it (:class:`ProtocolError` for a flaw)."""
+    raw = list(message.raw_input_contents)
+    if raw and len(raw) != len(message.inputs):
+        raise ProtocolError(
+            f"raw_input_contents holds {len(raw)} tensors for "
+            f"{len(message.inputs)} inputs; send one per input or none"
+        )
+    for tensor in message.inputs:  # every input well-formed (else 400) before any too large
+        check_input(
+            tensor.name, tensor.datatype, list(tensor.shape), _parameters(tensor.parameters), None
+        )
+    inputs = [
+        _input(tensor, raw[i] if raw else None, max_elements)
+        for i, tensor in enumerate(message.inputs)
+    ]
+    outputs: list[RequestedOutput] = []
+    for output in message.outputs:  # always raw contents: "binary" is REST's choice only
+        outputs.append(requested_output(output.name, _parameters(output.parameters), True, outputs))
+    return InferRequest(
+        message.id or None, inputs, outputs or None, True, _parameters(message.parameters)
+    )
+
+
+def infer_response(model: Any, request_id: str, answer: list[OutputTensor]) -> Any:
+    """The answer tensors as a ``ModelInferResponse``, each in ``raw_output_contents``."""
+    response = pb.ModelInferResponse(
+        model_name=model.name, model_version=model.version, id=request_id
+    )
+    for tensor in answer:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        response.raw_output_contents.append(tensor_bytes(tensor))
+    return response
+
+
+def _rpc(
+    handler: Callable[[InferenceService, Any, grpc.aio.ServicerContext], Awaitable[Reply]],
+) -> Callable[[InferenceService, Any, grpc.aio.ServicerContext], Awaitable[Reply]]:
+    """An RPC whose :class:`ServiceError` becomes its gRPC status with the same message; with
+    a request id (the client's ``x-request-id`` metadata, else a new one) in its log lines and
+    echoed in the response's initial metadata, and one access line when it ends (liveness and
+    readiness at DEBUG, as HTTP health checks)."""
+    route = f"/inference.GRPCInferenceService/{handler.__name__}"
+    probe = handler.__name__ in ("ServerLive", "ServerReady")
+    level = logging.DEBUG if probe else logging.INFO
+
+    async def rpc(self: InferenceService, request: Any, context: grpc.aio.ServicerContext) -> Reply:
+        start = time.perf_counter()
+        pairs = context.invocation_metadata() or ()
+        metadata = dict(pairs)
+        record = access.begin(access.valid_id(metadata.get(access.HEADER)))
+        spans = None if probe else self.state.spans
+        span = spans.start_rpc(pairs, route) if spans is not None else None
+        await context.send_initial_metadata(((access.HEADER, record.request_id),))
+        code = grpc.StatusCode.OK
+        failure: BaseException | None = None
+        try:
+            if self.state.draining and handler.__name__ not in _WHILE_DRAINING:
+                raise ServiceError(
+                    503, "draining", "the server is shutting down; send the call to another replica"
+                )
+            return await handler(self, request, context)
+        except ServiceError as error:
+            code, failure = _status(error), error
+            await context.abort(code, error.message)
+        except ProtocolError as error:
+            code, failure = STATUS_CODES[error.status], error
+            await context.abort(code, str(error))
+        except Exception as error:
+            code, failure = grpc.StatusCode.INTERNAL, error
+            log.exception("unexpected error in gRPC %s", handler.__name__)
+            await context.abort(code, "the server failed; see its log")
+        except asyncio.CancelledError:  # the client cancelled or its deadline passed
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            if spans is not None and span is not None:
+                spans.end_rpc(span, route, code.value[0], code.name, failure)
+            seconds = time.perf_counter() - start
+            metrics = self.state.metrics
+            metrics.grpc_requests.labels(handler.__name__, code.name).inc()
+            metrics.grpc_latency.labels(handler.__name__).observe(seconds)
+            access.log_access("gRPC", route, code.name, record, seconds, level)
+        raise AssertionError("context.abort returns only by raising")  # pragma: no cover
+
+    rpc.__name__ = handler.__name__
+    rpc.__doc__ = handler.__doc__
+    return rpc
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` on the app's ``state``."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self.repository = state.settings.model_repository is not None
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        """UNAUTHENTICATED unless the metadata carries the API key (when one is set)."""
+        key = self.state.settings.api_key
+        if key is None:
+            return
+        metadata = {k.lower(): v for k, v in context.invocation_metadata() or ()}
+        given = metadata.get("x-api-key")
+        auth = metadata.get("authorization", "")
+        if given is None and isinstance(auth, str) and auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        expected = key.get_secret_value().encode()
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), expected):
+            raise ServiceError(
+                401,
+                "unauthorized",
+                "missing or wrong API key: send metadata "
+                "'authorization: Bearer <key>' or 'x-api-key: <key>'",
+            )
+
+    def _need_repository(self) -> None:
+        if not self.repository:
+            raise ServiceError(
+                501,
+                "unimplemented",
+                "the model repository extension needs a repository (SMSO_MODEL_REPOSITORY)",
+            )
+
+    async def _not_offered(self, request: Any, context: Any) -> None:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "this server does not offer this RPC (see docs/oip.md)"
+        )
+
+    # answered here rather than by the generated base class, which logs a traceback for each
+    ModelStreamInfer = ModelConfig = ModelStatistics = TraceSetting = LogSettings = _not_offered
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = _not_offered
+    SystemSharedMemoryUnregister = CudaSharedMemoryStatus = _not_offered
+    CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _not_offered
+
+    @_rpc
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerLiveResponse(live=True)
+
+    @_rpc
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerReadyResponse(ready=oip.is_server_ready(self.state))
+
+    @_rpc
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerMetadataResponse(**oip.describe_server(self.repository))
+
+    @_rpc
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._authorize(context)
+        ready = oip.is_model_ready(self.state, request.name, request.version or None)
+        return pb.ModelReadyResponse(ready=ready)
+
+    @_rpc
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._authorize(context)
+        model = access.note_model(self.state.registry.lookup(request.name, request.version or None))
+        return pb.ModelMetadataResponse(**oip.describe_model(model))
+
+    @_rpc
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._authorize(context)
+        state = self.state
+        start = time.perf_counter()
+        remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
+        name, version = request.model_name, request.model_version or None
+        # the message counts against max_buffered_bytes with the REST bodies, from here (grpcio
+        # has received it whole) to the answer: RESOURCE_EXHAUSTED when the server holds enough
+        size = request.ByteSize()
+        state.buffered.take(size)
+        try:
+            async with state.registry.using(name, version) as model:
+                access.note_model(model)
+                parsed = infer_request(request, state.settings.max_files)
+                deadline = oip.request_deadline(state, parsed, start)
+                if remaining is not None:
+                    deadline = min(deadline, start + remaining)
+                answer = await oip.run_inference(state, model, parsed, deadline, INFER_ROUTE)
+        finally:
+            state.buffered.give(size)
+        return infer_response(model, request.id, answer)
+
+    @_rpc
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._authorize(context)
+        self._need_repository()
+        entries = oip.index_entries(self.state)
+        if request.ready:
+            entries = [e for e in entries if e["state"] == "READY"]
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries]
+        )
+
+    @_rpc
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._authorize(context)
+        self._need_repository()
+        await oip.served_repository(self.state).load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self._authorize(context)
+        self._need_repository()
+        await oip.served_repository(self.state).unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
+    """The gRPC service on ``settings.host:settings.grpc_port``, started; ``OSError`` saying
+    which address when it cannot listen. Stop it with ``await server.stop(grace)``."""
+    settings = state.settings
+    server = grpc.aio.server(
+        options=[
+            # what --workers N needs to share the port (grpcio's default, stated)
+            ("grpc.so_reuseport", 1),
+            # one message is one request: the bound on a REST body bounds it too
+            ("grpc.max_receive_message_length", settings.max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+        ],
+        maximum_concurrent_rpcs=settings.max_connections,
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(state), server)
+    host = settings.host
+    address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio >= 1.60 raises where it used to return 0
+        bound = 0
+    if not bound:
+        await server.stop(None)
+        raise OSError(
+            f"cannot listen for gRPC on {address} (the port is taken or the host "
+            "does not exist; --grpc-port 0 turns gRPC off)"
+        )
+    await server.start()
+    return server

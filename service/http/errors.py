@@ -1,0 +1,87 @@
+"""Every error the HTTP door returns is JSON ``{"error": {"code", "message"}}`` with its status;
+under ``/v2`` (the Open Inference Protocol) it is the protocol's ``{"error": "message"}``.
+
+The handlers installed by :func:`install_error_handlers` render :class:`ServiceError`, FastAPI's
+validation errors (422), Starlette's HTTP errors (404, 405, ...), a client that closed the
+connection before its request was read (499, nginx's "client closed request": one log line,
+counted as the client's doing, not the server's) and, as a last resort, unexpected exceptions
+(500, logged with their traceback, never shown to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from service.core.errors import CLIENT_CLOSED, ServiceError, error_body
+
+__all__ = ["OIP_PREFIX", "install_error_handlers"]
+
+log = logging.getLogger("service.errors")
+
+#: Routes under this prefix speak the Open Inference Protocol, errors included: the one place
+#: it is written (service.http.oip's router is mounted there, and errors under it are rendered as
+#: the protocol's, unknown paths included).
+OIP_PREFIX = "/v2"
+
+
+def _render(
+    request: Request,
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
+    if path.startswith(OIP_PREFIX):
+        return JSONResponse({"error": message}, status, headers=headers)
+    return JSONResponse(error_body(code, message), status, headers=headers)
+
+
+def _validation_message(error: RequestValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error as ``{"error": {"code", "message"}}`` (``{"error": "message"}`` under
+    ``/v2``)."""
+
+    @app.exception_handler(ServiceError)
+    async def _service(request: Request, exc: ServiceError) -> JSONResponse:
+        return _render(request, exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _render(request, 422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _render(request, exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_closed(request: Request, exc: ClientDisconnect) -> Response:
+        # the route's template, not the raw path: a client's path is not written to the log
+        route = getattr(request.scope.get("route"), "path", "an unknown route")
+        log.info(
+            "the client closed the connection before its %s %s request was read; dropped (%d)",
+            request.method[:16],
+            route,
+            CLIENT_CLOSED,
+        )
+        return Response(status_code=CLIENT_CLOSED)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _render(request, 500, "internal_error", "the server failed; see its log")

@@ -1,0 +1,212 @@
+"""The images of a request: multipart parts named ``file``, or one image as the raw body.
+
+A part is named by its filename. A raw body is named by ``?filename=`` or, failing that, by
+its ``Content-Disposition: inline; filename="a.png"`` header (``filename*=UTF-8''...`` too), and
+is ``"body"`` without either; a name is at most ``MAX_FILENAME`` characters without control
+characters (422 otherwise), and is only echoed back in the results.
+
+Limits are enforced while reading, before anything is decoded: the request body
+(``max_request_bytes``, from ``Content-Length`` when given and counted as it streams in either
+way), each file (``max_upload_bytes``) and the number of files (``max_files``). Content types
+other than images are refused with 415; an octet-stream part or a part without a type is
+accepted and judged by its bytes.
+"""
+
+from __future__ import annotations
+
+import email.message
+import logging
+import unicodedata
+
+from fastapi import Request
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.types import Message
+
+from service.core.errors import ServiceError, too_large
+from service.dataplane.upload import Upload
+
+__all__ = ["MAX_FILENAME", "read_body", "read_uploads"]
+
+GENERIC_TYPES = {"", "application/octet-stream"}
+# python-multipart logs a warning for every malformed body it parses: any client could fill the
+# server's log with them. The client gets its 400 ("malformed multipart body: ..."); the log
+# keeps python-multipart's errors only.
+logging.getLogger("python_multipart").setLevel(logging.ERROR)
+#: The longest name a raw body may give itself (a file name's usual limit).
+MAX_FILENAME = 255
+
+
+def _check_type(content_type: str | None, name: str) -> None:
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind not in GENERIC_TYPES and not kind.startswith("image/"):
+        raise ServiceError(
+            415,
+            "unsupported_media_type",
+            f"{name}: content type {kind!r} is not an image; send image/* (JPEG, PNG, WebP, GIF, "
+            "BMP, TIFF) or application/octet-stream",
+        )
+
+
+def _limited(request: Request, limit: int) -> Request:
+    """The same request, whose body raises 413 once more than ``limit`` bytes have arrived."""
+    size = 0
+
+    async def receive() -> Message:
+        nonlocal size
+        message = await request.receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise too_large("the request body", limit)
+        return message
+
+    return Request(request.scope, receive)
+
+
+def _refuse_declared(request: Request, limit: int, what: str) -> None:
+    """413 at once when the request's ``Content-Length`` says more than ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(what, limit)
+
+
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The whole request body; 413 as soon as it is known to exceed ``limit`` bytes.
+
+    Read into one growing buffer, each chunk freed once copied: a body costs its size, not the
+    twice its size of a list of chunks joined at the end (Starlette's ``Request.body``).
+    """
+    _refuse_declared(request, limit, "the request body")
+    body = bytearray()
+    async for chunk in _limited(request, limit).stream():
+        body += chunk
+    return body
+
+
+async def _read_part(part: UploadFile, name: str, limit: int) -> bytes:
+    _check_type(part.content_type, name)
+    data = await part.read(limit + 1)
+    if len(data) > limit:
+        raise too_large(f"file {name!r}", limit)
+    return data
+
+
+def _without_filename(what: str) -> ServiceError:
+    """422: ``what`` (ending in "so") a part was read as a text field, not as a file."""
+    return ServiceError(
+        422,
+        "missing_filename",
+        f"{what} it was read as a text field, not a file; send each image with a filename, "
+        'e.g. \'Content-Disposition: form-data; name="file"; filename="a.png"\'',
+    )
+
+
+async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
+    """The parts named ``file``, in order, each under the upload limit (422 for a part of
+    another name, which would otherwise be left unanswered)."""
+    values = form.getlist("file")
+    if any(isinstance(value, str) for value in values):
+        # a part without a filename is a text field to the parser: its bytes are decoded as
+        # text and cannot be an image any more
+        raise _without_filename("a part named 'file' has no filename, so")
+    parts = [p for p in values if isinstance(p, UploadFile)]
+    if not parts:
+        names = sorted(set(form.keys()))
+        raise ServiceError(
+            422,
+            "missing_file",
+            f"no file part named 'file' (parts sent: {names or 'none'}); send each image as "
+            "a multipart part named 'file'",
+        )
+    others = sorted({key for key in form if key != "file"})
+    if others:  # an image sent under another name would be left out of the answer
+        raise ServiceError(
+            422,
+            "unknown_part",
+            f"parts named {', '.join(repr(o[:64]) for o in others[:5])} are not read; send "
+            "each image as a multipart part named 'file' and nothing else",
+        )
+    uploads = []
+    for i, part in enumerate(parts):
+        name = part.filename or f"file[{i}]"
+        uploads.append(Upload(name, await _read_part(part, name, max_upload_bytes)))
+    return uploads
+
+
+async def read_uploads(
+    request: Request, max_request_bytes: int, max_upload_bytes: int, max_files: int
+) -> list[Upload]:
+    """The request's images, in order; raises :class:`ServiceError` for what is wrong."""
+    content_type = request.headers.get("content-type", "")
+    kind = content_type.split(";")[0].strip().lower()
+    _refuse_declared(request, max_request_bytes, "the request body")
+    request = _limited(request, max_request_bytes)
+    if kind == "multipart/form-data":
+        if "filename" in request.query_params:  # parts are named by their own filenames, but
+            _checked_name(request.query_params["filename"], "?filename=")  # as the schema says
+        try:
+            form = await request.form(max_files=max_files, max_fields=max_files)
+        except (MultiPartException, HTTPException) as error:  # Starlette wraps the former
+            detail = str(getattr(error, "detail", error))
+            if "too many files" in detail.lower():
+                raise ServiceError(
+                    413, "too_many_files", f"more than {max_files} files; send at most {max_files}"
+                ) from None
+            if "part exceeded maximum size" in detail.lower():  # only parts read as text are
+                raise _without_filename("a part with no filename is over 1 MB, so") from None
+            message = f"malformed multipart body: {detail}"
+            raise ServiceError(400, "invalid_multipart", message) from None
+        try:
+            return await _read_form(form, max_upload_bytes)
+        finally:
+            await form.close()  # the parts' spooled temporary files
+    if kind.startswith("image/") or kind == "application/octet-stream":
+        _refuse_declared(request, max_upload_bytes, "the image")
+        data = await request.body()
+        if len(data) > max_upload_bytes:
+            raise too_large("the image", max_upload_bytes)
+        if not data:
+            raise ServiceError(400, "empty_image", "the request body is empty; send an image")
+        return [Upload(body_filename(request), data)]
+    raise ServiceError(
+        415,
+        "unsupported_media_type",
+        f"content type {kind or 'none'!r} is not accepted; send multipart/form-data with parts "
+        "named 'file', or one image as the body with an image/* content type",
+    )
+
+
+def body_filename(request: Request) -> str:
+    """The name a raw-body image gives itself: ``?filename=``, else the ``Content-Disposition``
+    header's filename, else ``"body"``; 422 for a name that is empty, too long or holds control
+    characters."""
+    name = request.query_params.get("filename")
+    if name is not None:
+        return _checked_name(name, "?filename=")
+    if "content-disposition" in request.headers:
+        header = email.message.Message()
+        header["content-disposition"] = request.headers["content-disposition"]
+        name = header.get_filename()
+        if name is not None:
+            return _checked_name(name, "the Content-Disposition filename")
+    return "body"
+
+
+def _checked_name(name: str, where: str) -> str:
+    """``name`` if it is a short printable name; 422 saying what is wrong with it otherwise."""
+    if not name.strip():
+        problem = "is empty"
+    elif len(name) > MAX_FILENAME:
+        problem = f"is {len(name):,} characters long; at most {MAX_FILENAME}"
+    elif any(unicodedata.category(c) == "Cc" for c in name):
+        problem = "holds control characters"
+    else:
+        return name
+    raise ServiceError(
+        422,
+        "invalid_filename",
+        f"{where} {problem}; name the image with a short printable name, e.g. ?filename=a.png, "
+        "or send no name (the image is then called 'body')",
+    )

@@ -1,0 +1,272 @@
+"""Loading a model into a running server, and retiring one, without failing a request.
+
+:func:`load_model` builds one :class:`~service.models.registry.LoadedModel` (onnxruntime session off
+the event loop, preprocessor, micro-batcher), warms it up (each batch-size bucket once) and only
+then makes it serve its name; the version it replaces retires (:func:`retire`) once the requests
+holding it have been answered. A model that cannot be loaded or run is marked unavailable with
+the reason, and whatever served its name before keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from modelcard.typicality import Typicality
+from service.batching.batcher import MicroBatcher, RunFn
+from service.core.card import ModelCard
+from service.core.settings import Settings
+from service.imaging.images import Preprocess, Preprocessor
+from service.models.drift import DriftMonitor
+from service.models.host import Host
+from service.models.registry import LoadedModel, ModelStatus
+from service.runtime.backend import Backend, BackendOptions, OnnxBackend, warm_up_inputs
+from service.runtime.hosted_backend import HostedBackend, host_from_environment
+from service.runtime.runner import Batch, buckets
+from service.telemetry import stage_clock
+
+__all__ = ["load_model", "retire", "unload_model"]
+
+log = logging.getLogger("service")
+
+
+def _preprocessor(state: Host, card: ModelCard) -> Preprocess:
+    """Pillow's preprocessing of the card, or with ``decode_device=cuda`` the GPU's for common
+    JPEGs (:mod:`service.imaging.gpu_jpeg`; imported only then: it needs nvImageCodec)."""
+    settings = state.settings
+    pillow = Preprocessor(card.preprocessing, settings.max_pixels)
+    if settings.decode_device == "cpu":
+        return pillow
+    from service.imaging.gpu_jpeg import GpuJpegPreprocessor
+
+    decoded = state.metrics.decoded
+    return GpuJpegPreprocessor(
+        pillow, settings.decode_device, on_decoded=lambda where: decoded.labels(where).inc()
+    )
+
+
+async def load_model(
+    state: Host,
+    source: Path | None,
+    name: str | None = None,
+    version: str | None = None,
+    backend: Backend | None = None,
+) -> LoadedModel | None:
+    """Load ``source`` (or take ``backend``, a test's fake), warm it up and serve it as
+    ``name`` at ``version`` (by default the card's served name and version); ``None`` when it
+    could not be loaded or run (its entry then says why)."""
+    registry, settings = state.registry, state.settings
+    if name is not None:
+        registry.mark(name, version or "", ModelStatus.LOADING, source=source)
+    batcher = None
+    try:
+        if backend is None:
+            if source is None:
+                raise ValueError("nothing to load: no model file and no backend")
+            backend = await asyncio.get_running_loop().run_in_executor(
+                None, _backend, source, settings
+            )
+        card = backend.card
+        name, version = name or card.name, version or card.model_version
+        registry.mark(name, version, ModelStatus.LOADING, source=source)
+        typicality = _typicality(backend, settings.typicality, name)
+        batcher = MicroBatcher(
+            scored(backend.run, typicality, _outputs(backend)),
+            settings.max_batch_size,
+            settings.max_wait_ms / 1e3,
+            settings.queue_size,
+            on_batch=state.metrics.batch_observer(name, version),
+            wait_for_announced=True,
+            patience=settings.batch_patience,
+            on_depth=_depth_reporter(state, name, version),
+            spans=state.spans,
+            span_attributes={"smso.model": name, "smso.model_version": version},
+            in_flight=settings.batches_in_flight,
+        )
+        batcher.start()
+        await _warm_up(backend, batcher, settings.max_batch_size)
+        preprocess = await asyncio.to_thread(_preprocessor, state, card)  # GPU's: a probe
+    except asyncio.CancelledError:
+        await _discard(batcher, backend)
+        raise
+    except Exception as error:
+        await _discard(batcher, backend)
+        reason = " ".join(str(error).split()) or type(error).__name__
+        failed = name or (source.parent.name if source is not None else "model")
+        registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, reason, source)
+        log.error(
+            "model %s could not be loaded or warmed up, and is unavailable (503) until "
+            "it is replaced: %s",
+            failed,
+            reason,
+        )
+        log.debug("what failed", exc_info=True)
+        return None
+    drift = None
+    if typicality is not None:
+        drift = DriftMonitor(
+            f"{name} ({version})",
+            settings.drift_window,
+            settings.drift_alarm_p,
+            state.metrics.drift_reporter(name, version),
+        )
+    model = LoadedModel(
+        name,
+        version,
+        card,
+        backend,
+        preprocess,
+        batcher,
+        source,
+        typicality=typicality,
+        drift=drift,
+    )
+    previous = registry.serve(model)
+    log.info(
+        "ready: %s (%s) on %s; /readyz answers 200",
+        name,
+        version,
+        ", ".join(getattr(backend, "providers", ["?"])),
+    )
+    if previous is not None:
+        await retire(state, previous)
+    return model
+
+
+async def unload_model(state: Host, name: str) -> bool:
+    """Stop serving ``name``: new requests get 404, those in flight are answered; whether it
+    was known."""
+    known = name in state.registry.entries
+    model = state.registry.withdraw(name)
+    if model is not None:
+        log.info("unloading %s (%s)", model.name, model.version)
+        await retire(state, model)
+    return known or model is not None
+
+
+async def retire(state: Host, model: LoadedModel) -> None:
+    """Stop ``model``'s batcher once no request holds it (or after ``request_timeout_s``, the
+    longest a request may take); every image already queued is answered first."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(state.settings.request_timeout_s):
+            await model.users.idle.wait()
+    await model.batcher.stop()
+    close_backend(model.backend)
+    serving = {(m.name, m.version) for m in state.registry.serving()}
+    if (model.name, model.version) not in serving:  # a file replaced under the same number
+        state.metrics.forget(model.name, model.version)  # keeps its successor's series
+
+
+def close_backend(backend: Backend) -> None:
+    """Let go of what a backend holds beyond its session (a hosted backend's shared memory)."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+
+
+def _backend(source: Path, settings: Settings) -> Backend:
+    """The model file's backend: its own session, or in a worker started with a session host
+    (``--shared-session``) the host's (:mod:`service.runtime.session_host`)."""
+    host = host_from_environment()
+    if host is not None and source == settings.model_path:
+        # one slot: the batcher's inference thread runs one batch at a time
+        return HostedBackend(source, *host, timeout_s=settings.request_timeout_s)
+    return OnnxBackend(source, BackendOptions.from_settings(settings))
+
+
+def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None:
+    """The card's typicality reference, if it has one and scoring is on; a section that cannot
+    be read is logged and the model served without it."""
+    section = (getattr(backend, "card_dict", None) or {}).get("typicality")
+    if not enabled or not section:
+        return None
+    try:
+        typicality = Typicality.from_card(section)
+    except ValueError as error:
+        log.warning("model %s is served without typicality: %s", name, error)
+        return None
+    expected = backend.card.model.embedding_dim
+    if typicality.mean.shape[0] != expected:
+        log.warning(
+            "model %s is served without typicality: its reference is of %d dimensions, "
+            "its embedding of %d",
+            name,
+            typicality.mean.shape[0],
+            expected,
+        )
+        return None
+    outputs = _outputs(backend)
+    if typicality.uses_features and not {"typicality", "features"} & set(outputs):
+        log.warning(
+            "model %s is served without typicality: its reference scores a features "
+            "output the file does not have",
+            name,
+        )
+        return None
+    return typicality
+
+
+def _outputs(backend: Backend) -> list[str]:
+    """What ``backend.run`` answers (a test's fake may not say: logits and embedding)."""
+    return list(getattr(backend, "outputs", None) or ["logits", "embedding"])
+
+
+def scored(run: RunFn, typicality: Typicality | None, outputs: list[str] | None = None) -> RunFn:
+    """``run`` (a batch -> the ``outputs``: logits, embedding[, typicality or features])
+    answering logits and embedding, and with a reference each image's typicality score and
+    p-value as a third output ``(N, 2)``, in the inference thread. The score is the file's own
+    output ``typicality`` where it has one (computed by onnxruntime, in float32), else computed
+    here in numpy from the logits, embedding and features (the stage ``score`` of
+    :mod:`service.telemetry.stage_clock`)."""
+    in_graph = outputs is not None and "typicality" in outputs
+
+    def run_and_score(images: Batch) -> tuple[np.ndarray, ...]:
+        logits, embedding, *extra = run(images)
+        if typicality is None:
+            return logits, embedding
+        start = time.perf_counter()
+        if in_graph:
+            scores = extra[0].astype(np.float64)
+        else:
+            scores = typicality.score(logits, embedding, extra[0] if extra else None)
+        scored = np.stack([scores, typicality.p_value(scores)], axis=1)
+        stage_clock.record("score", start)
+        return logits, embedding, scored
+
+    return run_and_score
+
+
+def _depth_reporter(state: Host, name: str, version: str) -> Callable[[int], None]:
+    """What a model's batcher calls when its queue's depth changes: the model's gauge and the
+    total over all models."""
+    metrics = state.metrics
+    gauge = metrics.model_queue_depth.labels(name, version)
+
+    def report(depth: int) -> None:
+        gauge.set(depth)
+        metrics.queue_depth.set(state.registry.queue_depth())
+
+    return report
+
+
+async def _discard(batcher: MicroBatcher | None, backend: Backend | None) -> None:
+    """Stop the batcher and close the backend of a model that failed to load (either may not
+    exist yet)."""
+    if batcher is not None:
+        await batcher.stop()
+    if backend is not None:
+        close_backend(backend)
+
+
+async def _warm_up(backend: Backend, batcher: MicroBatcher, max_batch_size: int) -> None:
+    """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
+    ``max_batch_size``) so that no request pays for a first call."""
+    sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
+    for images in warm_up_inputs(backend.card.input, sizes):
+        await batcher.run_direct(images)

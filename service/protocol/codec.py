@@ -1,0 +1,526 @@
+"""Bodies of the Open Inference Protocol's ``infer`` (KServe v2, the protocol Triton speaks).
+
+A request body is a JSON object, optionally followed by the binary tensor data extension's raw
+tensors (the JSON's length in the ``Inference-Header-Content-Length`` header; each binary input
+says its size in ``parameters.binary_data_size``). Binary tensors are little-endian and row
+major; a ``BYTES`` element is a 4-byte little-endian length followed by that many bytes.
+
+:func:`parse_request` turns a body into an :class:`InferRequest` of numpy arrays (``BYTES``:
+lists of ``bytes``) and :func:`encode_response` writes the answer, JSON or binary per output.
+The JSON header's structure is checked by strict pydantic models (:class:`RequestHeader`, also
+the OpenAPI document's schema of the body); the binary framing (sizes, offsets, element counts,
+byte order) stays written out here, where its bounds are checked.
+Every problem raises :class:`ProtocolError` with a message that says what was expected.
+The per-tensor steps (:func:`check_input`, :func:`binary_tensor`, :func:`requested_output`,
+:func:`tensor_bytes`) serve the gRPC side too (``service.grpc.server``): its raw tensor contents
+are in the same binary form. Nothing here knows about the model: ``service.http.oip`` checks names,
+shapes and datatypes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "DATATYPES",
+    "HEADER_LENGTH",
+    "InferRequest",
+    "InputHeader",
+    "InputTensor",
+    "OutputHeader",
+    "OutputTensor",
+    "ProtocolError",
+    "RequestHeader",
+    "RequestedOutput",
+    "binary_tensor",
+    "check_input",
+    "decompress",
+    "encode_response",
+    "header_schema",
+    "pack_bytes",
+    "parse_request",
+    "requested_output",
+    "tensor_bytes",
+    "unpack_bytes",
+]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: More dimensions than any image model needs; bounds the cost of checking a shape.
+MAX_RANK = 8
+MAX_DIM = 2**31
+#: numpy's bound on an array's elements of the largest datatype (its byte size must fit intp).
+_MAX_ELEMENTS = np.iinfo(np.intp).max // 8
+_END = object()
+
+#: The protocol's datatypes and their numpy types (``BYTES``: Python ``bytes`` elements).
+DATATYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": object,
+}
+
+
+class ProtocolError(ValueError):
+    """A request the protocol (or this server) cannot accept; ``status`` is its HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Header(BaseModel):
+    """The JSON header's structure, checked strictly (no type coercion); values that need a
+    precise message (datatypes, shapes, sizes, flags) are checked where they are used."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class InputHeader(_Header):
+    """One entry of ``inputs``: ``data`` (JSON tensors) or ``parameters.binary_data_size``."""
+
+    name: str
+    # checked in _inputs, for a message that lists the choices; the schema documents them
+    datatype: Any = Field(None, json_schema_extra={"type": "string", "enum": [*sorted(DATATYPES)]})
+    shape: Any = Field(
+        None,
+        json_schema_extra={
+            "type": "array",
+            "maxItems": MAX_RANK,
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_DIM - 1},
+        },
+    )
+    parameters: dict[str, Any] | None = None
+    data: Any = None
+
+
+class OutputHeader(_Header):
+    """One entry of ``outputs``: ``parameters`` may ask for ``binary_data`` and
+    ``classification`` (top k)."""
+
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class RequestHeader(_Header):
+    """An ``infer`` request's JSON header."""
+
+    id: str | None = None
+    inputs: list[InputHeader] = Field(min_length=1)
+    outputs: list[OutputHeader] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+def header_schema() -> dict[str, Any]:
+    """:class:`RequestHeader`'s JSON Schema with its definitions inlined (for the OpenAPI
+    document, which has no ``$defs`` of its own)."""
+    schema = RequestHeader.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(definitions[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
+
+
+def _header_error(error: ValidationError) -> ProtocolError:
+    """The first problem of a header as one sentence that says what was expected."""
+    first = error.errors()[0]
+    loc = first["loc"]
+    if not loc:
+        return ProtocolError("the request must be a JSON object with 'inputs'")
+    field, index = loc[0], loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if loc[-1] == "parameters":
+        where = "the request" if len(loc) == 1 else f"{field}[{index}]"
+        return ProtocolError(f"{where}: 'parameters' must be an object")
+    if field == "id":
+        return ProtocolError("'id' must be a string")
+    if field == "inputs" and index is None:
+        return ProtocolError("the request needs a non-empty 'inputs' list")
+    if field == "outputs" and index is None:
+        return ProtocolError("'outputs' must be a list")
+    return ProtocolError(f"{field}[{index}] must be an object with a 'name'")
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One input: numeric ``data`` is a numpy array of ``shape``; ``BYTES`` a list of bytes."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | list[bytes]
+    binary: bool
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for: as binary data or JSON, and top-``classification``."""
+
+    name: str
+    binary: bool
+    classification: int = 0
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    id: str | None
+    inputs: list[InputTensor]
+    #: None: every output, binary when the request's ``binary_data_output`` is true
+    outputs: list[RequestedOutput] | None
+    binary_output: bool
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """One output: numeric ``data`` or, for ``BYTES``, a list of bytes (row major)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray | list[bytes]
+    binary: bool
+
+
+def decompress(body: bytes | bytearray, encoding: str | None, limit: int) -> bytes | bytearray:
+    """The body under its ``Content-Encoding`` (``gzip`` or ``deflate``: tritonclient's
+    compression options), refused once it inflates beyond ``limit`` bytes."""
+    if not encoding or encoding == "identity":
+        return body
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding.lower())
+    if wbits is None:
+        raise ProtocolError(
+            f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none", 415
+        )
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise ProtocolError(f"the body is not valid {encoding} data: {error}") from None
+    if len(out) > limit:
+        raise ProtocolError(f"the decompressed request body is larger than {limit:,} bytes", 413)
+    if not inflater.eof or inflater.unused_data:
+        raise ProtocolError(
+            f"the body is not one complete {encoding} stream (truncated or followed by other bytes)"
+        )
+    return out
+
+
+def pack_bytes(items: list[bytes]) -> bytes:
+    """``BYTES`` elements in the binary format: ``<uint32 length><bytes>`` each."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def unpack_bytes(buffer: bytes | memoryview, count: int, name: str) -> list[bytes]:
+    """``count`` length-prefixed elements that fill ``buffer`` exactly."""
+    items, offset = [], 0
+    for i in range(count):
+        if offset + 4 > len(buffer):
+            raise ProtocolError(f"input {name!r}: binary BYTES data ends before element {i}")
+        (size,) = struct.unpack_from("<I", buffer, offset)
+        offset += 4
+        if offset + size > len(buffer):
+            raise ProtocolError(
+                f"input {name!r}: element {i} says {size} bytes but only "
+                f"{len(buffer) - offset} remain"
+            )
+        items.append(bytes(buffer[offset : offset + size]))
+        offset += size
+    if offset != len(buffer):
+        raise ProtocolError(
+            f"input {name!r}: {len(buffer) - offset} bytes left after {count} BYTES elements "
+            "(shape and data disagree)"
+        )
+    return items
+
+
+def _flatten(data: Any, rank: int, name: str) -> list[Any]:
+    """Row-major elements of a flat or nested JSON list, nested at most ``rank`` deep."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    stack = [(iter(data), 1)]
+    while stack:
+        items, depth = stack[-1]
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            if depth >= max(rank, 1):
+                raise ProtocolError(f"input {name!r}: 'data' is nested deeper than its shape")
+            stack.append((iter(item), depth + 1))
+        else:
+            out.append(item)
+    return out
+
+
+def _shape(raw: Any, name: str) -> tuple[int, ...]:
+    if (
+        not isinstance(raw, list)
+        or len(raw) > MAX_RANK
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_DIM for d in raw)
+    ):
+        raise ProtocolError(
+            f"input {name!r}: shape must be a list of at most {MAX_RANK} integers in [0, {MAX_DIM})"
+        )
+    # numpy refuses an array whose non-zero dimensions multiply past its index range, even
+    # when another dimension is 0 and it holds nothing ([0, 3, 2**31 - 1, 2**31 - 1])
+    if math.prod(d for d in raw if d) > _MAX_ELEMENTS:
+        raise ProtocolError(
+            f"input {name!r}: shape {raw} describes more elements than an array holds"
+        )
+    return tuple(raw)
+
+
+def _is_number(value: Any, datatype: str) -> bool:
+    if datatype == "BOOL":
+        return isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _json_data(raw: InputHeader, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    if "data" not in raw.model_fields_set:
+        raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+    elements = _flatten(raw.data, len(shape), name)
+    count = math.prod(shape)
+    if len(elements) != count:
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} needs {count} elements, 'data' has "
+            f"{len(elements)}"
+        )
+    if datatype == "BYTES":
+        if not all(isinstance(e, str) for e in elements):
+            raise ProtocolError(f"input {name!r}: BYTES data in JSON must be strings")
+        try:
+            return [e.encode() for e in elements]
+        except UnicodeEncodeError:
+            raise ProtocolError(f"input {name!r}: a BYTES string is not valid UTF-8") from None
+    if not all(_is_number(e, datatype) for e in elements):
+        kind = "true or false" if datatype == "BOOL" else "numbers"
+        raise ProtocolError(f"input {name!r}: {datatype} 'data' must be JSON {kind}")
+    try:  # a float out of its datatype's range (1e300 as FP16) is refused, not made inf
+        with np.errstate(over="raise", invalid="raise"):
+            return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
+    except (TypeError, ValueError, OverflowError, FloatingPointError):
+        raise ProtocolError(f"input {name!r}: 'data' does not fit {datatype}") from None
+
+
+def binary_tensor(
+    buffer: bytes | memoryview, name: str, datatype: str, shape: tuple[int, ...]
+) -> Any:
+    """Input ``name``'s elements from its binary form (the binary extension's data, gRPC's
+    ``raw_input_contents``): an array of ``shape`` or, for ``BYTES``, a list of bytes."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return unpack_bytes(buffer, count, name)
+    dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    if len(buffer) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} of {datatype} is {count * dtype.itemsize} "
+            f"bytes, binary_data_size says {len(buffer)}"
+        )
+    return np.frombuffer(buffer, dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+
+
+def _header(
+    body: bytes | bytearray, header_length: int | None, max_json_bytes: int
+) -> tuple[RequestHeader, memoryview]:
+    if header_length is not None and not 0 < header_length <= len(body):
+        raise ProtocolError(f"{HEADER_LENGTH} is {header_length} but the body is {len(body)} bytes")
+    end = len(body) if header_length is None else header_length
+    if end > max_json_bytes:
+        raise ProtocolError(
+            f"the JSON part of the request is {end:,} bytes, more than {max_json_bytes:,}; send "
+            "large tensors as binary data (binary_data_size)",
+            413,
+        )
+    try:
+        header = json.loads(body[:end])
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, ...
+        hint = (
+            ""
+            if header_length is not None
+            else (f" (binary tensors need the {HEADER_LENGTH} header)")
+        )
+        raise ProtocolError(f"the request is not valid JSON: {error}{hint}") from None
+    try:
+        parsed = RequestHeader.model_validate(header)
+    except ValidationError as error:
+        raise _header_error(error) from None
+    return parsed, memoryview(body)[end:]
+
+
+def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = parameters.get(key, default)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def check_input(
+    name: str, datatype: Any, shape: Any, parameters: dict[str, Any], max_elements: int | None
+) -> tuple[int, ...]:
+    """An input's datatype, shape and parameters checked (at most ``max_elements`` ``BYTES``
+    elements, 413 beyond; None: no limit); its shape."""
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise ProtocolError(
+            f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
+        )
+    checked = _shape(shape, name)
+    if "shared_memory_region" in parameters:
+        raise ProtocolError("the shared-memory extension is not supported; send the data")
+    if datatype == "BYTES" and max_elements is not None and math.prod(checked) > max_elements:
+        raise ProtocolError(
+            f"input {name!r} has {math.prod(checked)} BYTES elements; at most {max_elements} "
+            "per request",
+            413,
+        )
+    return checked
+
+
+def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> list[InputTensor]:
+    for raw in header.inputs:  # every input well-formed (else 400) before any is too large (413)
+        check_input(raw.name, raw.datatype, raw.shape, raw.parameters or {}, None)
+    inputs, offset = [], 0
+    for raw in header.inputs:
+        name = raw.name
+        datatype = raw.datatype
+        parameters = raw.parameters or {}
+        shape = check_input(name, datatype, raw.shape, parameters, max_elements)
+        size = parameters.get("binary_data_size")
+        if size is None:
+            data = _json_data(raw, name, datatype, shape)
+        else:
+            if (
+                not isinstance(size, int)
+                or isinstance(size, bool)
+                or size < 0
+                or offset + size > len(binary)
+            ):
+                raise ProtocolError(
+                    f"input {name!r}: binary_data_size {size!r} does not fit the "
+                    f"{len(binary) - offset} binary bytes left in the body"
+                )
+            # a view of the body, not a copy: a 57 MB tensor costs its body once
+            data = binary_tensor(binary[offset : offset + size], name, datatype, shape)
+            offset += size
+        inputs.append(InputTensor(name, datatype, shape, data, size is not None))
+    if offset != len(binary):
+        raise ProtocolError(
+            f"{len(binary) - offset} bytes after the JSON header belong to no input "
+            "(check binary_data_size)"
+        )
+    return inputs
+
+
+def _outputs(header: RequestHeader, binary_default: bool) -> list[RequestedOutput] | None:
+    """The requested outputs; each is binary as its ``binary_data`` says, else as the request's
+    ``binary_data_output`` says."""
+    if header.outputs is None:
+        return None
+    outputs: list[RequestedOutput] = []
+    for raw in header.outputs:
+        outputs.append(requested_output(raw.name, raw.parameters or {}, binary_default, outputs))
+    return outputs
+
+
+def requested_output(
+    name: str, parameters: dict[str, Any], binary_default: bool, earlier: list[RequestedOutput]
+) -> RequestedOutput:
+    """One requested output from its ``parameters`` (``classification``, ``binary_data``),
+    checked against the outputs requested ``earlier`` in the same request."""
+    if "shared_memory_region" in parameters:
+        raise ProtocolError("the shared-memory extension is not supported")
+    k = parameters.get("classification", 0)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ProtocolError(f"output {name!r}: classification must be a non-negative integer")
+    if any(o.name == name for o in earlier):
+        raise ProtocolError(f"output {name!r} is requested twice")
+    binary = _flag(parameters, "binary_data", binary_default, f"output {name!r}")
+    return RequestedOutput(name, binary, k)
+
+
+def parse_request(
+    body: bytes | bytearray,
+    header_length: int | None,
+    max_json_bytes: int = 4 * 2**20,
+    max_elements: int = 1024,
+) -> InferRequest:
+    """An inference request from its body (JSON, or JSON + binary tensors).
+
+    The JSON part may be at most ``max_json_bytes`` (413 beyond: parsing JSON holds the
+    interpreter) and a ``BYTES`` tensor at most ``max_elements`` elements.
+    """
+    header, binary = _header(body, header_length, max_json_bytes)
+    parameters = header.parameters or {}
+    binary_output = _flag(parameters, "binary_data_output", False, "the request")
+    return InferRequest(
+        id=header.id,
+        inputs=_inputs(header, binary, max_elements),
+        outputs=_outputs(header, binary_output),
+        binary_output=binary_output,
+        parameters=parameters,
+    )
+
+
+def tensor_bytes(output: OutputTensor) -> bytes:
+    """An output in the binary form: little-endian, row major; ``BYTES`` length-prefixed."""
+    if output.datatype == "BYTES":
+        return pack_bytes(output.data)  # type: ignore[arg-type]
+    array = np.ascontiguousarray(output.data, DATATYPES[output.datatype])
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def encode_response(
+    model_name: str, model_version: str, request_id: str | None, outputs: list[OutputTensor]
+) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header's length."""
+    header: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        header["id"] = request_id
+    entries, chunks = [], []
+    for output in outputs:
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "datatype": output.datatype,
+            "shape": list(output.shape),
+        }
+        if output.binary:
+            chunk = tensor_bytes(output)
+            entry["parameters"] = {"binary_data_size": len(chunk)}
+            chunks.append(chunk)
+        elif output.datatype == "BYTES":
+            entry["data"] = [item.decode() for item in output.data]
+        else:
+            entry["data"] = np.asarray(output.data).reshape(-1).tolist()
+        entries.append(entry)
+    header["outputs"] = entries
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if not chunks:
+        return text, None
+    return b"".join([text, *chunks]), len(text)

@@ -1,0 +1,2 @@
+"""onnxruntime: execution providers, sessions and how a batch runs through them, in this
+process or in the session host shared by the workers."""

@@ -1,0 +1,52 @@
+"""Metrics of several worker processes (prometheus_client's multiprocess mode), each worker a
+real process here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from service.telemetry.metrics import MULTIPROC_ENV, exposition
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: A worker: reports a queue depth and one image, then waits for its stdin to close.
+WORKER = """
+import sys
+from service.telemetry.metrics import Metrics
+metrics = Metrics()
+metrics.queue_depth.set(int(sys.argv[1]))
+metrics.images.labels("/classify", "m", "1").inc()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def worker(folder: Path, depth: int) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(depth)],
+        cwd=ROOT,
+        text=True,
+        env=os.environ | {MULTIPROC_ENV: str(folder)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def test_the_queue_depth_is_summed_over_live_workers_only(tmp_path, monkeypatch):
+    """uvicorn replaces a worker that dies; the queue depth it last reported must not count
+    for ever, while the images it answered still do."""
+    live, dead = worker(tmp_path, 2), worker(tmp_path, 7)
+    try:
+        dead.communicate("")  # exits
+        monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+        text = exposition(None).decode()
+    finally:
+        live.communicate("")
+    assert "smso_queue_depth 2.0" in text
+    assert 'smso_images_total{model="m",route="/classify",version="1"} 2.0' in text
