@@ -42,11 +42,11 @@ from bench.benchlib import write_json  # noqa: E402
 from bench.serve import jpegs, oip_bodies  # noqa: E402
 from bench.standin import CARD, StandinBackend  # noqa: E402
 from service.app import create_app  # noqa: E402
-from service.card import CARD_KEY, parse_card  # noqa: E402
-from service.images import Preprocessor  # noqa: E402
-from service.oip import build_router  # noqa: E402
-from service.routes import build_routes  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from service.core.card import CARD_KEY, parse_card  # noqa: E402
+from service.core.settings import Settings  # noqa: E402
+from service.http.oip import build_router  # noqa: E402
+from service.http.routes import build_routes  # noqa: E402
+from service.imaging.images import Preprocessor  # noqa: E402
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "app_overhead.json"
 ARRANGEMENTS = ("included", "flat")

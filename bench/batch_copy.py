@@ -1,14 +1,14 @@
 """The batch's images into the session's input: one copy against stacking, then padding.
 
 The batcher holds a batch as N images ``(C, H, W)``; the session reads one array of the
-bucket's rows (``service.runner.buckets``). Two ways to get there, then the copy into the
-session's input ``OrtValue`` (``update_inplace``, as ``service.runner.BoundRunner`` does; on
+bucket's rows (``service.runtime.runner.buckets``). Two ways to get there, then the copy into the
+session's input ``OrtValue`` (``update_inplace``, as ``service.runtime.runner.BoundRunner`` does; on
 the CPU a copy in memory, on CUDA the upload):
 
 * **stack, pad**: ``np.stack`` the images, then a zeroed array of the bucket's rows and a copy
-  of the stacked rows into it (the service before ``service.runner.fill``);
+  of the stacked rows into it (the service before ``service.runtime.runner.fill``);
 * **fill**: the images copied straight into a host array of the bucket's rows, kept from call
-  to call (``service.runner.fill``: what the runners do now).
+  to call (``service.runtime.runner.fill``: what the runners do now).
 
 Both run in interleaved rounds (this machine is shared and noisy); the table gives the median
 milliseconds per batch and the ratio of the two within each round's median.
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchlib import write_json  # noqa: E402
-from service.runner import bucket_for, buckets, fill  # noqa: E402
+from service.runtime.runner import bucket_for, buckets, fill  # noqa: E402
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "batch_copy.json"
 WAYS = ("stack, pad", "fill")

@@ -1,8 +1,9 @@
 """Decoding and preprocessing images in parallel: threads, a process pool, or several servers?
 
-The service decodes and preprocesses each uploaded image with ``service.images.Preprocessor``
-in a thread pool. Threads help only as far as that work runs outside the GIL (Pillow releases
-it while it decodes, converts and resizes; numpy while it loops over large arrays). On 640x480
+The service decodes and preprocesses each uploaded image with
+``service.imaging.images.Preprocessor`` in a thread pool. Threads help only as far as that work runs
+outside the GIL (Pillow releases it while it decodes, converts and resizes; numpy while it loops
+over large arrays). On 640x480
 JPEGs (Fashion-MNIST test images scaled up, ``bench/serve.py``'s ``jpegs()``) and for two
 preprocessings, the shipped model's (its model card: grey, 28 px) and an ImageNet-style one
 (RGB, resize 256, centre crop 224, ImageNet mean and std), this script measures:
@@ -79,8 +80,8 @@ import onnxruntime as ort
 import PIL
 from PIL import Image, ImageOps
 
-from service.card import Preprocessing, parse_card
-from service.images import Preprocessor, _resized_size, _to_mode
+from service.core.card import Preprocessing, parse_card
+from service.imaging.images import Preprocessor, _resized_size, _to_mode
 
 if not __package__:  # run as a script: the repository first on sys.path (see bench/heads.py)
     sys.path[0] = str(Path(__file__).resolve().parents[1])

@@ -6,8 +6,8 @@ measures the alternative before the service is built around it: the same preproc
 resize the shorter side to 256 bilinear antialiased with torchvision's size rounding, centre
 crop 224, ImageNet mean and std) with the decode on the device.
 
-* **cpu (Pillow)**: ``service.images.Preprocessor``, one image at a time in this thread: what
-  one decode thread of the service does.
+* **cpu (Pillow)**: ``service.imaging.images.Preprocessor``, one image at a time in this thread:
+  what one decode thread of the service does.
 * **torchvision on DEVICE, batch B**: ``torchvision.io.decode_jpeg`` on a list of B files
   (on CUDA one batched nvJPEG call), then per image ``resize`` (antialiased), ``center_crop``
   and the normalisation on the device, stacked into ``(B, 3, 224, 224)`` float32 and
@@ -15,7 +15,7 @@ crop 224, ImageNet mean and std) with the decode on the device.
 * **nvImageCodec on DEVICE, batch B**: one ``Decoder.decode`` call on B files (nvJPEG; the
   hardware decoder where the GPU has one), each image copied to host memory: the decode alone.
 * **service (gpu_jpeg) on DEVICE**: the service's ``SMSO_DECODE_DEVICE=cuda`` path
-  (``service.gpu_jpeg``: nvImageCodec, then the preprocessing graph on onnxruntime's CUDA
+  (``service.imaging.gpu_jpeg``: nvImageCodec, then the preprocessing graph on onnxruntime's CUDA
   provider), one image per call; ``service-device``: the same with the decoded image read by
   the graph on the GPU instead of copied to host memory and back (``transfer="device"``).
 * **one image per call from THREADS threads**, for each path (torchvision's threads each on a
@@ -60,8 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.benchlib import write_json  # noqa: E402
 from bench.serve import jpegs  # noqa: E402
-from service.card import Preprocessing  # noqa: E402
-from service.images import Preprocessor  # noqa: E402
+from service.core.card import Preprocessing  # noqa: E402
+from service.imaging.images import Preprocessor  # noqa: E402
 
 DEFAULT_JSON = ROOT / "bench" / "results" / "decode_gpu.json"
 PATHS = ("pillow", "torchvision", "nvimgcodec", "service", "service-device")
@@ -145,8 +145,8 @@ def grey_levels(got: np.ndarray, want: np.ndarray, spec: Preprocessing) -> tuple
 def nvimgcodec_decode(device: str) -> Callable[[Sequence[bytes]], list[np.ndarray]]:
     """Encoded JPEGs -> ``(H, W, 3)`` uint8 RGB in host memory, one ``decode`` call for the
     list, with a decoder per calling thread configured as the service's
-    (``service.gpu_jpeg.new_decoder``: nvJPEG on ``device``; its CPU decoder on cpu)."""
-    from service.gpu_jpeg import load_nvimgcodec, new_decoder
+    (``service.imaging.gpu_jpeg.new_decoder``: nvJPEG on ``device``; its CPU decoder on cpu)."""
+    from service.imaging.gpu_jpeg import load_nvimgcodec, new_decoder
 
     nvimgcodec = load_nvimgcodec()
     local = threading.local()
@@ -168,10 +168,10 @@ def nvimgcodec_decode(device: str) -> Callable[[Sequence[bytes]], list[np.ndarra
 def service_preprocess(
     device: str, transfer: Literal["host", "device"] = "host"
 ) -> Callable[[bytes], np.ndarray]:
-    """The service's ``decode_device`` path: ``service.gpu_jpeg.GpuJpegPreprocessor``, the
+    """The service's ``decode_device`` path: ``service.imaging.gpu_jpeg.GpuJpegPreprocessor``, the
     decoded image copied to host memory and uploaded again (``host``) or read on the GPU
     (``device``)."""
-    from service.gpu_jpeg import GpuJpegPreprocessor
+    from service.imaging.gpu_jpeg import GpuJpegPreprocessor
 
     on_gpu = device.startswith("cuda")
     device_id = int(device.partition(":")[2] or 0) if on_gpu else 0

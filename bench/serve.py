@@ -141,7 +141,7 @@ def oip_bodies(files: list[bytes], tensors: np.ndarray | None) -> list[tuple[byt
     ``image_bytes`` (or, given ``tensors``, its preprocessed ``FP32`` tensor as ``image``);
     asking for the top 5 classes as JSON, what ``/classify`` answers by default."""
     sys.path.insert(0, str(ROOT))
-    from service.oip_codec import pack_bytes
+    from service.protocol.codec import pack_bytes
 
     bodies = []
     for i, data in enumerate(files):
@@ -304,8 +304,8 @@ def session_and_tensors(
 ) -> tuple[Any, np.ndarray]:
     """The model's onnxruntime backend and ``files`` preprocessed as the service does."""
     sys.path.insert(0, str(ROOT))
-    from service.backend import BackendOptions, OnnxBackend
-    from service.images import Preprocessor
+    from service.imaging.images import Preprocessor
+    from service.runtime.backend import BackendOptions, OnnxBackend
 
     backend = OnnxBackend(model, BackendOptions(max_batch=max_batch))
     pre = Preprocessor(backend.card.preprocessing, 10**9)
@@ -426,7 +426,7 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> dict[str, Any]:
     """Mean time per request by stage, from the server's metrics, and the rest ("response");
     and the inference thread's mean time per batch by stage (``stage_ms``)."""
-    from service.stage_clock import STAGES
+    from service.telemetry.stage_clock import STAGES
 
     def mean(metric: str, stage: str = "") -> float:
         count, total = f"{metric}_count{stage}", f"{metric}_sum{stage}"
@@ -452,7 +452,7 @@ def split(before: dict[str, float], after: dict[str, float], mean_ms: float) -> 
         "round_trip_ms": round_trip,
         "response_ms": mean_ms - decode - queue - round_trip,
         "mean_batch": images / max(batches, 1),
-        # the inference thread's time per batch by stage (service.stage_clock.STAGES)
+        # the inference thread's time per batch by stage (service.telemetry.stage_clock.STAGES)
         "stage_ms": {
             name: mean(stages, f"[{name}]") for name in STAGES if f"{stages}_count[{name}]" in after
         },
@@ -534,8 +534,8 @@ def standin_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     per request: queueing, thread hops, parsing and answering."""
     sys.path.insert(0, str(ROOT))
     from bench.standin import CARD
-    from service.card import CARD_KEY, parse_card
-    from service.images import Preprocessor
+    from service.core.card import CARD_KEY, parse_card
+    from service.imaging.images import Preprocessor
 
     card, _ = parse_card({CARD_KEY: json.dumps(CARD)})
     pre = Preprocessor(card.preprocessing, 10**9)

@@ -11,7 +11,7 @@ would overrun ``--budget-s`` are skipped and say so):
    ``--exports`` picks);
 3. the raw session by batch size (1, 8, 32, 64, 128; at 448 px up to 64) for each export, the
    float32 1x1 form also through IO binding and with a CUDA graph per bucket
-   (``service.runner``): images/s and ms per call, the same numpy input each call, no server
+   (``service.runtime.runner``): images/s and ms per call, the same numpy input each call, no server
    (``--raw`` picks the runs);
 4. onnxruntime's own profiler on the float32 session at batch 64: the time by operator type,
    with the host-device copies, per run (``--stages profile``);
@@ -337,9 +337,9 @@ def raw_session(
     path: str, mode: str, batches: list[int], providers: str, seconds: float
 ) -> dict[str, Any]:
     """Images/s and ms per call by batch size, through the service's own backend, and the
-    median ms of each stage the runner records (:mod:`service.stage_clock`)."""
-    from service import stage_clock
-    from service.backend import BackendOptions, OnnxBackend
+    median ms of each stage the runner records (:mod:`service.telemetry.stage_clock`)."""
+    from service.runtime.backend import BackendOptions, OnnxBackend
+    from service.telemetry import stage_clock
 
     if mode not in RAW_MODES:
         raise ValueError(f"unknown raw mode {mode!r}; valid: {', '.join(RAW_MODES)}")
@@ -387,7 +387,7 @@ def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> 
     """onnxruntime's profiler: milliseconds per run by operator type (copies included)."""
     import onnxruntime as ort
 
-    from service.providers import Accelerator, provider_options
+    from service.runtime.providers import Accelerator, provider_options
 
     options = ort.SessionOptions()
     options.enable_profiling = True
@@ -399,7 +399,7 @@ def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> 
         options,
         providers=[(n, provider_options(n, Accelerator((3, 224, 224), batch))) for n in names],
     )
-    from service.card import parse_card
+    from service.core.card import parse_card
 
     spec = parse_card(session.get_modelmeta().custom_metadata_map)[0].input
     shape = (batch, spec.channels, spec.height, spec.width)
@@ -781,7 +781,7 @@ def _drive(
     """The loads of :func:`serve_loads` against a running server; results into ``result``."""
     import httpx
 
-    from service.card import CARD_KEY, parse_card
+    from service.core.card import CARD_KEY, parse_card
 
     result["ready_s"] = ready_s
     for _ in range(100):  # with several workers, /readyz may have been answered by one of them
@@ -832,8 +832,8 @@ _PRE: Any = None
 
 def _decode_init(preprocessing: dict[str, Any]) -> None:
     global _PRE
-    from service.card import Preprocessing
-    from service.images import Preprocessor
+    from service.core.card import Preprocessing
+    from service.imaging.images import Preprocessor
 
     _PRE = Preprocessor(Preprocessing(**preprocessing), 10**9)
 
@@ -880,7 +880,7 @@ def stage_table(loads: list[dict[str, Any]], raw: dict[str, Any] | None) -> list
     a row per load, and the raw session's median ``run`` by batch size with the same export
     and mode (``raw``, where measured): a server's ``run`` well above the raw one at its batch
     size is what the server adds to the onnxruntime call (waits for the GIL, a busy device)."""
-    from service.stage_clock import STAGES
+    from service.telemetry.stage_clock import STAGES
 
     rows = [load for load in loads if load.get("requests") and load["split"].get("stage_ms")]
     if not rows:
@@ -1139,8 +1139,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
         files = jpegs(32)
-        from service.backend import read_card
-        from service.images import Preprocessor
+        from service.imaging.images import Preprocessor
+        from service.runtime.backend import read_card
 
         card = read_card(paths["fp32-conv"])
         pre = Preprocessor(card.preprocessing, 10**9)

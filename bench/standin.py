@@ -3,8 +3,8 @@
 On a 2-core CPU the real model's inference hides the cost of everything around it; on a GPU it
 does not (ResNet-50 SMSO runs a batch of 64 in about 12 ms on an H100). :class:`StandinBackend`
 answers like a GPU would: it copies the batch's images into an array it keeps (as
-``service.runner.BoundRunner`` does before the upload), sleeps ``latency_ms + per_image_ms * N``
-per batch with the GIL released, as onnxruntime's CUDA provider waits for the device, and
+``service.runtime.runner.BoundRunner`` does before the upload), sleeps ``latency_ms + per_image_ms *
+N`` per batch with the GIL released, as onnxruntime's CUDA provider waits for the device, and
 returns outputs of the right shapes. Its card is ResNet-50's at 224 px (1,000 classes,
 p = 2,048, ImageNet preprocessing: resize 256, crop 224), so decoding and request bodies cost
 what they cost with the real model.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from service.runner import Batch
+    from service.runtime.runner import Batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,8 +56,8 @@ class StandinBackend:
 
     def __init__(self, latency_ms: float = 1.3, per_image_ms: float = 0.19) -> None:
         sys.path.insert(0, str(ROOT))
-        from service.card import CARD_KEY, parse_card
-        from service.runner import fill
+        from service.core.card import CARD_KEY, parse_card
+        from service.runtime.runner import fill
 
         self._fill = fill
         self._host = np.zeros((0, 3, 224, 224), np.float32)  # grows to the largest batch
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from service.app import create_app
     from service.cli import parse_args
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     settings = Settings(**parse_args(rest))
     backend = StandinBackend(args.latency_ms, args.per_image_ms)

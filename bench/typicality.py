@@ -30,7 +30,7 @@ Everything goes through the real server (``smso-serve`` in a subprocess on the s
   is steadier than requests/s when the clients share the cores with the server.
 
 While the server does not serve typicality yet (an older checkout), the score and p-value are
-computed here with :mod:`service.typicality` from the served logits and embedding and the card's
+computed here with :mod:`modelcard.typicality` from the served logits and embedding and the card's
 reference statistics, and drift by the same binomial rule on those p-values; the JSON says which
 (``source``: ``served`` or ``client``).
 
@@ -174,7 +174,7 @@ class Card:
     def read(cls, model: Path) -> Card:
         import onnxruntime
 
-        from service.card import parse_card
+        from service.core.card import parse_card
 
         session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         card, raw = parse_card(session.get_modelmeta().custom_metadata_map)
@@ -232,7 +232,7 @@ class Client:
         self.source = "served" if self.outputs == OUTPUTS else "client"
         self.local = None
         if self.source == "client":
-            from service.typicality import Typicality
+            from modelcard.typicality import Typicality
 
             self.local = Typicality.from_card(card.raw["typicality"])
         #: "served" when /metrics has the drift gauges, else "client" (the rule applied here)

@@ -64,7 +64,7 @@ from export.typicality_graph import (
     score_parity,
     strip_score,
 )
-from service.typicality import Typicality
+from modelcard.typicality import Typicality
 from training.backbones import backbone_spec
 from training.checkpoint import held_val_accuracy, load_model, write_atomically
 from training.cli import check_output_file

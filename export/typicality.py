@@ -1,4 +1,4 @@
-"""The reference statistics of typicality (see :mod:`service.typicality`), fitted at export.
+"""The reference statistics of typicality (see :mod:`modelcard.typicality`), fitted at export.
 
 From the exported model's outputs on the validation split (logits ``(n, K)``, embedding
 ``(n, p)``, the backbone's averaged features ``(n, C_b)`` where the file has them, labels
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from service.typicality import Precision, Typicality
+from modelcard.typicality import Precision, Typicality
 from training.datasets.base import Splits
 
 __all__ = ["FULL_RANK_MAX", "MAX_EMBEDDING", "fit", "reference_section"]

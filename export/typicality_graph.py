@@ -1,6 +1,6 @@
 """The typicality score as part of the exported graph: an output ``typicality`` (float32, ``(N,)``).
 
-:class:`service.typicality.Typicality` computes the score in numpy, in the service's inference
+:class:`modelcard.typicality.Typicality` computes the score in numpy, in the service's inference
 thread, while holding Python's lock: on a small model that costs a stream of single images a
 measurable share of its requests per second. Folded into the graph, onnxruntime computes it in the
 same run as the logits, and the service only looks up the p-value.
@@ -31,7 +31,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from export.card import CARD_KEY, card_json
-from service.typicality import Precision, Typicality
+from modelcard.typicality import Precision, Typicality
 
 __all__ = ["OUTPUT", "SCORE_TOLERANCE", "append_score", "score_parity", "strip_score"]
 
