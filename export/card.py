@@ -44,6 +44,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from modelcard import CARD_FORMAT, CARD_KEY, CARD_VERSION
+
 __all__ = [
     "CARD_FORMAT",
     "CARD_KEY",
@@ -55,9 +57,6 @@ __all__ = [
     "file_sha256",
 ]
 
-CARD_KEY = "smso.model_card"
-CARD_FORMAT = "smso-model-card"
-CARD_VERSION = 1
 #: A served name or version: one URL path segment without escaping (KServe's and Triton's
 #: clients put both in /v2/models/{name}/versions/{version}).
 SERVED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")

@@ -34,14 +34,13 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
 from service.runtime.runner import Batch
-from service.telemetry import requests as access
-from service.telemetry import stage_clock
+from service.telemetry import access, stage_clock
 from service.telemetry.metrics import BatchStats
 from service.telemetry.tracing import Spans
 
 __all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "NonFiniteOutputError", "QueueFullError"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.batcher")  # stable for logging configs, wherever the module lives
 
 #: While announced images are on their way, wait up to this fraction of the last batch's
 #: inference time for them (at least ``max_wait``).

@@ -12,10 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from modelcard import CARD_KEY, CARD_VERSION
+
 __all__ = ["CARD_KEY", "CardError", "InputSpec", "ModelCard", "Preprocessing", "parse_card"]
 
-CARD_KEY = "smso.model_card"
-SUPPORTED_VERSIONS = (1,)
+#: The card versions this service reads.
+SUPPORTED_VERSIONS = (CARD_VERSION,)
 
 
 class CardError(ValueError):

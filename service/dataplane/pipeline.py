@@ -23,7 +23,7 @@ from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.imaging.images import ImageError, ImageTooLargeError
 from service.models.registry import LoadedModel
-from service.telemetry import requests as access
+from service.telemetry import access
 
 __all__ = [
     "Outputs",

@@ -2,11 +2,12 @@
 Triton serves on port 8001 and ``tritonclient.grpc`` speaks).
 
 The service runs in the HTTP server's process and event loop (``grpc.aio``), on the same
-:class:`~service.dataplane.pipeline.ServiceState`: the same registry, decode threads, admission
+:class:`~service.dataplane.state.ServiceState`: the same registry, decode threads, admission
 bounds and micro-batchers, so a gRPC request and a REST request of the same images are batched
-together and answered alike. The protocol's meaning (checks, images from tensors, answer tensors,
-classification strings) comes from ``service.http.oip``, shared with the REST routes; this module
-only turns protocol buffers into :class:`~service.protocol.codec.InferRequest` and answers back.
+together and answered alike. The protocol's meaning (checks, images from tensors, answer
+tensors, classification strings) comes from :mod:`service.protocol.semantics`, shared with the
+REST routes; this module only turns protocol buffers into
+:class:`~service.protocol.codec.InferRequest` and answers back.
 
 RPCs: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer (inputs in
 ``raw_input_contents``, as ``tritonclient`` sends them, or in typed ``contents``; outputs always
@@ -15,8 +16,12 @@ RepositoryModelLoad and RepositoryModelUnload (else UNIMPLEMENTED, as for every 
 The message stubs are those ``tritonclient[grpc]`` ships (``tritonclient.grpc.service_pb2``),
 generated from Triton's published ``grpc_service.proto``.
 
-Errors carry REST's message with the matching status code (:data:`STATUS_CODES`); with an API
-key, the model RPCs need it in the metadata (``authorization: Bearer <key>`` or ``x-api-key``).
+Errors carry REST's message with the status of their canonical code
+(:attr:`service.core.errors.ServiceError.canonical`); with an API key, the model RPCs need it in
+the metadata (``authorization: Bearer <key>`` or ``x-api-key``), checked before the message is
+read (:class:`KeyFirst`). A message is at most ``max_request_bytes`` (grpcio refuses a larger one
+with RESOURCE_EXHAUSTED before reading it), and counts against ``max_buffered_bytes`` with the
+REST bodies while it is held.
 The server binds with ``SO_REUSEPORT`` (grpcio's default), which lets the worker processes of
 ``smso-serve --workers N`` share the port; ``smso-serve`` checks beforehand that no other process
 listens there.
@@ -25,7 +30,6 @@ listens there.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import time
@@ -37,7 +41,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from service.core.errors import ServiceError
+from service.core.errors import Canonical, ServiceError, canonical
+from service.dataplane.auth import authorize
 from service.dataplane.state import ServiceState
 from service.protocol import semantics as oip
 from service.protocol.codec import (
@@ -52,26 +57,12 @@ from service.protocol.codec import (
     requested_output,
     tensor_bytes,
 )
-from service.telemetry import requests as access
+from service.telemetry import access
 
-__all__ = ["STATUS_CODES", "InferenceService", "start_grpc_server"]
+__all__ = ["KEYED", "InferenceService", "KeyFirst", "start_grpc_server", "status_code"]
 
 log = logging.getLogger("service")
 
-#: The gRPC status of each HTTP status the service answers with (the protocol's mapping:
-#: KServe's and Triton's servers answer the same way).
-STATUS_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    500: grpc.StatusCode.INTERNAL,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 #: ModelInfer's route, as the images counter and traces label it.
 INFER_ROUTE = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -98,10 +89,25 @@ Reply = TypeVar("Reply")
 _WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 
 
-def _status(error: ServiceError) -> grpc.StatusCode:
-    if error.status == 503 and error.code == "overloaded":  # retry later, not "down"
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    return STATUS_CODES.get(error.status, grpc.StatusCode.UNKNOWN)
+#: The RPCs that need the API key (when one is set): all but liveness, readiness and the
+#: server's metadata, and the RPCs this server does not offer (UNIMPLEMENTED either way).
+KEYED = frozenset(
+    {
+        "ModelReady",
+        "ModelMetadata",
+        "ModelInfer",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    }
+)
+#: How a gRPC client sends the key, for UNAUTHENTICATED's message.
+HOW = "metadata 'authorization: Bearer <key>' or 'x-api-key: <key>'"
+
+
+def status_code(canonical: Canonical) -> grpc.StatusCode:
+    """The gRPC status of a canonical code (they share their names)."""
+    return grpc.StatusCode[canonical.value]
 
 
 def _parameters(parameters: Any) -> dict[str, Any]:
@@ -204,10 +210,10 @@ def _rpc(
                 )
             return await handler(self, request, context)
         except ServiceError as error:
-            code, failure = _status(error), error
+            code, failure = status_code(error.canonical), error
             await context.abort(code, error.message)
         except ProtocolError as error:
-            code, failure = STATUS_CODES[error.status], error
+            code, failure = status_code(canonical(error.status)), error
             await context.abort(code, str(error))
         except Exception as error:
             code, failure = grpc.StatusCode.INTERNAL, error
@@ -237,25 +243,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, state: ServiceState) -> None:
         self.state = state
         self.repository = state.settings.model_repository is not None
-
-    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        """UNAUTHENTICATED unless the metadata carries the API key (when one is set)."""
-        key = self.state.settings.api_key
-        if key is None:
-            return
-        metadata = {k.lower(): v for k, v in context.invocation_metadata() or ()}
-        given = metadata.get("x-api-key")
-        auth = metadata.get("authorization", "")
-        if given is None and isinstance(auth, str) and auth[:7].lower() == "bearer ":
-            given = auth[7:].strip()
-        expected = key.get_secret_value().encode()
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), expected):
-            raise ServiceError(
-                401,
-                "unauthorized",
-                "missing or wrong API key: send metadata "
-                "'authorization: Bearer <key>' or 'x-api-key: <key>'",
-            )
 
     def _need_repository(self) -> None:
         if not self.repository:
@@ -290,19 +277,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._authorize(context)
         ready = oip.is_model_ready(self.state, request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._authorize(context)
         model = access.note_model(self.state.registry.lookup(request.name, request.version or None))
         return pb.ModelMetadataResponse(**oip.describe_model(model))
 
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._authorize(context)
         state = self.state
         start = time.perf_counter()
         remaining = context.time_remaining()  # the client's gRPC deadline, if it set one
@@ -325,7 +309,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._authorize(context)
         self._need_repository()
         entries = oip.index_entries(self.state)
         if request.ready:
@@ -336,24 +319,73 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._authorize(context)
         self._need_repository()
         await oip.served_repository(self.state).load(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._authorize(context)
         self._need_repository()
         await oip.served_repository(self.state).unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+class KeyFirst(grpc.aio.ServerInterceptor):
+    """The API key, checked on a call's metadata before its message is read.
+
+    A handler of a unary RPC gets its request message whole: grpcio reads it (up to
+    ``max_receive_message_length``) before the handler runs, so a check inside the handler comes
+    after the server has held the message. A call without the key is answered instead by a
+    handler that takes its request as a stream and never reads it (the wire format of a unary
+    and a client-streaming call is the same): UNAUTHENTICATED, logged and counted as any call.
+    """
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        name = details.method.rpartition("/")[2]
+        key = self.service.state.settings.api_key
+        if key is None or name not in KEYED:
+            return await continuation(details)
+        metadata = {k.lower(): v for k, v in details.invocation_metadata or ()}
+        sent, auth = metadata.get("x-api-key"), metadata.get("authorization")
+        try:
+            authorize(
+                key,
+                sent if isinstance(sent, str) else None,
+                auth if isinstance(auth, str) else None,
+                HOW,
+            )
+        except ServiceError as error:
+            return grpc.stream_unary_rpc_method_handler(self._refusal(name, error))
+        return await continuation(details)
+
+    def _refusal(self, name: str, error: ServiceError) -> Callable[[Any, Any], Awaitable[Any]]:
+        async def refuse(service: InferenceService, request: Any, context: Any) -> Any:
+            raise error
+
+        refuse.__name__ = name
+        answer = _rpc(refuse)
+        service = self.service
+
+        async def behaviour(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await answer(service, requests, context)
+
+        return behaviour
 
 
 async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
     """The gRPC service on ``settings.host:settings.grpc_port``, started; ``OSError`` saying
     which address when it cannot listen. Stop it with ``await server.stop(grace)``."""
     settings = state.settings
+    service = InferenceService(state)
     server = grpc.aio.server(
+        interceptors=[KeyFirst(service)],
         options=[
             # what --workers N needs to share the port (grpcio's default, stated)
             ("grpc.so_reuseport", 1),
@@ -363,7 +395,7 @@ async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
         ],
         maximum_concurrent_rpcs=settings.max_connections,
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(state), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
     try:

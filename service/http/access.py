@@ -1,6 +1,6 @@
 """The HTTP door's request ids and access lines: :class:`AccessLog`, the app's outermost layer.
 
-It gives every HTTP request an id (:func:`service.telemetry.requests.valid_id`), echoed in the
+It gives every HTTP request an id (:func:`service.telemetry.access.valid_id`), echoed in the
 response's ``X-Request-ID`` header (errors included), opens its span when tracing is on, and logs
 its access line when it ends: health checks and scrapes at DEBUG, every other request at INFO.
 """
@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.exchange import Exchange
 from service.http.metrics import counted, labels
-from service.telemetry.requests import HEADER, RequestRecord, begin, log, log_access, valid_id
+from service.telemetry.access import HEADER, RequestRecord, begin, log, log_access, valid_id
 from service.telemetry.tracing import Spans
 
 __all__ = ["AccessLog"]

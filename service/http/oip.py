@@ -58,7 +58,7 @@ from service.protocol.semantics import (
     run_inference,
     served_repository,
 )
-from service.telemetry.requests import note_model
+from service.telemetry.access import note_model
 
 __all__ = ["build_router"]
 

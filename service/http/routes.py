@@ -30,8 +30,8 @@ from service.http import schemas
 from service.http.dependencies import State, authorize
 from service.http.inputs import MAX_FILENAME, read_uploads
 from service.models.registry import LoadedModel
+from service.telemetry.access import note_model
 from service.telemetry.metrics import exposition
-from service.telemetry.requests import note_model
 
 __all__ = ["IMAGE_BODY", "build_routes"]
 

@@ -60,7 +60,7 @@ __all__ = [
     "new_decoder",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.gpu_jpeg")  # stable for logging configs, wherever the module lives
 
 #: Pillow's ``convert("L")`` (ITU-R 601-2 luma in 16-bit fixed point) and RGB kept as it is.
 _LUMA = np.array([[19595], [38470], [7471]], np.float32)

@@ -17,60 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from service.core.errors import ServiceError
 from service.models.host import Host
 from service.models.loader import load_model, unload_model
+from service.models.scan import MODEL_FILE, Scanner, Skipped, Version, scan
 
 __all__ = ["MODEL_FILE", "Repository", "Version", "scan"]
 
 log = logging.getLogger("service")
-
-MODEL_FILE = "model.onnx"
-#: A model folder's name: what clients put in a URL path.
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-
-
-@dataclass(frozen=True)
-class Version:
-    """The version of a model the repository holds: its number, file, and the file's
-    modification time and size (a changed file is a new model)."""
-
-    number: int
-    path: Path
-    stamp: tuple[int, int]
-
-
-def scan(root: Path) -> dict[str, Version]:
-    """Each model folder's highest version (folders and files that do not fit the layout are
-    skipped, with a log line)."""
-    found: dict[str, Version] = {}
-    for folder in sorted(root.iterdir()):
-        if not folder.is_dir() or folder.name.startswith("."):
-            continue
-        if not NAME.fullmatch(folder.name) or folder.name in (".", ".."):
-            log.warning(
-                "repository: %r is not a model name (letters, digits, _ . -); skipped", folder.name
-            )
-            continue
-        versions = [
-            int(sub.name)
-            for sub in folder.iterdir()
-            if sub.name.isdigit() and int(sub.name) > 0 and (sub / MODEL_FILE).is_file()
-        ]
-        if not versions:
-            continue
-        number = max(versions)
-        path = folder / str(number) / MODEL_FILE
-        try:
-            stat = path.stat()
-        except FileNotFoundError:  # removed while scanning
-            continue
-        found[folder.name] = Version(number, path, (stat.st_mtime_ns, stat.st_size))
-    return found
 
 
 class Repository:
@@ -81,12 +37,16 @@ class Repository:
         self.root = root
         #: what each model's entry was loaded (or tried) from
         self.loaded: dict[str, Version] = {}
+        #: what the last scan passed over, and why (listed in the repository index)
+        self.skipped: list[Skipped] = []
+        self._scanner = Scanner(root)
         self._lock = asyncio.Lock()
+        self._failing: str | None = None  # the last scan's failure, logged once
 
     async def run(self) -> None:
         """Load every model, then, with ``model_control = "poll"``, follow the folder."""
         settings = self.state.settings
-        await self.sync()
+        await self._sync_or_log()
         if not self.loaded:  # a mistyped path looks just like this: say so once
             log.warning(
                 "repository: %s holds no models yet (each is a folder <name>/<version>/%s); %s",
@@ -99,15 +59,37 @@ class Repository:
         self.state.registry.settled = True
         while settings.model_control == "poll":
             await asyncio.sleep(settings.repository_poll_s)
-            try:
-                await self.sync()
-            except OSError as error:  # the folder is gone or unreadable for a while
-                log.warning("repository: cannot scan %s: %s", self.root, error)
+            await self._sync_or_log()
+
+    async def _sync_or_log(self) -> None:
+        """One sync; a failure is logged (once until it changes) and the next scan tries again:
+        following the folder never stops."""
+        try:
+            await self.sync()
+        except OSError as error:  # the folder is gone or unreadable for a while
+            failing = f"cannot scan {self.root}: {error.strerror or error}"
+        except Exception as error:  # a defect of ours: say so, keep following the folder
+            log.exception("repository: scanning %s failed", self.root)
+            failing = f"scanning {self.root} failed: {error!r}"
+        else:
+            if self._failing is not None:
+                log.warning("repository: %s can be scanned again", self.root)
+            self._failing = None
+            return
+        if failing != self._failing:
+            log.warning("repository: %s; trying again at each scan", failing)
+        self._failing = failing
+
+    async def _scan(self) -> dict[str, Version]:
+        """The folder's models, read in a thread (a large folder must not hold the event loop);
+        what it passed over is kept for the index."""
+        found, self.skipped = await asyncio.to_thread(self._scanner)
+        return found
 
     async def sync(self) -> None:
         """Load what is new or changed, unload what was removed."""
         async with self._lock:
-            found = scan(self.root)
+            found = await self._scan()
             for name, version in found.items():
                 if self.loaded.get(name) != version:
                     await self._load(name, version)
@@ -119,7 +101,7 @@ class Repository:
         """Load (or reload) ``name`` from the folder: 404 if the repository has no such model,
         400 with the reason if it cannot be loaded."""
         async with self._lock:
-            version = scan(self.root).get(name)
+            version = (await self._scan()).get(name)
             if version is None:
                 raise ServiceError(
                     404,

@@ -264,8 +264,12 @@ def served_repository(state: ServiceState) -> Repository:
 
 
 def index_entries(state: ServiceState) -> list[dict[str, str]]:
-    """Every model the server knows: name, version, state and, when unavailable, why."""
-    return [state.registry.entries[name].index() for name in state.registry.names()]
+    """Every model the server knows: name, version, state and, when unavailable, why; then
+    what the repository folder holds but passed over (UNAVAILABLE, "skipped: ...")."""
+    entries = [state.registry.entries[name].index() for name in state.registry.names()]
+    if state.repository is not None:
+        entries += [skipped.index() for skipped in state.repository.skipped]
+    return entries
 
 
 def request_deadline(state: ServiceState, request: InferRequest, start: float) -> float:

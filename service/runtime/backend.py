@@ -43,7 +43,7 @@ __all__ = [
     "warm_up_inputs",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.backend")  # stable for logging configs, wherever the module lives
 
 
 class Backend(Protocol):

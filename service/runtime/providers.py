@@ -45,7 +45,8 @@ __all__ = [
     "shaped_session",
 ]
 
-log = logging.getLogger(__name__)
+# a stable name for logging configs, wherever the module lives
+log = logging.getLogger("service.providers")
 
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"

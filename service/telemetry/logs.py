@@ -2,7 +2,7 @@
 or ``json`` (one JSON object per line), for the service's loggers and uvicorn's alike.
 
 Every line emitted while a request is handled carries its id (:class:`RequestIdFilter`, from
-:mod:`service.telemetry.requests`). A JSON line has ``time`` (ISO 8601, UTC, milliseconds),
+:mod:`service.telemetry.access`). A JSON line has ``time`` (ISO 8601, UTC, milliseconds),
 ``level``, ``logger``, ``message``, ``request_id`` within a request, ``process`` with several worker
 processes, ``exception`` (the traceback as one string) where there is one, and the access
 line's fields (``method``, ``route``, ``status``, ``model``, ``version``, ``images``,
@@ -16,7 +16,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from service.telemetry.requests import request_id
+from service.telemetry.access import request_id
 
 __all__ = ["JsonFormatter", "RequestIdFilter", "TextFormatter", "configure_logging"]
 

@@ -16,8 +16,7 @@ from service.batching.batcher import (
     finite_rows,
 )
 from service.runtime.runner import Batch
-from service.telemetry import requests as access
-from service.telemetry import stage_clock
+from service.telemetry import access, stage_clock
 
 LONG_WAIT_S = 30.0  # a test that waited this long would fail on its own 5 s timeout
 

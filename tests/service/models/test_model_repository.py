@@ -8,19 +8,17 @@ import concurrent.futures
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.app import create_app
 from service.core.settings import Settings
 from service.models.repository import scan
-from tests.service.conftest import grey, wait_ready
+from tests.service.conftest import grey
+from tests.service.models.conftest import put
 from tests.service.test_server import real_server
 
 Files = list[tuple[str, tuple[str, bytes, str]]]
@@ -28,41 +26,6 @@ Files = list[tuple[str, tuple[str, bytes, str]]]
 
 def image() -> Files:
     return [("file", ("a.png", grey(128), "image/png"))]
-
-
-def put(repository: Path, name: str, version: int, model: str | Path) -> Path:
-    """Copy ``model`` to ``repository/name/version/model.onnx``."""
-    folder = repository / name / str(version)
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model, folder / "model.onnx.tmp")
-    (folder / "model.onnx.tmp").rename(folder / "model.onnx")  # appears whole
-    return folder
-
-
-@pytest.fixture
-def repository(tmp_path: Path, shipped_model: str) -> Path:
-    root = tmp_path / "models"
-    put(root, "boots", 1, shipped_model)
-    put(root, "shirts", 1, shipped_model)
-    put(root, "shirts", 2, shipped_model)
-    return root
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., TestClient]]:
-    clients: list[TestClient] = []
-
-    def start(repository: Path, **settings: Any) -> TestClient:
-        settings = {"max_batch_size": 4, "repository_poll_s": 0.1, **settings}
-        client = TestClient(create_app(Settings(model_repository=repository, **settings)))
-        client.__enter__()
-        clients.append(client)
-        wait_ready(client)
-        return client
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 def index(client: TestClient) -> dict[str, tuple[str, str]]:
