@@ -43,6 +43,14 @@ class Preprocessing(_Part):
     mean: list[float]
     std: list[float]
 
+    @property
+    def largest_value(self) -> float:
+        """The largest ``|x|`` a preprocessed image can hold: pixels in [0, 1] become
+        ``(x - mean) / std``, so ``max over channels of max(|0 - m|, |1 - m|) / s``."""
+        return max(
+            max(abs(m), abs(1 - m)) / abs(s) for m, s in zip(self.mean, self.std, strict=False)
+        )
+
 
 class ModelInfo(_Part):
     backbone: str

@@ -167,6 +167,27 @@ def _timed(name: str, images: int) -> Iterator[None]:
         record.add(name, time.perf_counter() - start)
 
 
+#: Inputs whose values reach this many times the largest a preprocessed image holds are the
+#: client's doing when the model's outputs for them are not finite (a client's own tensor:
+#: decoded images never leave the preprocessed range).
+OUT_OF_RANGE = 1000.0
+
+
+def _blame_extreme_inputs(model: LoadedModel, images: Sequence[np.ndarray]) -> None:
+    """400 ``input_out_of_range`` when the images hold values far outside what preprocessing
+    gives (the outputs' NaN or infinity then comes from them, not from the model file)."""
+    bound = model.card.preprocessing.largest_value
+    largest = max((float(np.abs(image).max()) for image in images), default=0.0)
+    if largest > OUT_OF_RANGE * bound:
+        raise ServiceError(
+            400,
+            "input_out_of_range",
+            f"the model's outputs are NaN or infinite for these inputs: their values reach "
+            f"{largest:.3g}, while an image preprocessed as the model card says lies within "
+            f"+-{bound:.3g}; send images preprocessed as the card says (or the encoded images)",
+        )
+
+
 async def run_batched(
     state: ServiceState,
     model: LoadedModel,
@@ -216,6 +237,7 @@ async def run_batched(
         broken = sum(isinstance(f.exception(), NonFiniteOutputError) for f in answered)
         for future in futures:  # the request fails: its images still queued need not run
             future.cancel()
+        _blame_extreme_inputs(model, images)
         log.error(
             "model %s version %s gave NaN or infinite outputs for %d of %d images answered",
             model.name,
