@@ -5,6 +5,7 @@ would try it: messages the server refuses must not grow it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -153,3 +154,36 @@ def test_the_server_still_drains_after_refusals(keyed_server):
             return
         time.sleep(0.1)
     pytest.fail("the server did not stop on SIGTERM after refused calls")
+
+
+def test_a_malformed_message_is_invalid_argument_one_access_line_and_counted(shipped_model):
+    """Bytes that are no ModelInferRequest (or a truncated one): the client's error, said once
+    per call at INFO, never grpcio's ERROR traceback."""
+    port = free_port()
+    env = os.environ | {"SMSO_LOG_FORMAT": "json"}
+    args = ("--grpc-port", str(port), "--log-level", "info")
+    garbage = [b"\xff\xff\xff\x0f not a message", b"\x0a\x80", bytes(range(256))]
+    with real_server(shipped_model, *args, env=env) as (base, server):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            for raw in garbage * 10:
+                with pytest.raises(grpc.RpcError) as failed:
+                    infer(raw, timeout=10)
+                assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert failed.value.details() == "the ModelInfer message does not parse"
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'smso_grpc_requests_total{method="ModelInfer",status="INVALID_ARGUMENT"} 30.0' in (
+            metrics
+        )
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        assert server.stdout is not None
+        output = server.stdout.read()
+    assert "Traceback" not in output
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    refused = [a for a in lines if a.get("status") == "INVALID_ARGUMENT"]
+    assert len(refused) == 30
+    assert {(a["level"], a["route"]) for a in refused} == {
+        ("INFO", "/inference.GRPCInferenceService/ModelInfer")
+    }
+    assert not [a for a in lines if a.get("level") == "ERROR"]
