@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
@@ -107,7 +108,7 @@ def create_app(
         else:
             source = None if backend is not None else settings.model_path
             loading = asyncio.get_running_loop().create_task(
-                load_model(state, source, backend=backend), name="load-model"
+                _load_only_model(state, source, backend), name="load-model"
             )
         grpc_server = None
         if span_pipe is not None:
@@ -161,6 +162,17 @@ def create_app(
     if docs:
         install_docs(app)  # /docs, /redoc and / -> /docs; else all three are 404
     return app
+
+
+async def _load_only_model(
+    state: ServiceState, source: Path | None, backend: Backend | None
+) -> None:
+    """Load the one model of a server without a repository; then the registry is settled:
+    a default model that names another is missing, not loading."""
+    try:
+        await load_model(state, source, backend=backend)
+    finally:
+        state.registry.settled = True
 
 
 #: Where a path ends, the routes that serve images: matched first (see :func:`_add_routes`).

@@ -113,8 +113,8 @@ def build_routes() -> APIRouter:
         status = state.registry.readiness()
         if status == "ready":
             return {"status": "ready"}
-        if status == "failed":  # for good: no Retry-After
-            return JSONResponse({"status": "failed"}, 503)
+        if status in ("failed", "missing"):  # until the models change: no Retry-After
+            return JSONResponse({"status": status}, 503)
         return JSONResponse({"status": status}, 503, headers={"Retry-After": "1"})
 
     @router.get("/metrics", tags=["health"], response_class=Response)

@@ -99,7 +99,8 @@ async def load_model(
         await _discard(batcher, backend)
         reason = " ".join(str(error).split()) or type(error).__name__
         failed = name or (source.parent.name if source is not None else "model")
-        registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, reason, source)
+        shown = _without_paths(reason, source)
+        registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, shown, source)
         log.error(
             "model %s could not be loaded or warmed up, and is unavailable (503) until "
             "it is replaced: %s",
@@ -128,12 +129,15 @@ async def load_model(
         drift=drift,
     )
     previous = registry.serve(model)
-    log.info(
-        "ready: %s (%s) on %s; /readyz answers 200",
-        name,
-        version,
-        ", ".join(getattr(backend, "providers", ["?"])),
-    )
+    readiness, default = registry.readiness(), registry.default_name()
+    if readiness == "ready":
+        said = "/readyz answers 200"
+    elif default is not None and default != name:
+        said = f"not the default model ({default!r}): /readyz answers 200 once that one serves"
+    else:
+        said = f"/readyz says {readiness!r}"
+    providers = ", ".join(getattr(backend, "providers", ["?"]))
+    log.info("ready: %s (%s) on %s; %s", name, version, providers, said)
     if previous is not None:
         await retire(state, previous)
     return model
@@ -161,6 +165,15 @@ async def retire(state: Host, model: LoadedModel) -> None:
     serving = {(m.name, m.version) for m in state.registry.serving()}
     if (model.name, model.version) not in serving:  # a file replaced under the same number
         state.metrics.forget(model.name, model.version)  # keeps its successor's series
+
+
+def _without_paths(reason: str, source: Path | None) -> str:
+    """``reason`` as clients may read it (503 bodies, the repository index): the model file
+    named by its place in the repository (``name/version/model.onnx``) or its file name, not
+    by the server's absolute path (the log keeps the path)."""
+    if source is None:
+        return reason
+    return reason.replace(str(source), "/".join(source.parts[-3:]))
 
 
 def close_backend(backend: Backend) -> None:

@@ -171,14 +171,23 @@ class Registry:
                 model.users.idle.set()
 
     def readiness(self) -> str:
-        """``"ready"`` once every model is ready or unavailable and the default (if any) is
-        ready; ``"failed"`` when the default model could not be loaded; else ``"loading"``."""
-        if not self.entries:
-            return "ready" if self.settled else "loading"
+        """Whether this server answers its default route (``/classify``): ``"ready"`` when the
+        default model serves (the only model, or the one named) and no other model is still
+        loading; ``"failed"`` when the default model could not be loaded; ``"missing"`` when
+        the models have been read and the default names none of them (or there are none);
+        else ``"loading"``. A server of several models without a default answers every
+        model's own routes, and is ready once they have all been tried and one serves."""
+        if not self.entries and not self.settled:
+            return "loading"
         default = self.default_name()
-        if default is not None and default not in self._serving:
+        if default is None:
+            if not self._serving:
+                return "missing" if self.settled or self.entries else "loading"
+        elif default not in self._serving:
             entry = self.entries.get(default)
-            return "failed" if entry and entry.status is ModelStatus.UNAVAILABLE else "loading"
+            if entry is None:
+                return "missing" if self.settled else "loading"
+            return "failed" if entry.status is ModelStatus.UNAVAILABLE else "loading"
         # a model being replaced by a new version serves meanwhile: it does not make the
         # server unready
         settled = (ModelStatus.READY, ModelStatus.UNAVAILABLE)
@@ -206,6 +215,18 @@ class Registry:
         reason: str = "",
         source: Path | None = None,
     ) -> None:
+        """Note what happens to ``name``. While a model serves the name, its entry stays the
+        served one (READY, its version): a new version loading or failing beside it only adds
+        to the reason, so that the index says what is served."""
+        serving = self._serving.get(name)
+        if serving is not None and status is not ModelStatus.READY:
+            if status is ModelStatus.UNAVAILABLE:
+                reason = (
+                    f"version {version} failed to load ({reason}); version {serving.version} serves"
+                )
+            else:
+                reason = f"version {version} is loading; version {serving.version} serves"
+            status, version, source = ModelStatus.READY, serving.version, serving.source
         self.entries[name] = ModelEntry(name, version, status, reason, source)
 
     def serve(self, model: LoadedModel) -> LoadedModel | None:

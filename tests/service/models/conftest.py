@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,20 @@ def repository(tmp_path: Path, shipped_model: str) -> Path:
 def serve() -> Iterator[Callable[..., TestClient]]:
     clients: list[TestClient] = []
 
-    def start(repository: Path, **settings: Any) -> TestClient:
+    def start(repository: Path, wait: bool = True, **settings: Any) -> TestClient:
+        """A server on ``repository``, ready unless ``wait`` is False (then its first scan
+        is done: ``/readyz`` no longer says "loading")."""
         settings = {"max_batch_size": 4, "repository_poll_s": 0.1, **settings}
         client = TestClient(create_app(Settings(model_repository=repository, **settings)))
         client.__enter__()
         clients.append(client)
-        wait_ready(client)
+        if wait:
+            wait_ready(client)
+        else:
+            deadline = time.monotonic() + 60
+            while client.get("/readyz").json()["status"] == "loading":
+                assert time.monotonic() < deadline, "the first scan did not end"
+                time.sleep(0.01)
         return client
 
     yield start

@@ -204,19 +204,24 @@ def test_metrics_carry_each_models_name_and_version(serve, repository):
     assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text
 
 
-def test_an_empty_repository_is_a_ready_server_with_no_models(
+def test_an_empty_repository_is_not_ready_until_a_model_serves_the_default_route(
     serve, tmp_path, shipped_model, caplog
 ):
-    """Ready once scanned (a probe must not hold it back for ever); models come and go."""
+    """Readiness is "this replica answers /classify": an empty repository (or one whose only
+    model went) says "missing" once scanned, without Retry-After (a probe must not wait for
+    ever on "loading"); models come and go."""
     root = tmp_path / "empty"
     root.mkdir()
-    client = serve(root)
-    assert client.get("/readyz").json() == {"status": "ready"}
+    client = serve(root, wait=False)
+    answer = client.get("/readyz")
+    assert (answer.status_code, answer.json()) == (503, {"status": "missing"})
+    assert "retry-after" not in answer.headers
     assert f"repository: {root} holds no models yet" in caplog.text
     assert "they are loaded as they appear" in caplog.text
     assert client.post("/classify", files=image()).status_code == 404
     put(root, "boots", 1, shipped_model)
     until(lambda: index(client).get("boots") == ("1", "READY"))
+    assert client.get("/readyz").json() == {"status": "ready"}
     shutil.rmtree(root / "boots")
     until(lambda: "boots" not in index(client))
-    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.get("/readyz").json() == {"status": "missing"}
