@@ -141,6 +141,14 @@ async def read_uploads(
     """The request's images, in order; raises :class:`ServiceError` for what is wrong."""
     content_type = request.headers.get("content-type", "")
     kind = content_type.split(";")[0].strip().lower()
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):  # images are compressed already
+        raise ServiceError(
+            415,
+            "unsupported_media_type",
+            f"Content-Encoding {encoding[:40]!r} is not accepted here; send the image files as "
+            "they are (their formats are compressed already)",
+        )
     _refuse_declared(request, max_request_bytes, "the request body")
     request = _limited(request, max_request_bytes)
     if kind == "multipart/form-data":

@@ -34,6 +34,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from service.core.errors import ServiceError
 from service.dataplane.state import ServiceState
 from service.http.dependencies import State, authorize
 from service.http.errors import OIP_PREFIX
@@ -65,6 +66,12 @@ __all__ = ["build_router"]
 #: Requests whose JSON part is at least this large (or compressed bodies) are parsed in the
 #: decode pool, off the event loop.
 INLINE_PARSE_BYTES = 256 * 1024
+
+#: The content types an infer request may declare: JSON, JSON and binary tensors, none, and
+#: what ``curl -d`` sends unless told otherwise.
+BODY_TYPES = frozenset(
+    {"", "application/json", "application/octet-stream", "application/x-www-form-urlencoded"}
+)
 
 INFER_BODY = {
     "requestBody": {
@@ -101,6 +108,16 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
     note_model(model)
     settings = state.settings
     start = time.perf_counter()
+    kind = http.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in BODY_TYPES and not kind.endswith("+json"):
+        raise ServiceError(
+            415,
+            "unsupported_media_type",
+            f"content type {kind[:60]!r} is not the protocol's: send JSON (application/json) or "
+            "JSON followed by binary tensors (application/octet-stream, with the "
+            f"{HEADER_LENGTH} header); encoded images go base64 in an 'image_bytes' tensor, "
+            "or as they are to /classify",
+        )
     body = await read_body(http, settings.max_request_bytes)
     raw_length = http.headers.get(HEADER_LENGTH)
     if raw_length is not None and not re.fullmatch(r"\s*[0-9]{1,15}\s*", raw_length):

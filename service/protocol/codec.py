@@ -347,6 +347,20 @@ def binary_tensor(
     return np.frombuffer(buffer, dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
 
 
+def _not_json(error: ValueError, header_length: int | None) -> str:
+    """What is wrong with a request that ``json.loads`` refused, said for a client."""
+    if isinstance(error, json.JSONDecodeError):
+        # data after the JSON is what binary tensors sent without the header look like
+        extra = error.msg == "Extra data" and header_length is None
+        hint = f" (binary tensors need the {HEADER_LENGTH} header)" if extra else ""
+        return f"the request is not valid JSON: {error}{hint}"
+    if isinstance(error, UnicodeDecodeError):
+        return f"the request's JSON is not UTF-8: {error.reason} at byte {error.start}"
+    if "digits" in str(error):  # Python's limit on int() of long digit strings
+        return "a number in the request's JSON has more than 4,300 digits"
+    return f"the request is not valid JSON: {error}"
+
+
 def _header(
     body: bytes | bytearray, header_length: int | None, max_json_bytes: int
 ) -> tuple[RequestHeader, memoryview]:
@@ -361,13 +375,10 @@ def _header(
         )
     try:
         header = json.loads(body[:end])
-    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, ...
-        hint = (
-            ""
-            if header_length is not None
-            else (f" (binary tensors need the {HEADER_LENGTH} header)")
-        )
-        raise ProtocolError(f"the request is not valid JSON: {error}{hint}") from None
+    except RecursionError:
+        raise ProtocolError("the request's JSON is nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, int()'s digit limit
+        raise ProtocolError(_not_json(error, header_length)) from None
     try:
         parsed = RequestHeader.model_validate(header)
     except ValidationError as error:

@@ -277,8 +277,16 @@ def request_deadline(state: ServiceState, request: InferRequest, start: float) -
     counted from ``start`` (the request's arrival, as for ``/classify``)."""
     seconds = state.settings.request_timeout_s
     timeout = request.parameters.get("timeout")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < 1e15:
-        seconds = min(seconds, timeout / 1e6)
+    if timeout is not None:
+        number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        if not number or not timeout > 0:
+            raise protocol_error(
+                400,
+                f"parameters.timeout must be a positive number of microseconds, "
+                f"got {str(timeout)[:40]!r}",
+            )
+        if timeout < 1e15:  # beyond: longer than any server deadline (and than a float holds)
+            seconds = min(seconds, timeout / 1e6)
     return start + seconds
 
 

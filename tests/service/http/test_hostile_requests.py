@@ -180,3 +180,28 @@ def test_a_malformed_multipart_body_is_a_400_and_no_log_line(make_client, caplog
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_multipart"
     assert not [r for r in caplog.records if r.name.startswith("python_multipart")]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate", "x-made-up"])
+@pytest.mark.parametrize("route", ["/classify", "/embed"])
+def test_a_compressed_image_body_is_415_not_a_bad_image(make_client, route, encoding):
+    """Image formats are compressed already: a Content-Encoding is refused by name, for raw
+    bodies and multipart alike, instead of the body being read as an image and failing."""
+    import gzip
+
+    client = make_client()
+    body = gzip.compress(grey(3))
+    headers = {"Content-Type": "image/png", "Content-Encoding": encoding}
+    raw = client.post(route, content=body, headers=headers)
+    multipart = client.post(
+        route,
+        files=[("file", ("a.png", body, "image/png"))],
+        headers={"Content-Encoding": encoding},
+    )
+    for response in (raw, multipart):
+        assert response.status_code == 415, response.text
+        assert (
+            f"Content-Encoding {encoding!r} is not accepted" in response.json()["error"]["message"]
+        )
+    identity = {"Content-Type": "image/png", "Content-Encoding": "identity"}
+    assert client.post(route, content=grey(3), headers=identity).status_code == 200

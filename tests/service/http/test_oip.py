@@ -369,6 +369,17 @@ def test_odd_headers_and_parameters_are_not_500s(make_client):
         assert "must be a number of bytes" in response.json()["error"]
     huge_timeout = {"inputs": [bytes_input(grey(3))], "parameters": {"timeout": 10**400}}
     assert client.post(INFER, content=json.dumps(huge_timeout)).status_code == 200
+    for timeout in ("abc", -5, 0, True, None, [1]):
+        request = {"inputs": [bytes_input(grey(3))], "parameters": {"timeout": timeout}}
+        response = client.post(INFER, content=json.dumps(request))
+        if timeout is None:  # JSON null: no timeout given
+            assert response.status_code == 200, response.text
+            continue
+        assert response.status_code == 400, (timeout, response.text)
+        assert (
+            "parameters.timeout must be a positive number of microseconds"
+            in (response.json()["error"])
+        )
 
 
 def test_gzip_bodies_are_accepted(make_client):
@@ -377,3 +388,26 @@ def test_gzip_bodies_are_accepted(make_client):
     body = gzip.compress(json.dumps({"inputs": [bytes_input(grey(3))]}).encode())
     response = make_client().post(INFER, content=body, headers={"Content-Encoding": "gzip"})
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("kind", ["image/jpeg", "multipart/form-data; boundary=x", "text/html"])
+def test_a_body_that_is_not_the_protocols_is_415_saying_what_is(make_client, kind):
+    response = make_client().post(INFER, content=grey(3), headers={"Content-Type": kind})
+    assert response.status_code == 415
+    assert "application/json" in response.json()["error"]
+    assert "image_bytes" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        None,
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/x-www-form-urlencoded",
+    ],
+)
+def test_json_bodies_are_accepted_with_or_without_a_type(make_client, kind):
+    headers = {} if kind is None else {"Content-Type": kind}
+    body = json.dumps({"inputs": [bytes_input(grey(3))]})
+    assert make_client().post(INFER, content=body, headers=headers).status_code == 200

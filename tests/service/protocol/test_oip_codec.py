@@ -300,9 +300,9 @@ def test_responses_are_json_or_binary_per_output():
             '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ['
             + "9" * 5000
             + "]}]}",
-            "not valid JSON",
+            "a number in the request's JSON has more than 4,300 digits",
         ),
-        ('{"inputs": [' * 100_000, "not valid JSON"),
+        ('{"inputs": [' * 100_000, "the request's JSON is nested too deeply"),
         (
             '{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["\\ud800"]}]}',
             "not valid UTF-8",
