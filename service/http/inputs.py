@@ -114,11 +114,19 @@ async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
     parts = [p for p in values if isinstance(p, UploadFile)]
     if not parts:
         names = sorted(set(form.keys()))
+        if not names:  # python-multipart keeps only parts that end with a boundary
+            raise ServiceError(
+                400,
+                "invalid_multipart",
+                "malformed multipart body: it holds no complete part; each part ends with "
+                "'--<boundary>' and the body with '--<boundary>--' (the boundary of the "
+                "Content-Type header)",
+            )
         raise ServiceError(
             422,
             "missing_file",
-            f"no file part named 'file' (parts sent: {names or 'none'}); send each image as "
-            "a multipart part named 'file'",
+            f"no file part named 'file' (parts sent: {names}); send each image as a multipart "
+            "part named 'file'",
         )
     others = sorted({key for key in form if key != "file"})
     if others:  # an image sent under another name would be left out of the answer
@@ -130,6 +138,9 @@ async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
         )
     uploads = []
     for i, part in enumerate(parts):
+        if part.filename:
+            hint = "give each part a short printable file name, e.g. filename=\"a.png\""
+            _checked_name(part.filename, f"the filename of part {i + 1}", hint)
         name = part.filename or f"file[{i}]"
         uploads.append(Upload(name, await _read_part(part, name, max_upload_bytes)))
     return uploads
@@ -165,6 +176,12 @@ async def read_uploads(
             if "part exceeded maximum size" in detail.lower():  # only parts read as text are
                 raise _without_filename("a part with no filename is over 1 MB, so") from None
             message = f"malformed multipart body: {detail}"
+            if "invalid multipart data" in detail.lower():  # python-multipart says no more
+                message += (
+                    " (a part's headers could not be read: each part needs a "
+                    "Content-Disposition header of at most a few kB, file names of at most "
+                    f"{MAX_FILENAME} characters, and the boundary of the Content-Type header)"
+                )
             raise ServiceError(400, "invalid_multipart", message) from None
         try:
             return await _read_form(form, max_upload_bytes)
@@ -202,8 +219,14 @@ def body_filename(request: Request) -> str:
     return "body"
 
 
-def _checked_name(name: str, where: str) -> str:
-    """``name`` if it is a short printable name; 422 saying what is wrong with it otherwise."""
+def _checked_name(
+    name: str,
+    where: str,
+    hint: str = "name the image with a short printable name, e.g. ?filename=a.png, or send no "
+    "name (the image is then called 'body')",
+) -> str:
+    """``name`` if it is a short printable name; 422 saying what is wrong with it and ``hint``
+    otherwise (names are echoed back in the answer: nothing a terminal would act on)."""
     if not name.strip():
         problem = "is empty"
     elif len(name) > MAX_FILENAME:
@@ -215,6 +238,5 @@ def _checked_name(name: str, where: str) -> str:
     raise ServiceError(
         422,
         "invalid_filename",
-        f"{where} {problem}; name the image with a short printable name, e.g. ?filename=a.png, "
-        "or send no name (the image is then called 'body')",
+        f"{where} {problem}; {hint}",
     )

@@ -306,6 +306,11 @@ def _is_number(value: Any, datatype: str) -> bool:
 def _json_data(raw: InputHeader, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
     if "data" not in raw.model_fields_set:
         raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+    if raw.data is None:
+        raise ProtocolError(
+            f"input {name!r}: 'data' is null; give the tensor's elements as a JSON list, or its "
+            "bytes as binary data (parameters.binary_data_size)"
+        )
     elements = _flatten(raw.data, len(shape), name)
     count = math.prod(shape)
     if len(elements) != count:
@@ -427,12 +432,12 @@ def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> lis
         if size is None:
             data = _json_data(raw, name, datatype, shape)
         else:
-            if (
-                not isinstance(size, int)
-                or isinstance(size, bool)
-                or size < 0
-                or offset + size > len(binary)
-            ):
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError(
+                    f"input {name!r}: binary_data_size must be a number of bytes (an integer, "
+                    f"0 or more), got {str(size)[:40]!r}"
+                )
+            if offset + size > len(binary):
                 raise ProtocolError(
                     f"input {name!r}: binary_data_size {size!r} does not fit the "
                     f"{len(binary) - offset} binary bytes left in the body"

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from service.core.card import InputSpec, ModelCard, parse_card
+from service.core.card import CardError, InputSpec, ModelCard, parse_card
 from service.core.settings import Settings
 from service.runtime.providers import (
     ACCELERATED,
@@ -104,7 +104,16 @@ def read_card(path: str | Path) -> ModelCard:
     except Exception as error:  # onnxruntime's own types: Fail, InvalidProtobuf, ...
         message = str(error).splitlines()[0][:300]
         raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
-    return parse_card(metadata)[0]
+    return _card_of(path, metadata)[0]
+
+
+def _card_of(path: str | Path, metadata: dict[str, str]) -> tuple[ModelCard, dict[str, Any]]:
+    """The card in ``metadata``; :class:`CardError` naming the file when it has none or a bad
+    one."""
+    try:
+        return parse_card(metadata)
+    except CardError as error:
+        raise CardError(f"{path}: {error}") from None
 
 
 def warm_up_inputs(spec: InputSpec, sizes: Sequence[int]) -> Iterator[np.ndarray]:
@@ -151,7 +160,7 @@ class OnnxBackend:
             message = str(error).splitlines()[0][:300]
             raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
         metadata = self.session.get_modelmeta().custom_metadata_map
-        self.card, self.card_dict = parse_card(metadata)
+        self.card, self.card_dict = _card_of(path, metadata)
         names = [o.name for o in self.session.get_outputs()]
         if not {"logits", "embedding"} <= set(names):
             raise ValueError(f"{path} has outputs {names}; expected logits and embedding")

@@ -357,7 +357,7 @@ def test_a_boolean_is_not_a_binary_size():
         },
         b"\x07",
     )
-    with pytest.raises(ProtocolError, match="binary_data_size True does not fit"):
+    with pytest.raises(ProtocolError, match="binary_data_size must be a number of bytes"):
         parse_request(body, length)
 
 
