@@ -28,18 +28,23 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
+#: The largest side a card may give its input, resize or crop: four times the largest of
+#: the paper's models (448 px), and a batch of 16 such images still under 4 GB of float32.
+MAX_SIDE = 4096
+
+
 class InputSpec(_Part):
     name: str = "image"
     channels: Literal[1, 3]
-    height: int = Field(ge=1)
-    width: int = Field(ge=1)
+    height: int = Field(ge=1, le=MAX_SIDE)
+    width: int = Field(ge=1, le=MAX_SIDE)
     dynamic_size: bool = False
 
 
 class Preprocessing(_Part):
     colour: Literal["L", "RGB"]
-    resize: int | None = Field(None, ge=1)
-    crop: int = Field(ge=1)
+    resize: int | None = Field(None, ge=1, le=MAX_SIDE)
+    crop: int = Field(ge=1, le=MAX_SIDE)
     mean: list[float]
     std: list[float]
 
