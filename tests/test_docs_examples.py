@@ -38,7 +38,7 @@ ELSEWHERE = {
     "127.0.0.1:8003": "the own-images section's server on a model trained there: "
     "tests/test_own_images_readme.py runs that section as printed",
     "127.0.0.1:8002": "the model repository section's server on a folder of models: "
-    "tests/service/models/test_model_repository.py covers each of its routes",
+    "tests/test_repository_readme.py runs that section as printed",
 }
 API_KEY = "docs-example-key"
 # curl as the docs call it, plus: errors shown, the status on a last line of its own
