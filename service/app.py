@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from opentelemetry.trace import TracerProvider
@@ -42,13 +42,10 @@ from service.telemetry.logs import configure_logging
 from service.telemetry.tracing import (
     TELEMETRY_OFF,
     Spans,
-    piped_provider,
+    otlp_provider,
     tracer,
     tracing_requested,
 )
-
-if TYPE_CHECKING:  # the SDK is the tracing extra's
-    from service.telemetry.span_export import SpanPipe
 
 __all__ = ["app_from_environment", "create_app"]
 
@@ -68,19 +65,17 @@ def create_app(
     settings: Settings,
     backend: Backend | None = None,
     tracer_provider: TracerProvider | None = None,
-    span_pipe: SpanPipe | None = None,
 ) -> FastAPI:
     """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake).
 
-    Spans go to ``tracer_provider`` (a test's), the service's own through ``span_pipe`` when
-    one is given (it must be among the provider's processors); with neither, when the
-    environment names an OTLP endpoint, to an exporter process (``service.telemetry.tracing``).
+    Spans go to ``tracer_provider`` (a test's); without one, when the environment names an OTLP
+    endpoint, to the app's own (``service.telemetry.tracing.otlp_provider``, shut down with it).
     """
     state = ServiceState(settings)
+    own_provider = None
     if tracer_provider is None and tracing_requested():
-        tracer_provider, span_pipe = piped_provider(state.metrics.spans_dropped.inc)
-    sampler = getattr(tracer_provider, "sampler", None)  # the SDK's; None: the API's no-op
-    state.spans = Spans(tracer(tracer_provider), span_pipe, sampler)
+        tracer_provider = own_provider = otlp_provider(state.metrics.spans_dropped.inc)
+    state.spans = Spans(tracer(tracer_provider))
     state.registry.default = settings.default_model
 
     @contextlib.asynccontextmanager
@@ -111,8 +106,6 @@ def create_app(
                 _load_only_model(state, source, backend), name="load-model"
             )
         grpc_server = None
-        if span_pipe is not None:
-            span_pipe.start()
         try:
             if settings.grpc_port:  # the same state, registry and batchers as HTTP
                 # imported here: with --grpc-port 0 neither grpcio nor tritonclient is loaded
@@ -131,8 +124,8 @@ def create_app(
                 await model.batcher.stop()  # every queued image is answered first
                 close_backend(model.backend)
             state.decoder.shutdown(wait=True)
-            if span_pipe is not None:  # the last spans exported, then the exporter stops
-                await asyncio.to_thread(span_pipe.shutdown)
+            if own_provider is not None:  # the last spans exported
+                await asyncio.to_thread(own_provider.shutdown)
 
     # with an API key the docs (model routes, limits) are for key holders unless opened
     docs = settings.api_key is None or settings.docs_public

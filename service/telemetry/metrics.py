@@ -104,7 +104,8 @@ class Metrics:
         )
         self.spans_dropped = Counter(
             "smso_spans_dropped_total",
-            "Trace spans not exported: the exporter's queue was full, or its process had gone",
+            "Sampled trace spans not exported: the export queue was full "
+            "(OTEL_BSP_MAX_QUEUE_SIZE), or the export failed",
             registry=r,
         )
         self.decode = Histogram(
