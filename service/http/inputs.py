@@ -139,7 +139,7 @@ async def _read_form(form: FormData, max_upload_bytes: int) -> list[Upload]:
     uploads = []
     for i, part in enumerate(parts):
         if part.filename:
-            hint = "give each part a short printable file name, e.g. filename=\"a.png\""
+            hint = 'give each part a short printable file name, e.g. filename="a.png"'
             _checked_name(part.filename, f"the filename of part {i + 1}", hint)
         name = part.filename or f"file[{i}]"
         uploads.append(Upload(name, await _read_part(part, name, max_upload_bytes)))

@@ -13,17 +13,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service.core.errors import Canonical, ServiceError, canonical
+from service.grpc.server import KEYED, status_code
 from tests.service.conftest import free_port
 from tests.service.test_server import real_server
-
-grpc = pytest.importorskip("grpc")
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
-
-from service.grpc.server import KEYED, status_code  # noqa: E402
 
 KEY = "k3y-for-grpc"
 MIB = 2**20
