@@ -7,8 +7,9 @@ where to go (the address, and the API docs at ``/docs`` where they are served). 
 Ctrl-C) stops taking new connections, answers the requests in flight and exits with status 0
 (a second Ctrl-C cuts the drain short: status 1).
 
-With ``--workers N`` (N > 1) uvicorn's supervisor runs N server processes on the one port, each
-loading the model with its own session, batcher and decode threads; ``/metrics`` combines their
+With ``--workers N`` (N > 1) N server processes (:mod:`service.http.workers`) serve the one port,
+each loading the model with its own session, batcher and decode threads, and each draining on
+SIGTERM as the single server does; a worker that exits is replaced; ``/metrics`` combines their
 values (prometheus_client's multiprocess mode, in a temporary folder). With
 ``--shared-session true`` a session host process loads the model first and the workers hand it
 their batches (:mod:`service.runtime.session_host`): one session and one CUDA context for all.
@@ -21,6 +22,7 @@ import contextlib
 import logging
 import multiprocessing.connection
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -32,11 +34,12 @@ from typing import Any
 import numpy as np
 from pydantic import SecretStr, ValidationError
 
-from service.app import create_app
+from service.app import app_from_environment, create_app
 from service.core.card import CardError
 from service.core.settings import Settings, unknown_variables
 from service.http.connections import ServerConfig
-from service.http.drain import DrainingServer, DrainingSupervisor
+from service.http.drain import DrainingServer
+from service.http.workers import Workers
 from service.runtime.backend import BackendOptions, OnnxBackend, read_card
 from service.runtime.host_process import HostHandle, start_host
 from service.runtime.providers import TENSORRT, check_providers, prepare_engine_cache
@@ -74,13 +77,16 @@ def _one_line(error: ValidationError, flags: Iterable[str] = ()) -> str:
     ``SMSO_MAX_BATCH_SIZE='abc'`` for the environment, then what is wrong with it."""
     parts = []
     for item in error.errors():
+        message = item["msg"].removeprefix("Value error, ")  # pydantic's, for our own checks
         if not item["loc"]:  # a check across settings
-            parts.append(f"settings: {item['msg']}")
+            parts.append(f"settings: {message}")
             continue
         field = str(item["loc"][0])
         where = f"--{field.replace('_', '-')} " if field in flags else f"SMSO_{field.upper()}="
-        value = "'***'" if _is_secret(field) else repr(item.get("input"))
-        parts.append(f"{where}{value}: {item['msg']}")
+        given = item.get("input")
+        blank = isinstance(given, str) and not given.strip()  # no secret in it to hide
+        value = "'***'" if _is_secret(field) and not blank else repr(given)
+        parts.append(f"{where}{value}: {message}")
     return "; ".join(parts)
 
 
@@ -114,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.model_repository is None:  # a repository's models are each loaded, or
         try:  # unavailable with their reason, while the server runs
             backend = OnnxBackend(settings.model_path, BackendOptions.from_settings(settings))
+            _check_default_model(settings, backend.card.name)
             _try_once(backend, settings.model_path)
         except (CardError, ValueError, ModelCannotRunError) as error:
             listener.close()
@@ -152,30 +159,45 @@ def where_to_go(settings: Settings, listener: socket.socket) -> str:
 
 
 class _Server(DrainingServer):
-    """The server as smso-serve runs it: logs ``where`` once it listens, and after the drain
-    that SIGTERM or Ctrl-C started, returns instead of dying of that signal (uvicorn raises it
-    again once it has shut down: the process would end killed by it, and ``make serve`` print
-    "Interrupt" or "Error 130" for a clean stop)."""
+    """The server as smso-serve runs it, alone or in each worker process: logs ``where`` (if
+    given) once it listens, and after the drain that SIGTERM or Ctrl-C started, returns instead
+    of dying of that signal. uvicorn raises each signal it caught again once it has shut down,
+    after putting back the handlers it found (the process would end killed by it, and ``make
+    serve`` print "Interrupt" or "Error 130" for a clean stop); the handlers it finds are
+    :meth:`run`'s, which ignore a signal raised again, and stop a server that it has not yet
+    started (a signal that came before uvicorn took them)."""
 
-    def __init__(self, config: ServerConfig, on_drain: Any, where: str) -> None:
+    def __init__(self, config: ServerConfig, on_drain: Any, where: str | None = None) -> None:
         super().__init__(config, on_drain)
         self.where = where
 
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        if threading.current_thread() is not threading.main_thread():  # no signals there
+            super().run(sockets)
+            return
+
+        def before_or_after(sig: int, frame: Any) -> None:
+            if not self.started:
+                self.should_exit = True
+
+        found = {sig: signal.signal(sig, before_or_after) for sig in _STOP_SIGNALS}
+        try:
+            super().run(sockets)
+        finally:
+            for sig, handler in found.items():
+                signal.signal(sig, handler)
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:  # uvicorn logs no address for sockets it was given
+        if self.started and self.where:  # uvicorn logs no address for sockets it was given
             log.info("%s", self.where)
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            try:
-                yield
-            finally:
-                self._captured_signals.clear()  # drained: nothing to raise again
+
+#: The signals that stop smso-serve (uvicorn's own: Ctrl-C, and SIGTERM from a supervisor).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
+def _config(settings: Settings, app: Any) -> ServerConfig:
     """uvicorn's settings for ``app``: address, read bounds, connection limit, drain bound.
     Its loggers go to the service's handler (no logging configuration of its own) and its access
     log is off: :class:`service.http.access.AccessLog` writes one line per request instead."""
@@ -191,7 +213,6 @@ def _config(settings: Settings, app: Any, **kwargs: Any) -> ServerConfig:
         timeout_keep_alive=settings.keep_alive_s,
         limit_concurrency=settings.max_connections,
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
-        **kwargs,
     )
 
 
@@ -249,14 +270,27 @@ def _check_grpc_port(settings: Settings) -> None:
             raise OSError(f"{error} (the gRPC port; --grpc-port 0 turns gRPC off)") from None
 
 
+def _check_default_model(settings: Settings, served: str) -> None:
+    """``ValueError`` when ``--default-model`` names another model than the one model file
+    served (by its card): /classify would answer 404 and /readyz never 200."""
+    if settings.default_model is not None and settings.default_model != served:
+        raise ValueError(
+            f"--default-model {settings.default_model!r} names no model served here: "
+            f"{settings.model_path} serves one model, {served!r} (its card's name); "
+            "leave --default-model out, or name that one"
+        )
+
+
 def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
-    """``settings.workers`` processes on one port (uvicorn's supervisor), each loading the model
-    itself from the ``SMSO_*`` environment; metrics combined through a shared folder."""
+    """``settings.workers`` processes on one port (:class:`Workers`), each loading the model
+    itself from the ``SMSO_*`` environment (:func:`_serve_worker`); metrics combined through a
+    shared folder. Exit status 1 where the workers were stopped because the session host died
+    or a worker could not start."""
     try:
         # what every worker would refuse (and only log, staying unready): one line and exit
         # status 2 here, as without --workers
         if settings.model_repository is None:
-            read_card(settings.model_path)
+            _check_default_model(settings, read_card(settings.model_path).name)
         if TENSORRT in check_providers(settings.providers):
             prepare_engine_cache(settings.engine_cache)
         _check_grpc_port(settings)
@@ -282,37 +316,47 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
         tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
         _environment(flags | {MULTIPROC_ENV: folder} | (host.environment if host else {})),
     ):
-        config = _config(
-            settings, "service.app:app_from_environment", factory=True, workers=settings.workers
-        )
         log.info(
             "SMSO service starting %d workers on %s",
             settings.workers,
             where_to_go(settings, listener),
         )
-        supervisor = DrainingSupervisor(config, sockets=[listener])
+        workers = Workers(_serve_worker, (listener,), settings.workers, sockets=[listener])
         if host is not None:
             hung_after = 2 * settings.request_timeout_s
-            watch = (host, supervisor, hung_after)
+            watch = (host, workers, hung_after)
             threading.Thread(target=_watch_host, args=watch, daemon=True).start()
         try:
-            supervisor.run()
+            workers.run()
         finally:
             listener.close()
             if host is not None:  # after the workers: they answered what was in flight
                 host.stop()
     if host is not None and host.died:
         return 1  # the workers were stopped because the host died (logged)
-    return 0
+    return 1 if workers.failed else 0
+
+
+def _serve_worker(listener: socket.socket) -> None:
+    """One worker process of ``--workers``: its own app from the ``SMSO_*`` environment (the
+    parent's flags, metrics folder and session host), served on the parent's listening socket
+    by the same draining server as a single process. A server that cannot start exits with
+    status 3 (uvicorn's ``sys.exit``), which stops the others."""
+    app = app_from_environment()
+    state = app.state.smso
+    server = _Server(
+        _config(state.settings, app), on_drain=lambda: setattr(state, "draining", True)
+    )
+    server.run(sockets=[listener])
 
 
 class _Stoppable(typing.Protocol):
-    """What the watcher stops: uvicorn's supervisor (``DrainingSupervisor``), or a test's."""
+    """What the watcher stops: the workers (:class:`Workers`), or a test's."""
 
-    def handle_term(self) -> None: ...
+    def stop(self) -> None: ...
 
 
-def _watch_host(host: HostHandle, supervisor: _Stoppable, hung_after: float) -> None:
+def _watch_host(host: HostHandle, workers: _Stoppable, hung_after: float) -> None:
     """Stop the server as SIGTERM does (the workers drain; the exit status is then 1, for the
     supervisor to restart it) if the session host exits while it serves, or if one round has
     been running for ``hung_after`` seconds (a hung device: every request in it, and behind
@@ -332,12 +376,12 @@ def _watch_host(host: HostHandle, supervisor: _Stoppable, hung_after: float) -> 
             )
             host.died = True
             host.process.kill()
-            supervisor.handle_term()
+            workers.stop()
             return
     if not host.stopping:
         host.died = True
         log.error("the session host exited while serving: stopping the workers")
-        supervisor.handle_term()
+        workers.stop()
 
 
 @contextlib.contextmanager

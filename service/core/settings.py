@@ -33,7 +33,10 @@ def _default_cache() -> Path:
 class Settings(BaseSettings):
     """Every knob of the service; each field is also ``SMSO_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="SMSO_", env_file=None, extra="forbid")
+    # inf and nan are refused everywhere: no bound or deadline means "infinite" here
+    model_config = SettingsConfigDict(
+        env_prefix="SMSO_", env_file=None, extra="forbid", allow_inf_nan=False
+    )
 
     model_path: Path = Field(DEFAULT_MODEL, description="ONNX file written by smso-export")
     model_repository: Path | None = Field(
@@ -110,14 +113,19 @@ class Settings(BaseSettings):
         description="images admitted for decoding at once (being decoded or waiting for a "
         "decode thread); beyond: 503 at once; 0: queue_size",
     )
-    request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request; beyond: 504")
+    request_timeout_s: float = Field(
+        30.0, gt=0, le=86_400, description="deadline of a request; beyond: 504"
+    )
     header_timeout_s: float = Field(
         10.0,
         gt=0,
+        le=3600,
         description="a connection that has not sent a request's headers this long after it "
         "opened or the request began is closed (its body gets request_timeout_s)",
     )
-    keep_alive_s: int = Field(5, ge=1, description="an idle keep-alive connection is closed")
+    keep_alive_s: int = Field(
+        5, ge=1, le=3600, description="an idle keep-alive connection is closed"
+    )
     max_connections: int = Field(
         1000, ge=1, description="open connections and requests in progress; beyond: 503"
     )

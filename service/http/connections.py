@@ -1,26 +1,42 @@
-"""Connection-level bounds uvicorn does not set by itself: how long a client may take to send a
-request's headers and then its body.
+"""uvicorn's connections where uvicorn has no setting for what the service needs: deadlines on
+reading a request, and what the drain (:mod:`service.http.drain`) asks of a running server.
 
-uvicorn times out only idle keep-alive connections; a client that sends its headers or its body
-a byte at a time holds a connection (and, at shutdown, the drain) for as long as it likes: 200
-slow-header and 20 slow-body connections were still open after 35 s. :class:`TimedHttpProtocol`
-closes a connection whose request headers have not all arrived ``header_timeout_s`` after the
-connection opened or the request began, or whose body has not all arrived ``body_timeout_s``
-after its headers. The application then sees the client as gone.
+This is the one module that reaches past uvicorn's public API (``uvicorn.Config``, and
+``uvicorn.Server`` with its public methods and ``should_exit``). Tested with uvicorn 0.54.0;
+pyproject.toml pins that minor version, and tests/service/http/test_connections.py checks every
+assumption below, so that a new uvicorn fails there first. What it assumes:
 
-The bounds travel in :class:`ServerConfig` (a ``uvicorn.Config``), which ``--workers`` hands to
-each worker process.
+* ``Config(http=...)`` takes an ``asyncio.Protocol`` class, made for each connection as
+  ``cls(config=..., server_state=..., app_state=...)``. uvicorn times out only idle keep-alive
+  connections; a client that sends its headers or its body a byte at a time holds a connection
+  (and, at shutdown, the drain) for as long as it likes: 200 slow-header and 20 slow-body
+  connections were still open after 35 s. :class:`TimedHttpProtocol` is uvicorn's httptools
+  protocol with a deadline on each request's headers and body, kept by the parser's callbacks
+  that the protocol implements (``on_message_begin``, ``on_headers_complete``,
+  ``on_message_complete``). Its bounds travel in :class:`ServerConfig`.
+* A started ``Server`` holds its event loop's servers in ``servers``, its open connections in
+  ``server_state.connections`` and its lifespan (whose ``state`` each connection is given) in
+  ``lifespan``. uvicorn's shutdown closes the listening sockets, resetting the connections
+  queued on them, and closes idle keep-alive connections at once; the drain does neither, and
+  so needs :func:`event_loop_servers`, :func:`open_connections` and :func:`serve_accepted`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ServerConfig", "TimedHttpProtocol"]
+__all__ = [
+    "ServerConfig",
+    "TimedHttpProtocol",
+    "event_loop_servers",
+    "open_connections",
+    "serve_accepted",
+]
 
 
 class ServerConfig(uvicorn.Config):
@@ -35,7 +51,10 @@ class ServerConfig(uvicorn.Config):
 
 
 class TimedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on reading each request's headers and body."""
+    """uvicorn's httptools protocol with a deadline on reading each request's headers and body:
+    a connection whose request headers have not all arrived ``header_timeout_s`` after it opened
+    or the request began, or whose body has not all arrived ``body_timeout_s`` after its
+    headers, is closed (the application then sees the client as gone)."""
 
     config: ServerConfig
     _read_timer: asyncio.TimerHandle | None = None
@@ -77,3 +96,27 @@ class TimedHttpProtocol(HttpToolsProtocol):
         self._read_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+def event_loop_servers(server: uvicorn.Server) -> list[asyncio.Server]:
+    """The event loop's servers that accept ``server``'s connections (after its ``startup``)."""
+    return list(server.servers)
+
+
+def open_connections(server: uvicorn.Server) -> int:
+    """How many connections ``server`` has open (idle keep-alive ones included)."""
+    return len(server.server_state.connections)
+
+
+async def serve_accepted(server: uvicorn.Server, conn: socket.socket) -> None:
+    """Serve ``conn``, accepted outside the event loop's servers, as ``server`` serves the
+    connections they accept: with a protocol made as its ``startup`` makes them."""
+    config = server.config
+    state, app_state = server.server_state, server.lifespan.state
+
+    def protocol() -> asyncio.Protocol:
+        return config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=state, app_state=app_state
+        )
+
+    await asyncio.get_running_loop().connect_accepted_socket(protocol, conn, ssl=config.ssl)

@@ -10,10 +10,9 @@ use it, does uvicorn's own shutdown run (in-flight requests answered, the rest c
 Connections the kernel had queued for the listening socket when it stopped accepting are
 accepted and answered too (:func:`close_listeners`), not reset.
 
-With several worker processes (``smso-serve --workers N``), :class:`DrainingSupervisor` runs
-uvicorn's supervisor with workers that drain the same way (:class:`DrainingProcess`), and
-closes its own copy of the listening socket on SIGTERM, so that the port refuses new
-connections once the workers stop accepting instead of queueing them for nobody.
+With several worker processes (``smso-serve --workers N``, :mod:`service.http.workers`) each
+worker drains so. What the drain needs of a running uvicorn server beyond its public methods
+comes from :mod:`service.http.connections`.
 """
 
 from __future__ import annotations
@@ -27,15 +26,10 @@ from typing import Any, Protocol
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.supervisors import multiprocess
 
-__all__ = [
-    "CloseWhenDraining",
-    "DrainingProcess",
-    "DrainingServer",
-    "DrainingSupervisor",
-    "close_listeners",
-]
+from service.http.connections import event_loop_servers, open_connections, serve_accepted
+
+__all__ = ["CloseWhenDraining", "DrainingServer", "close_listeners"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +61,8 @@ class DrainingServer(uvicorn.Server):
     """A uvicorn server that, on shutdown, first stops accepting (answering the connections
     already queued for it: :func:`close_listeners`), calls ``on_drain`` (the app starts
     answering ``Connection: close``) and gives its open connections up to
-    ``config.timeout_keep_alive`` seconds to end on their own."""
+    ``config.timeout_keep_alive`` seconds to end on their own (a second Ctrl-C, ``force_exit``,
+    cuts that short as it cuts uvicorn's own wait)."""
 
     def __init__(self, config: uvicorn.Config, on_drain: Callable[[], Any]) -> None:
         super().__init__(config)
@@ -76,30 +71,23 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # stop accepting (uvicorn's shutdown closes them again: no-op); nothing awaited before
         # the backlog is taken, so the event loop accepts nothing in between
-        listeners = [sock for server in self.servers for sock in server.sockets]
-        queued = close_listeners(listeners, close=[*self.servers, *(sockets or [])])
+        servers = event_loop_servers(self)
+        listeners = [sock for server in servers for sock in server.sockets]
+        queued = close_listeners(listeners, close=[*servers, *(sockets or [])])
         self.on_drain()
         # served like any other connection, and so answered Connection: close
         await asyncio.gather(*(self._serve_accepted(conn) for conn in queued))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout_keep_alive
-        while self.server_state.connections and loop.time() < deadline:
+        while open_connections(self) and not self.force_exit and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await super().shutdown(sockets)
 
     async def _serve_accepted(self, conn: socket.socket) -> None:
-        """Serve ``conn`` with a protocol made as uvicorn's ``startup`` makes them; a
-        connection that fails to start (a TLS handshake) is closed and logged, as asyncio's
-        own accept does."""
-        config = self.config
+        """Serve ``conn`` as the server serves the connections it accepts; one that fails to
+        start (a TLS handshake) is closed and logged, as asyncio's own accept does."""
         try:
-            await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: config.http_protocol_class(  # type: ignore[call-arg]
-                    config=config, server_state=self.server_state, app_state=self.lifespan.state
-                ),
-                conn,
-                ssl=config.ssl,
-            )
+            await serve_accepted(self, conn)
         except Exception as error:  # one client's failure ends only its own connection
             conn.close()
             log.warning("a connection queued at shutdown could not be served: %r", error)
@@ -175,53 +163,3 @@ def close_listeners(
         finally:
             listener.close()
     return queued
-
-
-def _mark_draining(app: Any) -> None:
-    """Turn on draining in the service state of ``app`` (uvicorn's loaded app: the FastAPI app
-    inside uvicorn's own middleware, each holding the next as ``.app``)."""
-    while app is not None:
-        state = getattr(getattr(app, "state", None), "smso", None)
-        if state is not None:
-            state.draining = True
-            return
-        app = getattr(app, "app", None)
-
-
-class DrainingProcess(multiprocess.Process):
-    """One of uvicorn's worker processes, serving with a :class:`DrainingServer` that marks its
-    own app as draining (the app is built in the worker, from the factory)."""
-
-    @property
-    def server(self) -> uvicorn.Server:
-        if self._server is None:
-            config = self.config
-            self._server = DrainingServer(config, lambda: _mark_draining(config.loaded_app))
-        return self._server
-
-
-class DrainingSupervisor(multiprocess.Multiprocess):
-    """uvicorn's supervisor of worker processes, whose workers drain (:class:`DrainingProcess`)
-    and which stops listening itself on SIGTERM or SIGINT."""
-
-    def run(self) -> None:
-        # uvicorn's supervisor makes its workers from the module's ``Process`` in three places
-        # (start, restart of a dead worker, SIGHUP): the one name is swapped for the run
-        original = multiprocess.Process
-        multiprocess.Process = DrainingProcess  # type: ignore[misc]
-        try:
-            super().run()
-        finally:
-            multiprocess.Process = original  # type: ignore[misc]
-
-    def handle_term(self) -> None:
-        self._stop_listening()
-        super().handle_term()
-
-    def handle_int(self) -> None:
-        self._stop_listening()
-        super().handle_int()
-
-    def _stop_listening(self) -> None:
-        for sock in self.sockets:
-            sock.close()

@@ -18,11 +18,10 @@ import contextlib
 import itertools
 import os
 import queue
-import socket
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,10 @@ import numpy as np
 
 from service.core.card import parse_card
 from service.core.errors import BackendUnavailableError
+from service.runtime.host_link import connect
 from service.runtime.host_process import ADDRESS_ENV, KEY_ENV
 from service.runtime.runner import Batch, fill
-from service.runtime.session_host import shared_view, timeval
+from service.runtime.session_host import shared_view
 from service.telemetry import stage_clock
 
 __all__ = ["HostedBackend", "host_from_environment"]
@@ -62,37 +62,6 @@ class _Slot:
     connection: Connection | None = None
 
 
-def _connect(address: str, key: bytes, timeout_s: float) -> Connection:
-    """A connection to the host, authenticated with ``key``, in at most ``timeout_s`` (the
-    handshake's reads and writes too: a host that accepts nothing must not hang a worker)."""
-    sock = socket.socket(socket.AF_UNIX)
-    try:
-        sock.settimeout(timeout_s)
-        sock.connect(address)
-        sock.settimeout(None)  # blocking again, as Connection reads it; bounded by the system:
-        _socket_timeouts(sock, timeout_s)
-        connection = Connection(sock.detach())
-    except OSError:
-        sock.close()
-        raise
-    try:
-        answer_challenge(connection, key)
-        deliver_challenge(connection, key)
-        with socket.socket(fileno=os.dup(connection.fileno())) as same:
-            _socket_timeouts(same, 0.0)  # no limit from here on: the calls poll
-    except BaseException:
-        connection.close()
-        raise
-    return connection
-
-
-def _socket_timeouts(sock: socket.socket, seconds: float) -> None:
-    """Send and receive timeouts of the socket itself (``SO_SNDTIMEO``, ``SO_RCVTIMEO``; 0:
-    none), which bound the blocking reads and writes of a ``Connection`` on it."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(seconds))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(seconds))
-
-
 class HostedBackend:
     """The model served by the session host at ``address``, as a worker's backend."""
 
@@ -108,7 +77,7 @@ class HostedBackend:
         self._seq = itertools.count()
         self._closed = threading.Event()
         try:
-            first = _connect(address, key, timeout_s)
+            first = connect(address, key, timeout_s)
             first.send("hello")
             hello: dict[str, Any] = first.recv()
             self.card, self.card_dict = parse_card(hello["metadata"])
@@ -135,7 +104,7 @@ class HostedBackend:
     def _attach(self, slot: _Slot, connection: Connection | None = None) -> None:
         """Connect ``slot`` (a new connection unless given) and have the host attach it."""
         try:
-            connection = connection or _connect(self.address, self._key, self.timeout_s)
+            connection = connection or connect(self.address, self._key, self.timeout_s)
             connection.send((self._memory.name, slot.offset, self._shape[0]))
             if not connection.poll(self.timeout_s) or connection.recv() != "attached":
                 connection.close()

@@ -8,7 +8,8 @@ of the requests. With ``--shared-session`` the parent starts a host process firs
 decoding and batching, and hand their batches to it (:mod:`service.runtime.hosted_backend`):
 
 * a worker writes its batch ``(n, C, H, W)`` float32 into shared memory of its own and sends
-  ``(seq, n)`` over a Unix socket (the batch's number and size);
+  ``(seq, n)`` over a Unix socket (the batch's number and size; authenticated connections with
+  bounded reads and writes: :mod:`service.runtime.host_link`);
 * the host's batching thread takes every batch that is waiting, up to ``max_batch`` images,
   and copies them into one array; its run thread runs that through the runner (padded to a
   bucket, IO binding, CUDA graphs: :mod:`service.runtime.runner`) while the next round is copied,
@@ -27,7 +28,6 @@ import logging
 import os
 import queue
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -39,22 +39,16 @@ from typing import Any
 
 import numpy as np
 
+from service.runtime.host_link import socket_of, timeval
 from service.runtime.runner import bucket_for
 from service.telemetry import stage_clock
 
-__all__ = ["SEND_TIMEOUT_S", "SessionHost", "or_exit", "shared_view", "timeval"]
+__all__ = ["SEND_TIMEOUT_S", "SessionHost", "or_exit", "shared_view"]
 
 log = logging.getLogger(__name__)
 #: The longest the host waits to send an answer to a worker that does not read (stopped, or
 #: stuck): then that connection is shut down, and the other workers' answers go on.
 SEND_TIMEOUT_S = 10.0
-
-
-def timeval(seconds: float) -> bytes:
-    """``seconds`` as the ``struct timeval`` that ``SO_SNDTIMEO`` and ``SO_RCVTIMEO`` take
-    (0: no limit)."""
-    whole = int(seconds)
-    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
 
 
 class _Peer:
@@ -64,7 +58,7 @@ class _Peer:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self._socket = socket.socket(fileno=os.dup(connection.fileno()))
+        self._socket = socket_of(connection)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(SEND_TIMEOUT_S))
 
     def send(self, message: Any) -> None:

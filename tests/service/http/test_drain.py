@@ -122,3 +122,30 @@ def test_a_request_queued_when_the_server_stops_is_answered_not_reset(loop_facto
         for client in clients:
             client.close()
         sock.close()
+
+
+def test_a_second_ctrl_c_cuts_the_keep_alive_wait_short():
+    """With an idle keep-alive connection open the drain waits up to the keep-alive timeout
+    (here ten minutes) for it; ``force_exit`` (a second Ctrl-C) ends that wait."""
+    app = CloseWhenDraining(_hello, draining=lambda: False)
+    config = uvicorn.Config(app, lifespan="off", log_config=None, timeout_keep_alive=600)
+    server = DrainingServer(config, on_drain=lambda: None)
+    sock = _listener()
+
+    async def scenario() -> None:
+        config.load()
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        writer.write(REQUEST)
+        await reader.readuntil(b"hello")  # answered; the connection stays open, idle
+        server.should_exit = server.force_exit = True
+        try:
+            await asyncio.wait_for(server.shutdown(sockets=[sock]), 60)
+        finally:
+            writer.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sock.close()

@@ -22,6 +22,7 @@ import pytest
 from service.core.errors import BackendUnavailableError
 from service.core.settings import Settings
 from service.runtime.backend import BackendOptions, OnnxBackend
+from service.runtime.host_link import connect
 from service.runtime.host_process import HostHandle, start_host
 from service.runtime.hosted_backend import HostedBackend
 from service.runtime.session_host import SessionHost, _Batch, shared_view
@@ -214,7 +215,7 @@ class _Supervisor:
     def __init__(self) -> None:
         self.stopped = threading.Event()
 
-    def handle_term(self) -> None:
+    def stop(self) -> None:
         self.stopped.set()
 
 
@@ -484,3 +485,26 @@ def test_a_failed_handshake_does_not_stop_the_host_accepting(host: HostHandle, s
         assert hosted.run(images(1))[0].shape == (1, 10)
     finally:
         hosted.close()
+
+
+def test_a_connection_to_the_host_is_authenticated_and_bounded():
+    """host_link.connect is Client's handshake with bounds: to a listener that accepts
+    nothing it is an error after its timeout, not a hang; a wrong key is refused; the right
+    one connects."""
+    key = b"k" * 32
+    with tempfile.TemporaryDirectory() as folder:
+        # queued, never accepted: the handshake's first read meets the socket's receive timeout
+        with Listener(f"{folder}/silent", "AF_UNIX", authkey=key), pytest.raises(BlockingIOError):
+            connect(f"{folder}/silent", key, timeout_s=0.3)
+        with Listener(f"{folder}/socket", "AF_UNIX", authkey=key) as listener:
+
+            def accept_twice() -> None:
+                with contextlib.suppress(multiprocessing.AuthenticationError):
+                    listener.accept()  # the wrong key: refused
+                listener.accept().send("welcome")
+
+            threading.Thread(target=accept_twice, daemon=True).start()
+            with pytest.raises(multiprocessing.AuthenticationError):
+                connect(f"{folder}/socket", b"wrong" * 8, timeout_s=30)
+            with connect(f"{folder}/socket", key, timeout_s=30) as connection:
+                assert connection.recv() == "welcome"

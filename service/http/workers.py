@@ -1,0 +1,93 @@
+"""Several server processes on one listening socket (``smso-serve --workers N``).
+
+uvicorn's own supervisor (``uvicorn.run(..., workers=N)``) runs a plain ``uvicorn.Server`` in
+each worker and has no setting for another server class, so its workers could not drain as
+:class:`service.http.drain.DrainingServer` does. :class:`Workers` is the part of a supervisor
+the service needs, on :mod:`multiprocessing` alone: it starts the workers (spawned: each
+builds its own app and server, as the single process does), starts another in place of one
+that exits, and on SIGTERM or SIGINT (or :meth:`Workers.stop`) closes its own copy of the
+listening socket, so that the port refuses new connections once the workers stop accepting
+instead of queueing them for nobody, sends every worker SIGTERM and waits for each to drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+__all__ = ["STARTUP_FAILURE", "Workers"]
+
+log = logging.getLogger(__name__)
+
+#: The exit status of a server whose start failed (uvicorn's own, ``uvicorn.config``): a
+#: worker that ends so would fail again in its place, so the workers are stopped instead.
+STARTUP_FAILURE = 3
+
+
+class Workers:
+    """``count`` processes running ``target(*args)``, serving on ``sockets``."""
+
+    def __init__(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        count: int,
+        sockets: list[socket.socket],
+    ) -> None:
+        self.target, self.args, self.count, self.sockets = target, args, count, sockets
+        #: a worker could not start (exit status :data:`STARTUP_FAILURE`): the others were stopped
+        self.failed = False
+        self._stopping = threading.Event()
+        self._spawn = multiprocessing.get_context("spawn")
+
+    def stop(self) -> None:
+        """Stop the workers as SIGTERM does (from any thread); :meth:`run` then returns."""
+        self._stopping.set()
+
+    def run(self) -> None:
+        """Start the workers and keep ``count`` of them running until stopped; then stop
+        listening, send each SIGTERM and wait until all have exited. SIGTERM and SIGINT stop
+        them while this runs (in the main thread)."""
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                handlers[sig] = signal.signal(sig, lambda *_: self.stop())
+        processes: list[BaseProcess] = []
+        try:
+            processes = [self._start() for _ in range(self.count)]
+            while not self._stopping.wait(0.5):
+                for number, process in enumerate(processes):
+                    if process.exitcode is None:
+                        continue
+                    if process.exitcode == STARTUP_FAILURE:
+                        log.error("worker process %d failed to start: stopping", process.pid)
+                        self.failed = True
+                        self.stop()
+                        break
+                    log.warning(
+                        "worker process %d exited (status %s): starting another",
+                        process.pid,
+                        process.exitcode,
+                    )
+                    processes[number] = self._start()
+        finally:
+            for sock in self.sockets:
+                sock.close()
+            for process in processes:
+                if process.exitcode is None:
+                    process.terminate()  # SIGTERM: it drains
+            for process in processes:
+                process.join()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _start(self) -> BaseProcess:
+        process = self._spawn.Process(target=self.target, args=self.args, name="smso-worker")
+        process.start()
+        return process

@@ -1,0 +1,152 @@
+"""What service.http.connections takes from uvicorn beyond its public API, checked on the
+installed uvicorn: the read deadlines of its protocol, and what the drain asks of a running
+server. A new uvicorn that changes any of it fails here (pyproject.toml pins the tested one)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import uvicorn
+
+from service.http.connections import (
+    ServerConfig,
+    TimedHttpProtocol,
+    event_loop_servers,
+    open_connections,
+    serve_accepted,
+)
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: test\r\n\r\n"
+#: generous: a bound on a loaded machine's pauses, never a measurement
+PATIENCE_S = 20.0
+
+
+async def _hello(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}
+    )
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+def _serve(
+    scenario: Callable[[uvicorn.Server, tuple[str, int]], Awaitable[None]], **bounds: Any
+) -> None:
+    """Run ``scenario(server, address)`` against a started uvicorn server on ``ServerConfig``
+    (``bounds``: its read deadlines), then stop the server as a signal would."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = ServerConfig(_hello, lifespan="off", log_config=None, **bounds)
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            while not server.started:
+                assert not serving.done(), "the server did not start"
+                await asyncio.sleep(0.01)
+            await scenario(server, sock.getsockname())
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(serving, PATIENCE_S)
+
+    try:
+        asyncio.run(run())
+    finally:
+        sock.close()
+
+
+async def _closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    return await asyncio.wait_for(reader.read(), PATIENCE_S)
+
+
+def test_the_config_makes_uvicorn_use_the_timed_protocol():
+    config = ServerConfig(_hello, log_config=None, header_timeout_s=1, body_timeout_s=2)
+    config.load()
+    assert config.http_protocol_class is TimedHttpProtocol
+    assert (config.header_timeout_s, config.body_timeout_s) == (1, 2)
+
+
+def test_connections_that_do_not_finish_their_headers_are_closed():
+    """A silent connection and one whose headers stop half-way are closed by the header
+    deadline, with nothing sent; a request that arrives whole is answered meanwhile."""
+
+    async def scenario(server: uvicorn.Server, address: tuple[str, int]) -> None:
+        silent, silent_writer = await asyncio.open_connection(*address)
+        partial, partial_writer = await asyncio.open_connection(*address)
+        partial_writer.write(b"GET / HTTP/1.1\r\nHost: te")
+        whole, whole_writer = await asyncio.open_connection(*address)
+        whole_writer.write(REQUEST)
+        try:
+            answer = await asyncio.wait_for(whole.readuntil(b"hello"), PATIENCE_S)
+            assert answer.startswith(b"HTTP/1.1 200")
+            assert await _closed(silent) == b""
+            assert await _closed(partial) == b""
+        finally:
+            for writer in (silent_writer, partial_writer, whole_writer):
+                writer.close()
+
+    _serve(scenario, header_timeout_s=0.3, body_timeout_s=60)
+
+
+def test_a_body_that_does_not_arrive_in_time_closes_the_connection():
+    """Headers in time, then a body that stops: closed by the body deadline."""
+
+    async def scenario(server: uvicorn.Server, address: tuple[str, int]) -> None:
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\nabcd")
+        try:
+            assert await _closed(reader) == b""
+        finally:
+            writer.close()
+
+    _serve(scenario, header_timeout_s=60, body_timeout_s=0.3)
+
+
+def test_what_the_drain_takes_from_a_running_server():
+    """The event loop's servers listen on the server's socket, the open connections are
+    counted (an idle one too) and a connection accepted by hand is served like the others."""
+
+    async def scenario(server: uvicorn.Server, address: tuple[str, int]) -> None:
+        listening = [sock.getsockname() for s in event_loop_servers(server) for sock in s.sockets]
+        assert listening == [address]
+        assert open_connections(server) == 0
+        _, idle = await asyncio.open_connection(*address)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PATIENCE_S
+        while open_connections(server) == 0:
+            assert loop.time() < deadline, "the open connection was never counted"
+            await asyncio.sleep(0.01)
+        assert open_connections(server) == 1
+        idle.close()
+
+        with socket.socket() as other:  # a listener of our own, its connection served above
+            other.bind(("127.0.0.1", 0))
+            other.listen()
+            reader, writer = await asyncio.open_connection(*other.getsockname())
+            conn, _ = other.accept()
+            conn.setblocking(False)
+            await serve_accepted(server, conn)
+            writer.write(REQUEST)
+            answer = await asyncio.wait_for(reader.readuntil(b"hello"), PATIENCE_S)
+            assert answer.startswith(b"HTTP/1.1 200")
+            writer.close()
+
+    _serve(scenario, header_timeout_s=60, body_timeout_s=60)
+
+
+@pytest.mark.parametrize("hook", ["on_message_begin", "on_headers_complete", "on_message_complete"])
+def test_the_parser_callbacks_the_deadlines_hook_are_uvicorns(hook: str):
+    """The protocol's deadlines are kept by overriding these: uvicorn's protocol must still
+    define them (else the override would never be called)."""
+    base = TimedHttpProtocol.__mro__[1]
+    assert base.__module__ == "uvicorn.protocols.http.httptools_impl"
+    assert callable(getattr(base, hook))

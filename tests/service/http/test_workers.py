@@ -1,0 +1,76 @@
+"""The worker processes of ``smso-serve --workers``: kept running, replaced when one exits,
+all stopped when one cannot start, and stopped (listening socket first) on request. The
+workers here are the standard library's own functions, quick to spawn."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from service.http.workers import STARTUP_FAILURE, Workers
+
+PATIENCE_S = 60.0  # a bound on a loaded machine's pauses (spawning takes a while), never a measure
+
+
+def _running(workers: Workers) -> threading.Thread:
+    thread = threading.Thread(target=workers.run, daemon=True)  # not the main thread: no signals
+    thread.start()
+    return thread
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _workers() -> list[multiprocessing.process.BaseProcess]:
+    return [child for child in multiprocessing.active_children() if child.name == "smso-worker"]
+
+
+def test_stop_closes_the_socket_and_stops_every_worker():
+    listener = socket.socket()
+    workers = Workers(time.sleep, (600,), 2, sockets=[listener])
+    thread = _running(workers)
+    _until(lambda: len(_workers()) == 2, "the workers never started")
+    children = _workers()
+    workers.stop()
+    thread.join(PATIENCE_S)
+    assert not thread.is_alive()
+    assert listener.fileno() == -1  # closed: the port refuses new connections
+    assert [child.exitcode for child in children] == [-15, -15]  # SIGTERM, for them to drain
+    assert not workers.failed
+
+
+def test_a_worker_that_exits_is_replaced(caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.WARNING, "service.http.workers")
+    workers = Workers(sys.exit, (1,), 1, sockets=[])
+    thread = _running(workers)
+    try:
+        _until(lambda: len(caplog.records) >= 2, "a worker that exited was not replaced")
+    finally:
+        workers.stop()
+        thread.join(PATIENCE_S)
+    assert "exited (status 1): starting another" in caplog.records[0].getMessage()
+    assert not workers.failed
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_worker_that_cannot_start_stops_them_all(caplog: pytest.LogCaptureFixture, count: int):
+    """Exit status 3 (uvicorn's for a server that failed to start) would recur in a
+    replacement: the workers are stopped, none replaced, and ``failed`` says why."""
+    caplog.set_level(logging.WARNING, "service.http.workers")
+    workers = Workers(sys.exit, (STARTUP_FAILURE,), count, sockets=[])
+    thread = _running(workers)
+    thread.join(PATIENCE_S)
+    assert not thread.is_alive()
+    assert workers.failed
+    assert [record.getMessage().split()[-1] for record in caplog.records] == ["stopping"]
