@@ -65,11 +65,11 @@ format: $(VENV)/.installed-dev
 
 # The head benchmark: prints a markdown table, writes bench/results/heads.json.
 bench: $(VENV)/.installed-dev
-	$(BIN)/python bench/heads.py
+	$(BIN)/python -m bench.heads
 
 # The export benchmark: onnxruntime against PyTorch eager, bench/results/export.json.
 bench-export: $(VENV)/.installed-dev
-	$(BIN)/python bench/export.py
+	$(BIN)/python -m bench.export
 
 # The shipped model: train from scratch on the CPU, then keep the checkpoint, curves and Fig. 2.
 model: $(VENV)/.installed-dev data
@@ -81,8 +81,11 @@ model: $(VENV)/.installed-dev data
 	$(MAKE) onnx
 
 # The shipped ONNX file (what `make serve` serves), exported from the shipped checkpoint.
+# The card's exported_at is the checkpoint's commit time (SOURCE_DATE_EPOCH): exporting the
+# same checkpoint again writes the same bytes, so the tracked file changes only with the model.
 onnx: $(VENV)/.installed-dev data
-	$(BIN)/smso-export $(MODEL_DIR)/model.pt -o $(MODEL_DIR)/model.onnx
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- $(MODEL_DIR)/model.pt 2>/dev/null) \
+	  $(BIN)/smso-export $(MODEL_DIR)/model.pt -o $(MODEL_DIR)/model.onnx
 
 # The Fashion-MNIST head comparison (docs/results/fashion-mnist.md): every head (GAP, BP, MPN,
 # CBP-TS, CBP-RM, LRBP, DeepO2P, SMSO p = 16 to 1,024) with the shipped model's recipe, seeds 0,
@@ -99,7 +102,7 @@ onnx: $(VENV)/.installed-dev data
 # copies them there (this target does too, at its end).
 FMNIST_TABLE := runs/fmnist-table
 # runs at a time, the cores shared among them: two one-thread runs train 1.07-1.13x the steps
-# per second of one two-thread run on 2 cores (`python bench/train_jobs.py`: the small CNN's
+# per second of one two-thread run on 2 cores (`python -m bench.train_jobs`: the small CNN's
 # steps split poorly over threads)
 FMNIST_JOBS ?= 2
 FMNIST_RECORDS := docs/results/fmnist-table

@@ -1,1 +1,1 @@
-"""Benchmark scripts (run as `python bench/NAME.py`); a package so tests can import them."""
+"""The benchmarks, each a script run as ``python -m bench.NAME``; what they share: ``bench.lib``."""

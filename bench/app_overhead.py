@@ -2,7 +2,7 @@
 
 What the event-loop thread spends on one request beyond the network: middleware, routing,
 dependencies, reading the body, parsing, the hand-off to the batcher and back, the answer. The
-backend is the GPU-like stand-in (``bench/standin.py``) with no sleep, so the inference thread
+backend is the GPU-like stand-in (``bench.lib.standin``) with no sleep, so the inference thread
 costs only its copy; requests go one at a time through ``app(scope, receive, send)``, the body in
 64 kB chunks as uvicorn delivers them. Measured with ``time.thread_time()`` of the loop's thread
 (its CPU only: waits for the inference thread do not count), for two arrangements of the routes
@@ -14,8 +14,8 @@ in interleaved rounds (this machine is shared and noisy):
 * **flat**: what ``service.app.create_app`` does: the routes in the app's own list, the image
   routes first.
 
-    python bench/app_overhead.py            # /v2 binary FP32 and /classify JPEG, about a minute
-    python bench/app_overhead.py --quick    # fewer requests and rounds (a smoke test)
+    python -m bench.app_overhead            # /v2 binary FP32 and /classify JPEG, about a minute
+    python -m bench.app_overhead --quick    # fewer requests and rounds (a smoke test)
 
 Prints a markdown table and writes ``bench/results/app_overhead.json`` (``--json PATH``).
 """
@@ -24,31 +24,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from bench.lib import RESULTS, report
+from bench.lib.payloads import Body, jpegs, multipart_body, tensor_bodies
+from bench.lib.standin import StandinBackend, card
+from service.app import create_app
+from service.core.settings import Settings
+from service.http.oip import build_router
+from service.http.routes import build_routes
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.benchlib import write_json  # noqa: E402
-from bench.serve import jpegs, oip_bodies  # noqa: E402
-from bench.standin import CARD, StandinBackend  # noqa: E402
-from service.app import create_app  # noqa: E402
-from service.core.card import CARD_KEY, parse_card  # noqa: E402
-from service.core.settings import Settings  # noqa: E402
-from service.http.oip import build_router  # noqa: E402
-from service.http.routes import build_routes  # noqa: E402
-from service.imaging.images import Preprocessor  # noqa: E402
-
-DEFAULT_JSON = ROOT / "bench" / "results" / "app_overhead.json"
 ARRANGEMENTS = ("included", "flat")
 CHUNK = 65536  # what uvicorn hands the app per message at most, about
 
@@ -62,10 +51,10 @@ def include_routers(app: Any) -> None:
     app.include_router(build_router())
 
 
-def request(path: str, body: bytes, headers: dict[str, str]) -> tuple[dict[str, Any], list[bytes]]:
-    """An ASGI HTTP scope for ``POST path`` and the body's chunks."""
-    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    raw += [(b"host", b"bench"), (b"content-length", str(len(body)).encode())]
+def request(path: str, body: Body) -> tuple[dict[str, Any], list[bytes]]:
+    """An ASGI HTTP scope for ``POST path`` with ``body`` and the body's chunks."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in body.headers.items()]
+    raw += [(b"host", b"bench"), (b"content-length", str(len(body.data)).encode())]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -81,7 +70,8 @@ def request(path: str, body: bytes, headers: dict[str, str]) -> tuple[dict[str, 
         "server": ("127.0.0.1", 80),
         "state": {},
     }
-    return scope, [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)] or [b""]
+    data = body.data
+    return scope, [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
 
 
 async def call(app: Any, scope: dict[str, Any], chunks: list[bytes]) -> int:
@@ -118,7 +108,7 @@ async def lifespan(app: Any) -> Callable[[], Any]:
     if started["type"] != "lifespan.startup.complete":
         raise RuntimeError(f"the app did not start: {started}")
     # the model loads and warms up after start-up: wait until /readyz answers 200
-    scope, chunks = request("/readyz", b"", {})
+    scope, chunks = request("/readyz", Body(b"", {}))
     scope["method"] = "GET"
     deadline = time.monotonic() + 120
     while await call(app, scope, chunks) != 200:
@@ -135,39 +125,16 @@ async def lifespan(app: Any) -> Callable[[], Any]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    card, _ = parse_card({CARD_KEY: json.dumps(CARD)})
     files = jpegs(4)
-    pre = Preprocessor(card.preprocessing, 10**9)
-    bodies = oip_bodies(files, np.stack([pre(data) for data in files]))
+    model = card()
     settings = Settings(log_level="warning")
     apps = {name: create_app(settings, StandinBackend(0.0, 0.0)) for name in ARRANGEMENTS}
     include_routers(apps["included"])
-    boundary = "bench-boundary"
     routes = {
         "/v2 binary FP32": [
-            request(
-                f"/v2/models/{card.name}/infer",
-                body,
-                {
-                    "content-type": "application/octet-stream",
-                    "inference-header-content-length": str(length),
-                },
-            )
-            for body, length in bodies
+            request(f"/v2/models/{model.name}/infer", body) for body in tensor_bodies(model, files)
         ],
-        "/classify JPEG": [
-            request(
-                "/classify",
-                (
-                    f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
-                    f'filename="i.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
-                ).encode()
-                + data
-                + f"\r\n--{boundary}--\r\n".encode(),
-                {"content-type": f"multipart/form-data; boundary={boundary}"},
-            )
-            for data in files
-        ],
+        "/classify JPEG": [request("/classify", multipart_body(data)) for data in files],
     }
     stops = [await lifespan(app) for app in apps.values()]
     rows = []
@@ -205,27 +172,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400, help="per round and arrangement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="30 requests, 2 rounds")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "app_overhead.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rounds = 30, 2
-    report = {
-        "python": platform.python_version(),
+    result = {
+        "python": report.machine()["python"],
         "requests": args.requests,
         "rounds": args.rounds,
         **asyncio.run(measure(args)),
     }
     print("Event-loop CPU per request through ASGI (ms, median of rounds):\n")
-    print("| route | included routers | flat, image routes first | included / flat |")
-    print("|---|--:|--:|--:|")
-    for row in report["rows"]:
-        cpu = row["loop_cpu_ms"]
-        print(
-            f"| {row['route']} | {cpu['included']:.3f} | {cpu['flat']:.3f} | "
-            f"{row['included_over_flat']:.2f}x |"
-        )
-    write_json(args.json, report)
-    print(f"\nwrote {args.json}")
+    rows = [
+        [
+            row["route"],
+            *(f"{row['loop_cpu_ms'][name]:.3f}" for name in ARRANGEMENTS),
+            report.format_ratio(row["included_over_flat"]),
+        ]
+        for row in result["rows"]
+    ]
+    header = ["route", "included routers", "flat, image routes first", "included / flat"]
+    print(report.markdown_table(header, rows), end="\n\n")
+    report.save(args.json, result)
     return 0
 
 

@@ -13,9 +13,9 @@ the CPU a copy in memory, on CUDA the upload):
 Both run in interleaved rounds (this machine is shared and noisy); the table gives the median
 milliseconds per batch and the ratio of the two within each round's median.
 
-    python bench/batch_copy.py                    # ImageNet-sized images, on the CPU
-    python bench/batch_copy.py --device cuda      # the upload to a GPU (onnxruntime-gpu)
-    python bench/batch_copy.py --quick            # fewer rounds (a smoke test)
+    python -m bench.batch_copy                    # ImageNet-sized images, on the CPU
+    python -m bench.batch_copy --device cuda      # the upload to a GPU (onnxruntime-gpu)
+    python -m bench.batch_copy --quick            # fewer rounds (a smoke test)
 
 Prints a markdown table and writes ``bench/results/batch_copy.json`` (``--json PATH``).
 """
@@ -23,24 +23,20 @@ Prints a markdown table and writes ``bench/results/batch_copy.json`` (``--json P
 from __future__ import annotations
 
 import argparse
-import platform
+import functools
 import statistics
-import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.lib import RESULTS, report
+from bench.lib.load import interleave
+from bench.lib.timing import median_time
+from service.runtime.runner import bucket_for, buckets, fill
 
-from bench.benchlib import write_json  # noqa: E402
-from service.runtime.runner import bucket_for, buckets, fill  # noqa: E402
-
-DEFAULT_JSON = ROOT / "bench" / "results" / "batch_copy.json"
 WAYS = ("stack, pad", "fill")
 
 
@@ -52,17 +48,6 @@ def stack_pad(images: Sequence[np.ndarray], size: int) -> np.ndarray:
     padded = np.zeros((size, *batch.shape[1:]), np.float32)
     padded[: len(batch)] = batch
     return padded
-
-
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls (after one untimed call)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def measure(
@@ -86,13 +71,10 @@ def measure(
     got = value.numpy()[:n]
     if not np.array_equal(got, np.stack(images)):
         raise RuntimeError("fill did not give the stacked images")
-    ms: dict[str, list[float]] = {way: [] for way in WAYS}
-    ratios = []
-    for _ in range(rounds):
-        one = {way: timed(fn, repeats) for way, fn in zip(WAYS, (old, new), strict=True)}
-        for way, seconds in one.items():
-            ms[way].append(1e3 * seconds)
-        ratios.append(one["stack, pad"] / one["fill"])
+    ways = {WAYS[0]: functools.partial(median_time, old, repeats)}
+    ways[WAYS[1]] = functools.partial(median_time, new, repeats)
+    ms = {way: [t.median_ms for t in found] for way, found in interleave(ways, rounds).items()}
+    ratios = [a / b for a, b in zip(ms["stack, pad"], ms["fill"], strict=True)]
     return {
         "images": n,
         "bucket": size,
@@ -109,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 31, 64])
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 calls")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "batch_copy.json")
     args = parser.parse_args(argv)
     if args.device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         parser.error("--device cuda needs onnxruntime-gpu with its CUDA provider")
@@ -118,24 +100,28 @@ def main(argv: list[str] | None = None) -> int:
     shape = (3, args.size, args.size)
     rows = [measure(n, shape, sizes, args.device, rounds, repeats) for n in args.batches]
     print(f"Batch into the session's input ({args.device}, images 3x{args.size}x{args.size}):\n")
-    print("| images | bucket | MB | stack, pad ms | fill ms | stack, pad / fill |")
-    print("|--:|--:|--:|--:|--:|--:|")
-    for row in rows:
-        print(
-            f"| {row['images']} | {row['bucket']} | {row['megabytes']} | "
-            f"{row['ms']['stack, pad']:.2f} | {row['ms']['fill']:.2f} | {row['ratio']:.2f}x |"
-        )
-    report = {
+    table = [
+        [
+            str(row["images"]),
+            str(row["bucket"]),
+            str(row["megabytes"]),
+            *(f"{row['ms'][way]:.2f}" for way in WAYS),
+            report.format_ratio(row["ratio"]),
+        ]
+        for row in rows
+    ]
+    header = ["images", "bucket", "MB", "stack, pad ms", "fill ms", "stack, pad / fill"]
+    print(report.markdown_table(header, table), end="\n\n")
+    result = {
         "device": args.device,
         "image_shape": list(shape),
         "rounds": rounds,
         "repeats": repeats,
-        "machine": {"cpu": platform.processor() or platform.machine(), "numpy": np.__version__},
+        "machine": {"cpu": report.cpu_model(), "numpy": np.__version__},
         "onnxruntime": ort.__version__,
         "rows": rows,
     }
-    write_json(args.json, report)
-    print(f"\nwrote {args.json}")
+    report.save(args.json, result)
     return 0
 
 

@@ -4,7 +4,7 @@ The service decodes and preprocesses each uploaded image with
 ``service.imaging.images.Preprocessor`` in a thread pool. Threads help only as far as that work runs
 outside the GIL (Pillow releases it while it decodes, converts and resizes; numpy while it loops
 over large arrays). On 640x480
-JPEGs (Fashion-MNIST test images scaled up, ``bench/serve.py``'s ``jpegs()``) and for two
+JPEGs (Fashion-MNIST test images scaled up, ``bench.lib.payloads.jpegs``) and for two
 preprocessings, the shipped model's (its model card: grey, 28 px) and an ImageNet-style one
 (RGB, resize 256, centre crop 224, ImageNet mean and std), this script measures:
 
@@ -47,8 +47,8 @@ preprocessings, the shipped model's (its model card: grey, 28 px) and an ImageNe
   process pool with ``s`` = the parent's GIL time (py-spy; else its CPU time) per image over a
   worker's time per image.
 
-    python bench/decode.py                  # both preprocessings (about a minute on 2 cores)
-    python bench/decode.py --quick          # fewer images, rounds and samples (a smoke test)
+    python -m bench.decode                  # both preprocessings (about a minute on 2 cores)
+    python -m bench.decode --quick          # fewer images, rounds and samples (a smoke test)
 
 Prints markdown tables and writes ``bench/results/decode.json`` (``--json PATH``).
 """
@@ -56,13 +56,9 @@ Prints markdown tables and writes ``bench/results/decode.json`` (``--json PATH``
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import hashlib
 import io
-import json
-import multiprocessing
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -76,20 +72,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import PIL
 from PIL import Image, ImageOps
 
-from service.core.card import Preprocessing, parse_card
+from bench.lib import RESULTS, SHIPPED, report
+from bench.lib.decoding import Pools
+from bench.lib.payloads import jpegs
+from service.core.card import Preprocessing
 from service.imaging.images import Preprocessor, _resized_size, _to_mode
+from service.runtime.backend import read_card
 
-if not __package__:  # run as a script: the repository first on sys.path (see bench/heads.py)
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from bench.serve import jpegs
-
-ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
-DEFAULT_JSON = ROOT / "bench" / "results" / "decode.json"
 MAX_PIXELS = 50_000_000  # the service's default
 IMAGENET = Preprocessing(
     colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
@@ -101,9 +93,7 @@ POOLS = ("threads x1", "threads x2", "processes x1", "processes x2")
 
 def shipped_preprocessing() -> Preprocessing:
     """The shipped model's preprocessing, from the card in its ONNX metadata."""
-    session = ort.InferenceSession(str(SHIPPED), providers=["CPUExecutionProvider"])
-    card, _ = parse_card(session.get_modelmeta().custom_metadata_map)
-    return card.preprocessing
+    return read_card(SHIPPED).preprocessing
 
 
 # --- the steps of Preprocessor, one by one ------------------------------------------------
@@ -382,58 +372,6 @@ def calibration(spy: PySpy | None, seconds: float) -> dict[str, Any]:
 
 # --- pools ----------------------------------------------------------------------------------
 
-_worker_pre: Preprocessor | None = None
-
-
-def _init_worker(spec: Preprocessing, max_pixels: int) -> None:
-    global _worker_pre
-    _worker_pre = Preprocessor(spec, max_pixels)
-
-
-def _preprocess_in_worker(data: bytes) -> np.ndarray:
-    if _worker_pre is None:
-        raise RuntimeError("the worker was started without _init_worker")
-    return _worker_pre(data)
-
-
-@dataclass(frozen=True)
-class Pools:
-    """The four executors of :data:`POOLS`, started and warmed up once."""
-
-    pre: Preprocessor
-    executors: dict[str, concurrent.futures.Executor]
-
-    @classmethod
-    def start(cls, pre: Preprocessor, files: Sequence[bytes]) -> Pools:
-        context = multiprocessing.get_context("spawn")
-        executors: dict[str, concurrent.futures.Executor] = {}
-        for name in POOLS:
-            kind, workers = name.split(" x")
-            if kind == "threads":
-                executors[name] = concurrent.futures.ThreadPoolExecutor(int(workers))
-            else:
-                executors[name] = concurrent.futures.ProcessPoolExecutor(
-                    int(workers),
-                    mp_context=context,
-                    initializer=_init_worker,
-                    initargs=(pre.spec, pre.max_pixels),
-                )
-        pools = cls(pre, executors)
-        for name in executors:  # start every worker, import the libraries, warm the caches
-            pools.run(name, list(files) * 2)
-        return pools
-
-    def run(self, name: str, files: Sequence[bytes]) -> list[np.ndarray]:
-        """Every file through one pool, one task per image; the arrays, in order."""
-        executor = self.executors[name]
-        threads = isinstance(executor, concurrent.futures.ThreadPoolExecutor)
-        function = self.pre if threads else _preprocess_in_worker
-        return [f.result() for f in [executor.submit(function, data) for data in files]]
-
-    def close(self) -> None:
-        for executor in self.executors.values():
-            executor.shutdown()
-
 
 def throughput(pools: Pools, files: Sequence[bytes], rounds: int) -> dict[str, Any]:
     """Images per second of each pool and this process's CPU ms per image (for a process pool,
@@ -501,7 +439,7 @@ def case(
         )
         spy_threads = spied(spy, one_image(steps), args.sample_s, parts)
     log(f"{name}: pools, {args.rounds} interleaved rounds")
-    pools = Pools.start(pre, files)
+    pools = Pools.start(pre, POOLS, files)
     try:
         batch = list(files) * max(1, args.images // len(files))
         pools_rows = throughput(pools, batch, args.rounds)
@@ -560,18 +498,6 @@ def case(
 # --- output ---------------------------------------------------------------------------------
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table, every column after the first right-aligned."""
-    rule = "|---|" + "--:|" * (len(header) - 1)
-    return "\n".join(
-        ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(row) + " |" for row in rows)]
-    )
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f} %"
-
-
 def print_case(result: dict[str, Any]) -> None:
     times, spy = result["steps"], result["py_spy"]
     fractions = spy["held_fraction_by_step"] if spy else dict.fromkeys(Steps.NAMES)
@@ -583,18 +509,26 @@ def print_case(result: dict[str, Any]) -> None:
             [
                 name,
                 f"{ms:.3f}",
-                percent(fraction),
+                report.percent(fraction),
                 "-" if fraction is None else f"{1e3 * fraction * ms:.0f}",
             ]
         )
     if spy:
         held = sum(f * times["step_ms"][n] for n, f in fractions.items() if f is not None)
-        total = [percent(held / times["sum_ms"]), f"{1e3 * held:.0f}"]
+        total = [report.percent(held / times["sum_ms"]), f"{1e3 * held:.0f}"]
     rows.append(["all steps", f"{times['sum_ms']:.3f}", *(total if spy else ["-", "-"])])
     rows.append(["Preprocessor", f"{times['whole_ms']:.3f}", "-", "-"])
-    print(table(["step (1 thread)", "ms per image", "GIL held (py-spy)", "GIL held us"], rows))
+    print(
+        report.markdown_table(
+            ["step (1 thread)", "ms per image", "GIL held (py-spy)", "GIL held us"], rows
+        )
+    )
     rows = [[how, f"{100 * s:.1f} %"] for how, s in result["gil_held_fraction"].items()]
-    print("\n" + table(["GIL held, measured by", "fraction of one thread's time"], rows) + "\n")
+    print(
+        "\n"
+        + report.markdown_table(["GIL held, measured by", "fraction of one thread's time"], rows)
+        + "\n"
+    )
     rows = []
     for name, row in result["pools"].items():
         by_round = ", ".join(f"{r:.2f}" for r in row["ratio_by_round"])
@@ -608,7 +542,7 @@ def print_case(result: dict[str, Any]) -> None:
             ]
         )
     print(
-        table(
+        report.markdown_table(
             ["pool", "img/s", "/ 1 thread", "/ 1 thread by round", "this process's CPU ms/img"],
             rows,
         )
@@ -618,35 +552,23 @@ def print_case(result: dict[str, Any]) -> None:
         for how, m in result["model"].items()
     ]
     print(f"\nA model, not a measurement: Amdahl's law on {CORES} cores\n")
-    print(table(["model", "serial fraction s", f"speedup on {CORES}", "img/s"], rows))
+    print(
+        report.markdown_table(["model", "serial fraction s", f"speedup on {CORES}", "img/s"], rows)
+    )
 
 
 def print_calibration(result: dict[str, Any]) -> None:
     rows = [
-        [r["workload"], percent(r["true_fraction"]), percent(r["probe"]), percent(r["py_spy"])]
+        [
+            r["workload"],
+            report.percent(r["true_fraction"]),
+            report.percent(r["probe"]),
+            report.percent(r["py_spy"]),
+        ]
         for r in result["rows"]
     ]
     print("\n### Calibration: workloads of known GIL fraction\n")
-    print(table(["workload", "GIL held (timed)", "probe", "py-spy"], rows))
-
-
-def machine() -> dict[str, Any]:
-    processor = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                processor = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": processor,
-        "cpu_count": os.cpu_count(),
-        "pillow": PIL.__version__,
-        "numpy": np.__version__,
-    }
+    print(report.markdown_table(["workload", "GIL held (timed)", "probe", "py-spy"], rows))
 
 
 def log(message: str) -> None:
@@ -663,14 +585,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-py-spy", action="store_true", help="even when it is installed")
     parser.add_argument("--quick", action="store_true", help="fewer images, rounds and samples")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "decode.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.images, args.rounds, args.repeats, args.sample_s = 20, 1, 1, 0.5
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     load = os.getloadavg()[0]
     spy = None if args.no_py_spy else PySpy.find()
@@ -680,22 +602,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ("ImageNet-style (RGB, resize 256, crop 224)", IMAGENET),
     ]
     log("calibration")
-    report: dict[str, Any] = {
-        "machine": machine(),
+    result: dict[str, Any] = {
+        "machine": report.machine(pillow=PIL.__version__, numpy=np.__version__),
         "images": "640x480 JPEG, Fashion-MNIST test images scaled up",
         "jpeg_bytes_mean": statistics.mean(map(len, files)),
         "py_spy": spy.executable if spy else None,
         "calibration": calibration(spy, args.sample_s),
         "cases": [case(name, spec, files, spy, args) for name, spec in cases],
     }
-    print_calibration(report["calibration"])
-    for result in report["cases"]:
-        print_case(result)
-    report["load_average_before_after"] = [load, os.getloadavg()[0]]  # neighbours' CPU use
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    print_calibration(result["calibration"])
+    for measured in result["cases"]:
+        print_case(measured)
+    result["load_average_before_after"] = [load, os.getloadavg()[0]]  # neighbours' CPU use
+    report.save(args.json, result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

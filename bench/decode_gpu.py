@@ -32,8 +32,8 @@ float resize are not bit-exact with libjpeg-turbo and Pillow's fixed-point resiz
 torchvision's image decoders are deprecated since 0.29 (for TorchCodec); the service decodes
 with nvImageCodec, NVIDIA's own package, and needs no torch.
 
-    python bench/decode_gpu.py --device cuda        # on a GPU machine
-    python bench/decode_gpu.py --quick              # the same code on the CPU (a smoke test)
+    python -m bench.decode_gpu --device cuda        # on a GPU machine
+    python -m bench.decode_gpu --quick              # the same code on the CPU (a smoke test)
 
 Prints a markdown table and writes ``bench/results/decode_gpu.json`` (``--json PATH``).
 """
@@ -42,12 +42,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import functools
-import platform
-import statistics
-import sys
+import importlib.metadata
 import threading
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,15 +53,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.lib import RESULTS, report
+from bench.lib.gpu import gpu_info
+from bench.lib.payloads import jpegs
+from bench.lib.timing import Timing, median_time
+from service.core.card import Preprocessing
+from service.imaging.images import Preprocessor
 
-from bench.benchlib import write_json  # noqa: E402
-from bench.serve import jpegs  # noqa: E402
-from service.core.card import Preprocessing  # noqa: E402
-from service.imaging.images import Preprocessor  # noqa: E402
-
-DEFAULT_JSON = ROOT / "bench" / "results" / "decode_gpu.json"
 PATHS = ("pillow", "torchvision", "nvimgcodec", "service", "service-device")
 IMAGENET = Preprocessing(
     colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
@@ -120,19 +116,6 @@ def _each(
 def _one(batch_fn: Callable[[list[bytes]], object], data: bytes) -> object:
     """A batched decoder called with one image."""
     return batch_fn([data])
-
-
-def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
-    """Median wall and process-CPU seconds of ``fn()`` over ``rounds`` calls (one untimed
-    call first)."""
-    fn()
-    wall, cpu = [], []
-    for _ in range(rounds):
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - w)
-        cpu.append(time.process_time() - c)
-    return statistics.median(wall), statistics.median(cpu)
 
 
 def grey_levels(got: np.ndarray, want: np.ndarray, spec: Preprocessing) -> tuple[float, float]:
@@ -239,8 +222,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if "pillow" in args.paths:
         for batch in args.batches:
             chunk = files[:batch]
-            wall, cpu = timed(functools.partial(_each, pre, chunk), args.rounds)
-            rows.append(_row("cpu (Pillow), one thread", batch, wall, cpu, (0.0, 0.0)))
+            timing = median_time(functools.partial(_each, pre, chunk), args.rounds)
+            rows.append(_row("cpu (Pillow), one thread", batch, timing, (0.0, 0.0)))
         singles.append(("cpu (Pillow)", pre, (0.0, 0.0)))
     for name in PATHS[1:]:
         if name not in args.paths:
@@ -256,43 +239,37 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }.get(name, name)
         for batch in args.batches:
             chunk = files[:batch]
-            wall, cpu = timed(functools.partial(batch_fn, chunk), args.rounds)
-            rows.append(_row(f"{label} on {args.device}", batch, wall, cpu, difference))
+            timing = median_time(functools.partial(batch_fn, chunk), args.rounds)
+            rows.append(_row(f"{label} on {args.device}", batch, timing, difference))
         singles.append((f"{name} on {args.device}", functools.partial(_one, batch_fn), difference))
     # as the service's decode threads call a decoder: one image per call, from several threads
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
         for path, one, difference in singles:
-            wall, cpu = timed(functools.partial(_each, one, files, pool), args.rounds)
+            timing = median_time(functools.partial(_each, one, files, pool), args.rounds)
             label = f"{path}, one image per call, {args.threads} threads"
-            rows.append(_row(label, len(files), wall, cpu, difference))
+            rows.append(_row(label, len(files), timing, difference))
     return {"rows": rows, "errors": errors}
 
 
-def _row(
-    path: str, batch: int, wall: float, cpu: float, difference: tuple[float, float]
-) -> dict[str, Any]:
+def _row(path: str, batch: int, timing: Timing, difference: tuple[float, float]) -> dict[str, Any]:
     return {
         "path": path,
         "batch": batch,
-        "images_per_second": batch / wall,
-        "cpu_ms_per_image": 1e3 * cpu / batch,
+        "images_per_second": 1e3 * batch / timing.median_ms,
+        "cpu_ms_per_image": timing.cpu_ms / batch,
         "max_grey_levels": difference[0],
         "mean_grey_levels": difference[1],
     }
 
 
 def versions() -> dict[str, Any]:
-    found: dict[str, Any] = {"python": platform.python_version(), "numpy": np.__version__}
-    try:
-        import torch
-        import torchvision
-
-        found |= {"torch": torch.__version__, "torchvision": torchvision.__version__}
-        if torch.cuda.is_available():
-            found["gpu"] = torch.cuda.get_device_name()
-    except ImportError as error:
-        found["torch"] = f"missing: {error}"
-    return found
+    """numpy's, torch's and torchvision's versions (torch not imported here), the GPU."""
+    found: dict[str, Any] = {"python": report.machine()["python"], "numpy": np.__version__}
+    for package in ("torch", "torchvision"):
+        found[package] = "missing"
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[package] = importlib.metadata.version(package)
+    return found | gpu_info()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,24 +286,28 @@ def main(argv: list[str] | None = None) -> int:
         help="which decoders to measure (default: all)",
     )
     parser.add_argument("--quick", action="store_true", help="batches 1 and 4, 2 rounds")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "decode_gpu.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.batches, args.rounds, args.threads = [1, 4], 2, 2
-    report = {"device": args.device, "versions": versions(), **measure(args)}
+    result = {"device": args.device, "versions": versions(), **measure(args)}
     print(f"JPEG 640x480 -> 3x224x224 float32 ({args.device}):\n")
-    print("| path | batch | images/s | CPU ms / image | max / mean grey levels off Pillow |")
-    print("|---|--:|--:|--:|--:|")
-    for row in report["rows"]:
-        print(
-            f"| {row['path']} | {row['batch']} | {row['images_per_second']:,.0f} | "
-            f"{row['cpu_ms_per_image']:.2f} | "
-            f"{row['max_grey_levels']:.1f} / {row['mean_grey_levels']:.2f} |"
-        )
-    for name, error in report["errors"].items():
+    rows = [
+        [
+            row["path"],
+            str(row["batch"]),
+            f"{row['images_per_second']:,.0f}",
+            f"{row['cpu_ms_per_image']:.2f}",
+            f"{row['max_grey_levels']:.1f} / {row['mean_grey_levels']:.2f}",
+        ]
+        for row in result["rows"]
+    ]
+    header = ["path", "batch", "images/s", "CPU ms / image", "max / mean grey levels off Pillow"]
+    print(report.markdown_table(header, rows))
+    for name, error in result["errors"].items():
         print(f"\n{name}'s path did not run: {error}")
-    write_json(args.json, report)
-    print(f"\nwrote {args.json}")
+    print()
+    report.save(args.json, result)
     return 0
 
 

@@ -7,8 +7,8 @@ one with the most images per second. Models: the shipped Fashion-MNIST SMSO mode
 SMSO at 448 px with p = 64 and p = 2,048 (random weights: speed does not depend on them), each in
 the 1x1-conv and the covariance form of the head.
 
-    python bench/export.py                        # everything (about 10 minutes on 2 cores)
-    python bench/export.py --quick                # the shipped model only, fewer repeats
+    python -m bench.export                        # everything (about 10 minutes on 2 cores)
+    python -m bench.export --quick                # the shipped model only, fewer repeats
 
 Prints a markdown table and writes ``bench/results/export.json``.
 """
@@ -18,30 +18,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__:
-    from . import benchlib
-else:  # run as a script: put the repository first, or this file would shadow the export package
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-    from bench import benchlib
+from bench.lib import torch_device  # before torch (see bench/heads.py)
 
+# isort: split
 import numpy as np
 import onnxruntime as ort
 import torch
 
+from bench.lib import RESULTS, ROOT, report
+from bench.lib.timing import TimingPolicy, measure_time
 from export.graph import ExportForm, exportable
 from export.onnx_export import export_checkpoint
 from training.checkpoint import load_model, save_checkpoint
 from training.model import ModelConfig, build_model
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_JSON = ROOT / "bench" / "results" / "export.json"
 SHIPPED = ROOT / "models" / "fashion-mnist-smso" / "model.pt"
 log = logging.getLogger("bench.export")
 
@@ -81,11 +77,12 @@ def _checkpoint(case: Case, workdir: Path) -> Path:
     return save_checkpoint(workdir / f"resnet50-p{case.p}.pt", build_model(config).eval())
 
 
-def measure(case: Case, workdir: Path, policy: benchlib.TimingPolicy) -> list[dict[str, Any]]:
+def measure(case: Case, workdir: Path, policy: TimingPolicy) -> list[dict[str, Any]]:
     checkpoint = _checkpoint(case, workdir)
     onnx_path = workdir / f"{case.name.split()[0]}-{case.form}-{case.p}.onnx"
     start = time.perf_counter()
-    result = export_checkpoint(checkpoint, onnx_path, form=case.form, data_root="/nonexistent")
+    # the model alone: no typicality score in the graph (its reference would need the dataset)
+    result = export_checkpoint(checkpoint, onnx_path, form=case.form, typicality=False)
     export_s = time.perf_counter() - start
     model, _ = load_model(checkpoint)
     module = exportable(model, case.form)  # what was traced: PyTorch runs the same head form
@@ -93,7 +90,6 @@ def measure(case: Case, workdir: Path, policy: benchlib.TimingPolicy) -> list[di
     options.log_severity_level = 3
     options.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    cpu = torch.device("cpu")
     channels = result.card["input"]["channels"]
     rows = []
     for batch in case.batches:
@@ -107,8 +103,8 @@ def measure(case: Case, workdir: Path, policy: benchlib.TimingPolicy) -> list[di
         def run_ort(feed: dict[str, np.ndarray] = feed) -> None:
             session.run(None, feed)
 
-        torch_ms = benchlib.measure_time(run_torch, cpu, policy).median_ms
-        ort_ms = benchlib.measure_time(run_ort, cpu, policy).median_ms
+        torch_ms = measure_time(run_torch, policy).median_ms
+        ort_ms = measure_time(run_ort, policy).median_ms
         log.info(
             "%s %s p=%d batch %d: torch %.1f ms, onnxruntime %.1f ms",
             case.name,
@@ -191,7 +187,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     parser.add_argument("--repeats", type=int, default=20, help="most timed calls per point")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per point")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "export.json")
     return parser.parse_args(argv)
 
 
@@ -200,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.INFO)  # progress; the exporter's own notes (and onnxscript's) stay quiet
     logging.getLogger("export").setLevel(logging.ERROR)
     args = parse_args(argv)
-    policy = benchlib.TimingPolicy(max_repeats=args.repeats, budget_s=args.budget)
+    policy = TimingPolicy(max_repeats=args.repeats, budget_s=args.budget)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
         for case in cases(args.quick):
@@ -211,8 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             r["form"],
             str(r["p"]),
             str(r["batch"]),
-            benchlib.format_ms(r["torch_ms"]),
-            benchlib.format_ms(r["onnxruntime_ms"]),
+            report.format_ms(r["torch_ms"]),
+            report.format_ms(r["onnxruntime_ms"]),
             f"{r['onnxruntime_images_per_second']:.1f}",
             f"{r['speedup']:.2f}x",
         ]
@@ -228,11 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ORT images/s",
         "ORT speedup",
     ]
-    print(benchlib.markdown_table(header, table))
+    print(report.markdown_table(header, table))
     best = summary(rows)
     print()
     print(
-        benchlib.markdown_table(
+        report.markdown_table(
             [
                 "model",
                 "form",
@@ -258,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if forms:
         print()
         print(
-            benchlib.markdown_table(
+            report.markdown_table(
                 ["model", "p", "batch", "ORT covariance / conv time"],
                 [
                     [f["model"], str(f["p"]), str(f["batch"]), f"{f['covariance_over_conv']:.2f}x"]
@@ -271,14 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({torch.get_num_threads()} threads)."
     )
     payload = {
-        "machine": benchlib.machine_info(torch.device("cpu")),
-        "settings": vars(args) | {"json": str(args.json)},
+        "machine": torch_device.machine_info(torch.device("cpu")),
+        "settings": vars(args),
         "results": rows,
         "summary": best,
         "forms": forms,
     }
-    benchlib.write_json(args.json, payload)
-    print(f"Results written to {args.json}")
+    report.save(args.json, payload)
     return 0
 
 

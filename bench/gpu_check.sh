@@ -22,7 +22,7 @@ torchvision.__version__, torch.cuda.get_device_name())"
 
 echo "== 1. training-step cost of the SMSO head =="
 for amp in bf16 fp16; do
-  $PY bench/train_step.py --amp $amp --json "$OUT/train_step_$amp.json"
+  $PY -m bench.train_step --amp $amp --json "$OUT/train_step_$amp.json"
 done
 
 echo "== 2. CUDA tests and 3. Fashion-MNIST sweep (in parallel) =="

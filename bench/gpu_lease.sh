@@ -3,13 +3,13 @@
 # that each carry at most 64 MiB: four calls back to back, each carrying one part staged by
 # `bash bench/gpu_stage.sh .gpu-stage` (the machine is given back when idle, and /tmp with it).
 #   step 1 (carry .gpu-stage/part1 .gpu-stage/wheels): install the wheels, export the five
-#          ResNet-50 models in the background (bench/serve_gpu.py --export-only);
+#          ResNet-50 models in the background (python3 -m bench.serve_gpu --export-only);
 #   step 2 (carry .gpu-stage/part2 .gpu-stage/nvimg), step 3 (carry .gpu-stage/part3): collect
 #          the parts; step 3 also unpacks nvImageCodec and measures JPEG decoding on the GPU
 #          (bench/decode_gpu.py: nvJPEG through torchvision and through nvImageCodec);
 #   step 4 (carry .gpu-stage/part4 .gpu-stage/wheels-late): check that everything arrived,
 #          unpack onnxruntime-gpu, the CUDA tests, the service's GPU JPEG decoding
-#          (bench/decode_gpu.py --paths service), then bench/serve_gpu.py on the exports;
+#          (python3 -m bench.decode_gpu --paths service), then bench/serve_gpu.py on the exports;
 #          the whole step keeps within STEP4_S seconds (default 540), results in $OUT.
 # Usage, on the lent machine in the repository root: bash bench/gpu_lease.sh STEP
 # EXPORTS (step 1) and SERVE_GPU_ARGS (step 4) pass flags on, e.g. EXPORTS="--exports fp32-conv
@@ -41,7 +41,7 @@ case $step in
     rm -f "$models/status"
     echo "${EXPORTS:-}" >"$models/exports"
     # shellcheck disable=SC2086  # EXPORTS: e.g. "--exports fp32-conv"
-    PYTHONPATH=$site:$PWD setsid bash -c "python3 bench/serve_gpu.py --export-only ${EXPORTS:-} \
+    PYTHONPATH=$site:$PWD setsid bash -c "python3 -m bench.serve_gpu --export-only ${EXPORTS:-} \
       --models-dir $models --out $tmp/export-out >$tmp/export.log 2>&1; echo \$? >$models/status" \
       </dev/null >/dev/null 2>&1 &
     echo $! >"$models/pid"
@@ -59,7 +59,7 @@ case $step in
   fi
   # JPEG decoding on the GPU (nvJPEG through the machine's torchvision, and nvImageCodec's
   # decoder) against Pillow; the service's whole path needs onnxruntime-gpu: step 4
-  PYTHONPATH=$site:$PWD timeout 150 python3 bench/decode_gpu.py --device cuda \
+  PYTHONPATH=$site:$PWD timeout 150 python3 -m bench.decode_gpu --device cuda \
     --paths pillow torchvision nvimgcodec --json "$OUT"/decode_gpu.json \
     || echo "bench/decode_gpu.py failed (status $?)"
   ;;
@@ -112,14 +112,14 @@ assert 'CUDAExecutionProvider' in p, 'no CUDA provider'" || fail "onnxruntime-gp
   echo "pytest -m cuda (runner, gpu_jpeg): $(tail -1 "$OUT/pytest.log")"
   grep "nvJPEG + graph" "$OUT/pytest.log"
   # the service's GPU JPEG decoding (nvImageCodec, and the graph on the CUDA provider)
-  timeout 75 python3 bench/decode_gpu.py --device cuda --paths pillow service service-device \
+  timeout 75 python3 -m bench.decode_gpu --device cuda --paths pillow service service-device \
     --batches 1 64 --rounds 5 --json "$OUT"/decode_gpu_service.json \
     || echo "decode_gpu.py --paths service failed"
   left=$((budget - (SECONDS - start) - 20))
   [ "$left" -ge 60 ] || fail "only $left s of STEP4_S left for serve_gpu.py"
   echo "serve_gpu.py: --budget-s $left"
   # shellcheck disable=SC2086  # SERVE_GPU_ARGS: e.g. --raw ... --stages --servers ...
-  python3 bench/serve_gpu.py --models-dir "$models" --out "$OUT" --budget-s "$left" \
+  python3 -m bench.serve_gpu --models-dir "$models" --out "$OUT" --budget-s "$left" \
     $exports ${SERVE_GPU_ARGS:-}
   ;;
 *) fail "STEP must be 1, 2, 3 or 4" ;;

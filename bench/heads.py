@@ -28,10 +28,10 @@ Everything, with the machine and the settings, is written as JSON to
 
 Run from the repository root::
 
-    python bench/heads.py                  # full run, CPU (a few minutes on 2 cores)
-    python bench/heads.py --quick          # smoke test: n = 196 only, few repeats
-    python bench/heads.py --device cuda    # on a GPU
-    python bench/heads.py --heads smso mpn bp --sides 28 --threads 2 --json /tmp/heads.json
+    python -m bench.heads                  # full run, CPU (a few minutes on 2 cores)
+    python -m bench.heads --quick          # smoke test: n = 196 only, few repeats
+    python -m bench.heads --device cuda    # on a GPU
+    python -m bench.heads --heads smso mpn bp --sides 28 --threads 2 --json /tmp/heads.json
 """
 
 from __future__ import annotations
@@ -39,29 +39,23 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The generic machinery (timing, memory, tables, machine) lives in bench/benchlib.py. Run as a
-# script (`python bench/heads.py`) this file has no package and Python puts bench/ first on
-# sys.path: the repository goes there instead, so that `bench` is a package either way (and
-# bench/export.py cannot shadow the export package). benchlib must come before torch: it sets
-# KINETO_LOG_LEVEL, which torch reads when it is loaded, to keep the profiler quiet.
-if not __package__:
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from bench import benchlib
+# torch_device must come before torch: it sets KINETO_LOG_LEVEL, which torch reads when it is
+# loaded, to keep the profiler quiet
+from bench.lib import torch_device
 
 # isort: split
 import torch
 from torch import Tensor, nn
 
+from bench.lib import RESULTS, report
+from bench.lib.timing import TimingPolicy, measure_time
 from training.heads import HEADS, create_head
-
-ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("bench.heads")
 
@@ -73,8 +67,7 @@ DIMS: dict[str, tuple[int, ...]] = {"smso": (64, 2048)}
 NUM_CLASSES = 67  # K for heads that score the classes themselves (LRBP): MIT-Indoor's
 SPEEDUP_CLAIM = 5.0  # check 1: SMSO p=64 at least this much faster than MPN and BP
 REFERENCE = ("smso", "conv", 64)  # the row the ratio column divides by
-DEFAULT_JSON = ROOT / "bench" / "results" / "heads.json"
-MEMORY_OF = "one fwd+bwd"  # what the memory column measures, for benchlib.memory_note
+MEMORY_OF = "one fwd+bwd"  # what the memory column measures, for torch_device.memory_note
 
 
 @dataclass(frozen=True)
@@ -162,7 +155,7 @@ def clear_grads(head: nn.Module, x: Tensor) -> None:
     x.grad = None
 
 
-def measure(config: Config, device: torch.device, policy: benchlib.TimingPolicy) -> Result:
+def measure(config: Config, device: torch.device, policy: TimingPolicy) -> Result:
     """Build the head for ``config`` and take all its measurements."""
     torch.manual_seed(0)
     head = create_head(config.head, config.channels, **config.options).to(device)
@@ -181,14 +174,15 @@ def measure(config: Config, device: torch.device, policy: benchlib.TimingPolicy)
         clear_grads(head, x_train)
         forward_backward()
 
+    sync = torch_device.synchronizer(device)
     head.eval()
-    fwd = benchlib.measure_time(forward, device, policy)
+    fwd = measure_time(forward, policy, sync)
     head.train()
-    train = benchlib.measure_time(train_step, device, policy)
+    train = measure_time(train_step, policy, sync)
 
     clear_grads(head, x_train)
     gc.collect()
-    peak = benchlib.peak_bytes(forward_backward, device)
+    peak = torch_device.peak_bytes(forward_backward, device)
 
     return Result(
         head=config.head,
@@ -203,7 +197,7 @@ def measure(config: Config, device: torch.device, policy: benchlib.TimingPolicy)
         forward_repeats=fwd.repeats,
         train_ms=train.median_ms,
         train_repeats=train.repeats,
-        memory_mib=peak / benchlib.MIB,
+        memory_mib=peak / torch_device.MIB,
     )
 
 
@@ -251,17 +245,17 @@ def results_table(results: Sequence[Result], device: torch.device) -> str:
                 r.setting,
                 f"{r.output_dim:,}",
                 f"{r.trainable_params:,}",
-                benchlib.format_ms(r.forward_ms),
-                benchlib.format_ms(r.train_ms),
+                report.format_ms(r.forward_ms),
+                report.format_ms(r.train_ms),
                 f"{r.memory_mib:,.1f}",
-                benchlib.format_ratio(ratio),
+                report.format_ratio(ratio),
             ]
         )
     note = (
-        f"memory MiB: {benchlib.memory_note(device, MEMORY_OF)}; "
+        f"memory MiB: {torch_device.memory_note(device, MEMORY_OF)}; "
         f"times: median wall time of one call, batch {BATCH}"
     )
-    return f"{benchlib.markdown_table(header, rows)}\n\n{note}"
+    return f"{report.markdown_table(header, rows)}\n\n{note}"
 
 
 def speedup_check(results: Sequence[Result]) -> dict[str, Any]:
@@ -368,15 +362,15 @@ def form_report(check: dict[str, Any]) -> str:
             f"{row['p(n-c)']:,}",
             f"{row['nc']:,}",
             row["predicted"],
-            benchlib.format_ms(row["conv_forward_ms"]),
-            benchlib.format_ms(row["covariance_forward_ms"]),
+            report.format_ms(row["conv_forward_ms"]),
+            report.format_ms(row["covariance_forward_ms"]),
             row["measured_forward"],
             "yes" if row["agree"] else "NO",
             row["measured_fwd_bwd"],
         ]
         for row in check["rows"]
     ]
-    table = benchlib.markdown_table(header, rows) if rows else "(SMSO not measured)"
+    table = report.markdown_table(header, rows) if rows else "(SMSO not measured)"
     return (
         f"Check 2: {check['claim']} (cheaper = faster forward, eval mode)\n\n{table}\n\n"
         f"=> {verdict_word(check['confirmed'])}"
@@ -408,7 +402,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="smoke test: n = 196 only, few repeats"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write results")
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "heads.json", help="where to write results"
+    )
     args = parser.parse_args(argv)
     args.sides = args.sides or ([SIDES[0]] if args.quick else list(SIDES))
     args.repeats = args.repeats or (2 if args.quick else 15)
@@ -421,10 +417,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    device = benchlib.resolve_device(args.device)
+    device = torch_device.resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    policy = benchlib.TimingPolicy(
+    policy = TimingPolicy(
         max_repeats=args.repeats, budget_s=args.budget, warmups=1 if args.quick else 2
     )
 
@@ -447,8 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(f"Total measurement time: {total_s:.0f} s ({device}, {torch.get_num_threads()} threads)")
 
-    report = {
-        "machine": benchlib.machine_info(device),
+    result = {
+        "machine": torch_device.machine_info(device),
         "settings": {
             "batch": BATCH,
             "dtype": "float32",
@@ -464,14 +460,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "timing": "median wall time of one call after warm-up (time.perf_counter)",
             "forward": "eval mode, torch.no_grad()",
             "fwd_bwd": "train mode, input requires grad, output.sum().backward()",
-            "memory": benchlib.memory_note(device, MEMORY_OF),
+            "memory": torch_device.memory_note(device, MEMORY_OF),
         },
         "results": [asdict(r) for r in results],
         "checks": {"speedup": speedup, "forms": forms},
         "total_seconds": total_s,
     }
-    benchlib.write_json(args.json, report)
-    print(f"Results written to {args.json}")
+    report.save(args.json, result)
     return 0
 
 

@@ -57,7 +57,10 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from PIL import Image
 
-from bench.serve import ROOT, cpu_seconds, drive, multipart, running, scrape
+from bench.lib import ROOT, launch
+from bench.lib.load import drive, multipart
+from bench.lib.metrics import scrape
+from bench.lib.procfs import cpu_seconds
 from service.telemetry.tracing import DEFAULT_SAMPLING_RATIO, Spans, otlp_provider, tracer
 
 MODEL = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
@@ -163,10 +166,9 @@ def environment(setting: str, endpoint: str) -> dict[str, str]:
 def server(setting: str, endpoint: str, folder: Path, number: int = 0) -> Iterator[tuple[str, int]]:
     """``setting``'s server, its output (the logs) going to a file: its base URL and pid."""
     command = [sys.executable, "-m", "service.cli", "--model-path", str(MODEL), "--port", "{port}"]
-    with (folder / f"{setting}-{number}.log").open("w") as logs:
-        env = environment(setting, endpoint)
-        with running(command, "/readyz", ROOT, env, output=logs) as (base, process):
-            yield base, process.pid
+    env = environment(setting, endpoint) | {"SMSO_GRPC_PORT": "0"}
+    with launch.Server(command, "/readyz", env, folder / f"{setting}-{number}.log") as running:
+        yield running.base, running.process.pid
 
 
 class _Discard(SpanExporter):

@@ -43,14 +43,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
-import os
 import random
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -63,14 +59,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.serve import SHIPPED, free_port, jpegs, oip_bodies, rss_mib, session_and_tensors
-from bench.serve import wait_ready as wait_server_ready
+from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib.launch import HOST
+from bench.lib.payloads import BOUNDARY, Body, jpegs, multipart_body, tensor_bodies
+from service.core.card import ModelCard
+from service.runtime.backend import read_card
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_JSON = ROOT / "bench" / "results" / "soak.json"
-HOST = "127.0.0.1"
 TIMEOUT_S = 60.0  # no answer within this long after sending: lost
-BOUNDARY = "s0akb0undary"
 
 # kind -> weight in the mix (valid ones dominate, as in real traffic)
 MIX = {
@@ -117,32 +112,22 @@ class Request:
         return self.head + self.body
 
 
-def request(
-    path: str,
-    body: bytes,
-    content_type: str,
-    extra: dict[str, str] | None = None,
-    length: int | None = None,
-) -> Request:
-    headers = {
-        "Host": HOST,
-        "Content-Type": content_type,
-        "Content-Length": str(len(body) if length is None else length),
-        **(extra or {}),
-    }
+def request(path: str, body: Body, length: int | None = None) -> Request:
+    """``POST path`` with ``body`` and its headers (``length``: the declared Content-Length)."""
+    headers = {"Host": HOST, **body.headers}
+    headers["Content-Length"] = str(len(body.data) if length is None else length)
     head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return Request((head + "\r\n").encode(), body)
+    return Request((head + "\r\n").encode(), body.data)
 
 
-def multipart_body(data: bytes, filename: str, content_type: str) -> bytes:
-    return (
-        (
-            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; '
-            f'filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n'
-        ).encode()
-        + data
-        + (f"\r\n--{BOUNDARY}--\r\n").encode()
-    )
+def upload(data: bytes, filename: str = "x.jpg", content_type: str = "image/jpeg") -> Request:
+    """``data`` as the file of a multipart ``/classify`` request."""
+    return request("/classify", multipart_body(data, filename, content_type))
+
+
+def broken(data: bytes, length: int | None = None) -> Request:
+    """``data`` as a ``/classify`` body declared multipart, whatever it holds."""
+    return request("/classify", Body(data, multipart_body(b"").headers), length)
 
 
 def png_strip(width: int) -> bytes:
@@ -159,23 +144,10 @@ def png_strip(width: int) -> bytes:
 class Corpus:
     """Every request the soak can send, built once (the random draws pick among them)."""
 
-    def __init__(self, files: list[bytes], tensors: np.ndarray, model_name: str) -> None:
-        self.infer = f"/v2/models/{model_name}/infer"
-        ctype = f"multipart/form-data; boundary={BOUNDARY}"
-        self.classify = [
-            request("/classify", multipart_body(f, f"{i}.jpg", "image/jpeg"), ctype)
-            for i, f in enumerate(files)
-        ]
-        self.v2 = [
-            request(
-                self.infer,
-                body,
-                "application/octet-stream",
-                {"Inference-Header-Content-Length": str(length)},
-            )
-            for body, length in oip_bodies(files, tensors)
-        ]
-        self.ctype = ctype
+    def __init__(self, files: list[bytes], card: ModelCard) -> None:
+        self.infer = f"/v2/models/{card.name}/infer"
+        self.classify = [upload(f, f"{i}.jpg") for i, f in enumerate(files)]
+        self.v2 = [request(self.infer, body) for body in tensor_bodies(card, files)]
 
     def build(self, kind: str, rng: random.Random) -> Request:
         k = rng.randrange(len(self.classify))
@@ -188,35 +160,31 @@ class Corpus:
             return Request(r.head, r.body, pieces=4)
         if kind == "truncated-jpeg":
             jpeg = self.classify[k].body  # cut the multipart's JPEG somewhere inside
-            data = jpeg[: rng.randrange(200, len(jpeg) // 2)]
-            return request("/classify", multipart_body(data, "cut.jpg", "image/jpeg"), self.ctype)
+            return upload(jpeg[: rng.randrange(200, len(jpeg) // 2)], "cut.jpg")
         if kind == "png-strip":
-            body = multipart_body(png_strip(100_000), "strip.png", "image/png")
-            return request("/classify", body, self.ctype)
+            return upload(png_strip(100_000), "strip.png", "image/png")
         noise = rng.randbytes(rng.randrange(16, 20_000))
         if kind == "random-multipart":
-            return request("/classify", multipart_body(noise, "x.jpg", "image/jpeg"), self.ctype)
+            return upload(noise)
         if kind == "random-v2":
             header = str(rng.randrange(0, len(noise) + 100))
-            return request(
-                self.infer,
-                noise,
-                "application/octet-stream",
-                {"Inference-Header-Content-Length": header},
-            )
+            headers = {"Content-Type": "application/octet-stream"}
+            headers["Inference-Header-Content-Length"] = header
+            return request(self.infer, Body(noise, headers))
         if kind == "malformed-multipart":
             body = self.classify[k].body
-            broken = rng.choice(
-                [
-                    body.replace(b"\r\n\r\n", b"\r\n", 1),  # no blank line after the part's headers
-                    body[: len(body) // 2],  # no closing boundary
-                    body.replace(BOUNDARY.encode(), b"other", 1),  # the first boundary is wrong
-                    b"--" + BOUNDARY.encode() + b"\r\n" + noise,  # garbage part headers
-                ]
+            return broken(
+                rng.choice(
+                    [
+                        body.replace(b"\r\n\r\n", b"\r\n", 1),  # no blank line after its headers
+                        body[: len(body) // 2],  # no closing boundary
+                        body.replace(BOUNDARY.encode(), b"other", 1),  # the first boundary is wrong
+                        b"--" + BOUNDARY.encode() + b"\r\n" + noise,  # garbage part headers
+                    ]
+                )
             )
-            return request("/classify", broken, self.ctype)
         if kind == "oversized-close":
-            return request("/classify", noise[:1024], self.ctype, length=2**40)
+            return broken(noise[:1024], length=2**40)
         raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(MIX)}")
 
 
@@ -287,48 +255,31 @@ class Client:
 
 
 class Server:
-    """The real server on a free loopback port, its peak RSS sampled until it exits."""
+    """The real server on the shipped model (``server``), its output kept (``output``, once
+    stopped) and its peak RSS sampled until it exits."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        env = os.environ | {"SMSO_LOG_LEVEL": "warning"}
-        command = [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "--model-path",
-            str(SHIPPED),
-            "--port",
-            str(self.port),
-        ]
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop())
-        self.process = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
-        )
-        self.peak_mib = 0.0
-        self.base = f"http://{HOST}:{self.port}"
-        self.output = ""
         try:
-            wait_server_ready(f"{self.base}/readyz", self.process)
+            self.server = launch.smso_serve("--model-path", str(SHIPPED), log=self.log)
         except BaseException:
-            self.process.kill()
-            self.process.wait()
+            self.log.close()
             raise
+        self.peak_mib = 0.0
+        self.output = ""
         self.sampler = threading.Thread(target=self.sample, daemon=True)
         self.sampler.start()
 
     def sample(self) -> None:
-        while self.process.poll() is None:
+        while self.server.process.poll() is None:
             try:
-                self.peak_mib = max(self.peak_mib, rss_mib(self.process.pid)["VmHWM"])
+                self.peak_mib = max(self.peak_mib, self.server.rss_mib()["VmHWM"])
             except OSError:
                 return
             time.sleep(0.1)
 
-    def stop(self, timeout_s: float = 60) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=timeout_s)
+    def stop(self) -> int:
+        code = self.server.stop()
         self.sampler.join(timeout=5)
         self.log.seek(0)
         self.output = self.log.read()
@@ -363,7 +314,7 @@ def run(
     next_index = iter(range(len(kinds)))
 
     def worker(w: int) -> None:
-        client, rng = Client(server.port), random.Random(seed * 1000 + w)
+        client, rng = Client(server.server.port), random.Random(seed * 1000 + w)
         while True:
             with lock:
                 i = next(next_index, None)
@@ -371,7 +322,7 @@ def run(
                     break
                 if i == signal_at:
                     signalled_at.append(time.monotonic())
-                    server.process.send_signal(signum)
+                    server.server.process.send_signal(signum)
             client.send(corpus.build(kinds[i], rng), outcomes[i])
         client.close_keep()
 
@@ -463,7 +414,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="TERM",
         help="sent midway; KILL checks that the soak does see lost requests",
     )
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.clients = 400, 8
@@ -473,8 +424,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     files = jpegs(32)
-    backend, tensors = session_and_tensors(SHIPPED, files)
-    corpus = Corpus(files, tensors, backend.card.name)
+    corpus = Corpus(files, read_card(SHIPPED))
     rng = random.Random(args.seed)
     kinds = rng.choices(list(MIX), weights=list(MIX.values()), k=args.requests)
     valid = random.Random(args.seed).choices(VALID, k=args.requests)
@@ -506,21 +456,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Soak: {args.requests} mixed requests, {args.clients} clients, SIG{args.signal} at "
         f"request {args.requests // 2}; clean: {len(valid)} valid ones only, no signal.\n"
     )
-    print("| measure | soak | clean |")
-    print("|---|--:|--:|")
-    for name, key in rows:
-        print(f"| {name} | {cell(soak[key])} | {cell(clean[key])} |")
+    table = [[name, cell(soak[key]), cell(clean[key])] for name, key in rows]
+    print(report.markdown_table(["measure", "soak", "clean"], table))
     if soak["valid_p99_ms"] and clean["valid_p99_ms"]:
         print(f"\nvalid p99 soak / clean = {soak['valid_p99_ms'] / clean['valid_p99_ms']:.2f}")
-    report = {
-        "settings": vars(args) | {"json": str(args.json)},
-        "mix": MIX,
-        "soak": soak,
-        "clean": clean,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"Results written to {args.json}")
+    report.save(args.json, {"settings": vars(args), "mix": MIX, "soak": soak, "clean": clean})
     return 0
 
 

@@ -12,9 +12,9 @@ head), in interleaved rounds (this machine is shared and noisy):
 Steps are the table's own (the row's model, SGD with momentum, cross-entropy, batch 64 of
 28 x 28 random images), timed for ``--seconds`` after a few untimed ones.
 
-    python bench/train_jobs.py               # about two minutes on 2 cores
-    python bench/train_jobs.py --rows all --alone   # every row's speed alone: ~7 minutes
-    python bench/train_jobs.py --quick       # a smoke test
+    python -m bench.train_jobs               # about two minutes on 2 cores
+    python -m bench.train_jobs --rows all --alone   # every row's speed alone: ~7 minutes
+    python -m bench.train_jobs --quick       # a smoke test
 
 ``--alone`` measures only the one run on every core: each head's training speed with nothing
 else on the machine (the table's own images/s are each run's median epoch, slowed by whatever
@@ -29,19 +29,13 @@ import argparse
 import concurrent.futures
 import multiprocessing
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.lib import RESULTS, report
 
-from bench.benchlib import write_json  # noqa: E402
-
-DEFAULT_JSON = ROOT / "bench" / "results" / "train_jobs.json"
 BATCH = 64  # the table's batch size
 
 
@@ -121,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one row, 1 s, one round")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "train_jobs.json")
     args = parser.parse_args(argv)
     from training.experiments import TABLES
 
@@ -133,24 +127,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown rows {unknown}; rows: all, {', '.join(names)}")
     if args.quick:
         args.rows, args.seconds, args.rounds = args.rows[:1], 1.0, 1
-    report = {"python": platform.python_version(), **measure(args)}
-    cores = report["cores"]
+    result = {"python": report.machine()["python"], **measure(args)}
+    cores = result["cores"]
     print(f"Training steps per second, batch {BATCH}, {cores} cores:\n")
-    if args.alone:
-        print(f"| row | one run, {cores} threads | images/s |")
-        print("|---|--:|--:|")
-    else:
-        print(f"| row | one run, {cores} threads | {cores} runs, 1 thread each | ratio |")
-        print("|---|--:|--:|--:|")
-    for row in report["rows"]:
-        one = f"| {row['row']} | {row['one_run_steps_per_second']:.2f} |"
+    header = ["row", f"one run, {cores} threads"]
+    header += ["images/s"] if args.alone else [f"{cores} runs, 1 thread each", "ratio"]
+    rows = []
+    for row in result["rows"]:
+        cells = [row["row"], f"{row['one_run_steps_per_second']:.2f}"]
         if args.alone:
-            print(f"{one} {row['one_run_images_per_second']:,.0f} |")
+            cells.append(f"{row['one_run_images_per_second']:,.0f}")
         else:
-            side, ratio = row["side_by_side_steps_per_second"], row["side_by_side_over_one"]
-            print(f"{one} {side:.2f} | {ratio:.2f}x |")
-    write_json(args.json, report)
-    print(f"\nwrote {args.json}")
+            cells.append(f"{row['side_by_side_steps_per_second']:.2f}")
+            cells.append(report.format_ratio(row["side_by_side_over_one"]))
+        rows.append(cells)
+    print(report.markdown_table(header, rows), end="\n\n")
+    report.save(args.json, result)
     return 0
 
 

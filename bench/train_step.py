@@ -7,33 +7,31 @@ and once with the first-order head (global average pooling, 2,048-d), and report
 second and the SMSO step's extra cost, ``1 - ips(SMSO) / ips(first-order)``. The expectation
 to check on a GPU: under 5 %.
 
-    python bench/train_step.py                         # GPU: 448 px, batch 32, 5 x 100 steps, AMP
-    python bench/train_step.py --device cpu --size 64 --batch 4 --steps 3 --rounds 1  # smoke
+    python -m bench.train_step                         # GPU: 448 px, batch 32, 5 x 100 steps, AMP
+    python -m bench.train_step --device cpu --size 64 --batch 4 --steps 3 --rounds 1  # smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if not __package__:  # run as a script: the repository first on sys.path (see bench/heads.py)
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-from bench import benchlib
+from bench.lib import torch_device  # before torch (see bench/heads.py)
 
 # isort: split
 import torch
 import torch.nn.functional as F
 
+from bench.lib import RESULTS, report
+from bench.lib.load import interleave
 from training.model import ModelConfig, build_model
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_JSON = ROOT / "bench" / "results" / "train_step.json"
 log = logging.getLogger("bench.train_step")
 
 HEADS: dict[str, dict[str, Any]] = {
@@ -70,11 +68,11 @@ class Trainer:
         self.scaler.update()
 
     def time(self, steps: int) -> float:
-        benchlib.synchronize(self.device)
+        torch_device.synchronize(self.device)
         start = time.perf_counter()
         for _ in range(steps):
             self.step()
-        benchlib.synchronize(self.device)
+        torch_device.synchronize(self.device)
         return time.perf_counter() - start
 
 
@@ -88,11 +86,9 @@ def measure(
     for trainer in trainers:
         log.info("warming up %s", trainer.name)
         trainer.time(args.warmup)
-    seconds: dict[str, list[float]] = {t.name: [] for t in trainers}
-    for round_ in range(args.rounds):
-        log.info("round %d of %d", round_ + 1, args.rounds)
-        for trainer in trainers if round_ % 2 == 0 else trainers[::-1]:
-            seconds[trainer.name].append(trainer.time(args.steps))
+    log.info("%d rounds", args.rounds)
+    turns = {t.name: functools.partial(t.time, args.steps) for t in trainers}
+    seconds = interleave(turns, args.rounds, alternate=True)
     results = []
     for trainer in trainers:
         median = statistics.median(seconds[trainer.name])
@@ -119,14 +115,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--classes", type=int, default=47)
     parser.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--json", type=Path, default=RESULTS / "train_step.json")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
-    device = benchlib.resolve_device(args.device)
+    device = torch_device.resolve_device(args.device)
     if args.amp == "off" or (args.amp == "auto" and device.type != "cuda"):
         amp = None
     elif args.amp == "auto":
@@ -143,11 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             r["head"],
             f"{r['embedding_dim']:,}",
             f"{r['images_per_second']:.1f}",
-            benchlib.format_ms(r["step_ms"]),
+            report.format_ms(r["step_ms"]),
         ]
         for r in results
     ]
-    print(benchlib.markdown_table(["head", "embedding", "images/s", "step ms"], rows))
+    print(report.markdown_table(["head", "embedding", "images/s", "step ms"], rows))
     print(
         f"\n{args.backbone} at {args.size} px, batch {args.batch}, median of {args.rounds} "
         f"rounds of {args.steps} steps, "
@@ -155,14 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(expectation on a GPU: under 5 %)"
     )
     payload = {
-        "machine": benchlib.machine_info(device),
-        "settings": vars(args) | {"json": str(args.json)},
+        "machine": torch_device.machine_info(device),
+        "settings": vars(args),
         "amp": str(amp),
         "results": results,
         "smso_overhead": overhead,
     }
-    benchlib.write_json(args.json, payload)
-    print(f"Results written to {args.json}")
+    report.save(args.json, payload)
     return 0
 
 

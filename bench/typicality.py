@@ -42,13 +42,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
-import os
-import platform
-import re
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -60,15 +55,14 @@ import httpx
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python bench/typicality.py` as well as `python -m`
-    sys.path.insert(0, str(ROOT))
+from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib.load import drive, multipart, post
+from bench.lib.metrics import scrape
+from bench.lib.payloads import Body, encode, fashion_mnist, infer_body
+from bench.lib.procfs import cpu_seconds
 
-from bench.serve import FMNIST, cpu_seconds, drive, multipart, running  # noqa: E402
-
-MODEL = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
-CONFIG = ROOT / "models" / "fashion-mnist-smso" / "config.json"
-RESULTS = ROOT / "bench" / "results" / "typicality.json"
+MODEL = SHIPPED
+CONFIG = SHIPPED.parent / "config.json"
 OOD_SETS = ("digits", "photos", "noise", "inverted", "rot90")
 METHODS = ("typicality", "msp", "energy", "mahalanobis")
 #: scikit-image's sample photographs shipped inside its wheel (read from disk: no download)
@@ -95,13 +89,6 @@ ALPHA = 0.01  # the p-value below which the server's drift window counts an imag
 
 
 # --- data ---------------------------------------------------------------------------------------
-
-
-def fashion_mnist(split: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(images uint8 (N, 28, 28), labels (N,))`` of Fashion-MNIST's ``train`` or ``test``."""
-    from training.datasets.fashion_mnist import load_arrays
-
-    return load_arrays(FMNIST, split)
 
 
 def validation_images() -> np.ndarray:
@@ -186,23 +173,9 @@ class Card:
         return ((images.astype(np.float32) / 255.0 - self.mean) / self.std)[:, None]
 
 
-def infer_body(tensor: np.ndarray, outputs: Sequence[str]) -> tuple[bytes, int]:
-    """A binary ``FP32`` infer body asking for ``outputs`` as binary: ``(body, header length)``."""
-    raw = np.ascontiguousarray(tensor, "<f4").tobytes()
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "image",
-                    "datatype": "FP32",
-                    "shape": list(tensor.shape),
-                    "parameters": {"binary_data_size": len(raw)},
-                }
-            ],
-            "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
-        }
-    ).encode()
-    return header + raw, len(header)
+def binary_infer(tensor: np.ndarray, outputs: Sequence[str]) -> Body:
+    """A binary ``FP32`` infer request asking for ``outputs`` as binary."""
+    return infer_body(tensor, {name: {"binary_data": True} for name in outputs})
 
 
 def decode_response(response: httpx.Response) -> dict[str, np.ndarray]:
@@ -242,12 +215,8 @@ class Client:
         self.http.close()
 
     def _post(self, tensor: np.ndarray) -> httpx.Response:
-        body, length = infer_body(tensor, self.outputs)
-        headers = {
-            "Inference-Header-Content-Length": str(length),
-            "Content-Type": "application/octet-stream",
-        }
-        return self.http.post(self.url, content=body, headers=headers)
+        body = binary_infer(tensor, self.outputs)
+        return self.http.post(self.url, content=body.data, headers=body.headers)
 
     def infer(self, images: np.ndarray, batch: int) -> dict[str, np.ndarray]:
         """The four outputs of uint8 ``images`` (N, 28, 28), in requests of ``batch``."""
@@ -263,45 +232,25 @@ class Client:
         return out
 
     def metrics(self) -> dict[str, float]:
-        """The drift gauges on ``/metrics`` (absent before the server has them)."""
-        values = {}
-        for line in self.http.get(f"{self.base}/metrics").text.splitlines():
-            match = re.match(r"^(smso_drift_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+|NaN)$", line)
-            if match:
-                values[match.group(1)] = float(match.group(3))
-        return values
+        """The server's ``/metrics`` (the drift gauges absent before the server has them)."""
+        return scrape(f"{self.base}/metrics")
+
+
+def serve(
+    env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
+) -> launch.Server:
+    """A fresh server on ``model`` (the shipped one; warnings logged to ``log``)."""
+    settings = {"SMSO_MAX_WAIT_MS": "2"} | (env or {})
+    return launch.smso_serve("--model-path", str(model), settings=settings, log=log)
 
 
 @contextlib.contextmanager
 def server(
     env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
 ) -> Iterator[str]:
-    """A fresh server on ``model`` (the shipped one; warnings logged to ``log``): its URL."""
-    with process(env, log, model) as (base, _):
-        yield base
-
-
-@contextlib.contextmanager
-def process(
-    env: dict[str, str] | None = None, log: Path | None = None, model: Path = MODEL
-) -> Iterator[tuple[str, int]]:
-    """:func:`server`'s URL and process id."""
-    env = os.environ | {"SMSO_LOG_LEVEL": "warning", "SMSO_MAX_WAIT_MS": "2"} | (env or {})
-    command = [
-        sys.executable,
-        "-m",
-        "service.cli",
-        "--model-path",
-        str(model),
-        "--port",
-        "{port}",
-        "--grpc-port",
-        "0",
-    ]
-    with contextlib.ExitStack() as stack:
-        output = stack.enter_context(log.open("w")) if log else None
-        base, popen = stack.enter_context(running(command, "/readyz", ROOT, env, output=output))
-        yield base, popen.pid
+    """:func:`serve`'s URL, for as long as the ``with`` block runs."""
+    with serve(env, log, model) as running:
+        yield running.base
 
 
 # --- separation ---------------------------------------------------------------------------------
@@ -466,12 +415,6 @@ def measure_drift(
 # --- cost ---------------------------------------------------------------------------------------
 
 
-def png(image: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
 def without_score(folder: Path) -> Path:
     """The shipped file without the score in its graph (``export.typicality_graph``), as
     ``smso-export --no-typicality`` would write it: what "off" serves, so that neither the
@@ -495,8 +438,8 @@ def measure_cost(card: Card, test: np.ndarray, args: argparse.Namespace) -> dict
     the file without its score): ``--pairs`` pairs of fresh servers, ``--rounds`` interleaved
     rounds each; the ratio is the median of all rounds' ratios. With ``--control`` the same
     design runs off against off: what this machine reads as a cost where there is none."""
-    files = [png(x) for x in test[:64]]
-    body = infer_body(card.preprocess(test[:64]), ("logits",))
+    files = [encode(x, "PNG") for x in test[:64]]
+    body = binary_infer(card.preprocess(test[:64]), ("logits",))
     with tempfile.TemporaryDirectory(prefix="typicality-cost-") as folder:
         off = ({"SMSO_TYPICALITY": "false"}, without_score(Path(folder)))
         on = ({"SMSO_TYPICALITY": "true"}, MODEL)
@@ -510,7 +453,7 @@ def _compare(
     b: tuple[dict[str, str], Path],
     card: Card,
     files: list[bytes],
-    body: tuple[bytes, int],
+    body: Body,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Setting ``a`` against ``b`` (environment, file): per load, requests/s and the server's
@@ -525,13 +468,13 @@ def _compare(
             for n in names:
                 env, model = settings[n]
                 env = env | {"SMSO_MAX_BATCH_SIZE": "64"}
-                servers[n] = stack.enter_context(process(env, model=model))
+                servers[n] = stack.enter_context(serve(env, model=model))
             sends = {
                 n: {
-                    LOADS[0]: multipart(f"{base}/classify", files),
-                    LOADS[1]: _raw(f"{base}/v2/models/{card.name}/infer", body),
+                    LOADS[0]: multipart(f"{running.base}/classify", files),
+                    LOADS[1]: post(f"{running.base}/v2/models/{card.name}/infer", [body]),
                 }
-                for n, (base, _) in servers.items()
+                for n, running in servers.items()
             }
             for n in servers:  # warm-up
                 for send in sends[n].values():
@@ -542,11 +485,11 @@ def _compare(
                     rps = {}
                     for n in names if r % 2 == 0 else names[::-1]:
                         count = args.requests if load == LOADS[0] else args.requests // 8
-                        before = cpu_seconds(servers[n][1])
+                        before = cpu_seconds(servers[n].pid)
                         run = drive(sends[n][load], args.clients, count)
                         if run["failures"]:
                             raise RuntimeError(f"{run['failures']} failed requests ({load})")
-                        cpu_ms = (cpu_seconds(servers[n][1]) - before) / count * 1e3
+                        cpu_ms = (cpu_seconds(servers[n].pid) - before) / count * 1e3
                         runs[load].setdefault(n, []).append(run["requests_per_second"])
                         runs[load].setdefault(f"{n}_cpu_ms", []).append(cpu_ms)
                         rps[n] = run["requests_per_second"]
@@ -568,18 +511,6 @@ def _compare(
             "cpu_ratio": statistics.median(cpu),
         }
     return out
-
-
-def _raw(url: str, body: tuple[bytes, int]) -> Any:
-    headers = {
-        "Inference-Header-Content-Length": str(body[1]),
-        "Content-Type": "application/octet-stream",
-    }
-
-    def send(client: httpx.Client, i: int) -> httpx.Response:
-        return client.post(url, content=body[0], headers=headers)
-
-    return send
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -612,11 +543,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     result.pop("test_p_values")
     result["ood_share_p_below_0.01"] = {s: float((v < ALPHA).mean()) for s, v in ood_p.items()}
     return {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-        },
+        "machine": report.machine(),
         "quick": args.quick,
         "model": card.name,
         "separation": result,
@@ -715,7 +642,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--clients", type=int, default=4, help="cost: concurrent client threads")
     add("--quick", action="store_true", help="a seconds-long run with small sets (tests)")
     add("--set-size", type=int, default=256, help="--quick: images per set")
-    add("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    add("--out", type=Path, default=RESULTS / "typicality.json", help="where to write the JSON")
     args = parser.parse_args(argv)
     if args.quick:
         args.streams, args.horizon, args.id_streams, args.id_requests = 1, 600, 1, 300
@@ -728,10 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     result = measure(args)
     result["seconds"] = time.perf_counter() - start
-    print(table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwritten: {args.out}")
+    print(table(result), end="\n\n")
+    report.save(args.out, result)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""bench/decode_gpu.py in its quick setting, on the CPU: both paths measured and compared."""
+"""``python -m bench.decode_gpu`` in its quick setting, on the CPU: both paths measured and
+compared."""
 
 from __future__ import annotations
 

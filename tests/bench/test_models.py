@@ -1,18 +1,16 @@
-"""bench/models.py --smoke end to end: real servers on model repositories, client processes, a
-version swapped under load; the JSON has every part and its measured values are positive."""
+"""``python -m bench.models --smoke`` end to end: real servers on model repositories, client
+processes, a version swapped under load; the JSON has every part and its values are positive."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench import run_script
 
 
 def positive(value: Any) -> bool:
@@ -22,14 +20,7 @@ def positive(value: Any) -> bool:
 @pytest.mark.slow  # five server start-ups and a few hundred requests: about 20 s on 2 cores
 def test_smoke_run_reports_throughput_memory_and_version_swaps(tmp_path: Path) -> None:
     out = tmp_path / "models.json"
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "bench.models", "--smoke", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,  # generous: a loaded CI machine must not turn slowness into failure
-        check=False,
-    )
+    proc = run_script("bench.models", "--smoke", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"machine", "settings", "throughput", "memory", "swap", "server_log"} <= set(report)

@@ -1,4 +1,4 @@
-"""bench/typicality.py's quick run: real servers on the shipped model, small in- and
+"""``python -m bench.typicality --quick``: real servers on the shipped model, small in- and
 out-of-distribution sets, one short drift stream of each kind and one round of the cost; the
 JSON has every set's AUROC per method, the drift fields and a cost ratio, each sane."""
 

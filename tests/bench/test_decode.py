@@ -1,34 +1,24 @@
-"""The decoding benchmark (bench/decode.py) end to end in its quick setting."""
+"""The decoding benchmark (``python -m bench.decode``) end to end in its quick setting."""
 
 from __future__ import annotations
 
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.decode import POOLS, Steps
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench import run_script
 
 
 def run(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
-    """``python bench/decode.py --quick`` as documented (a script, from the root), warnings as
-    errors; its stdout and JSON report."""
+    """``python -m bench.decode --quick`` as documented, warnings as errors; its stdout and
+    JSON report."""
     out = tmp_path / "decode.json"
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", "bench/decode.py", "--quick", "--json", str(out), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,  # generous: a loaded CI machine must not turn slowness into failure
-        check=False,
-    )
+    proc = run_script("bench.decode", "--quick", "--json", str(out), *args)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout, json.loads(out.read_text())
 

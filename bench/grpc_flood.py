@@ -1,0 +1,118 @@
+"""A hostile client's gRPC flood: does the server hold messages it should refuse?
+
+Each case starts the real server (the shipped model, an API key set, gRPC on a free port), sends
+``--calls`` concurrent ``ModelInfer`` calls of ``--mib`` MiB each, and reads the server's
+resident memory (``VmRSS``) before, its peak (``VmHWM``) and after the calls have ended:
+
+* ``no key``: the calls carry no API key (UNAUTHENTICATED is the answer);
+* ``over the size limit``: the calls carry the key, but the message is larger than the server's
+  ``max_request_bytes`` (set to a quarter of the message).
+
+A server that refuses these before holding the message stays near its idle memory.
+
+    python -m bench.grpc_flood                 # 24 x 60 MiB, both cases
+    python -m bench.grpc_flood --calls 8 --mib 20 --json /tmp/flood.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib.load import Answered, Send, drive
+
+KEY = "flood-test-key"
+
+
+def _message(model: str, mib: int) -> Any:
+    """A ModelInfer request of ``mib`` MiB: one BYTES input whose raw contents are zeros."""
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="image_bytes", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(bytes(mib * 2**20))
+    return request
+
+
+def _call(target: str, request: Any, key: str | None) -> Send:
+    """A ModelInfer call on a channel of its own; a refusal is counted by its status code."""
+    metadata = () if key is None else (("x-api-key", key),)
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+    def send(client: object, i: int) -> Answered:
+        with grpc.insecure_channel(target, options=options) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                stub.ModelInfer(request, metadata=metadata, timeout=120)
+            except grpc.RpcError as error:
+                return Answered(0, error.code().name)
+            return Answered(200)
+
+    return send
+
+
+def case(name: str, calls: int, mib: int, key: str | None, max_request: int) -> dict[str, Any]:
+    """One fresh server, one flood: its memory before, at peak and after, and the answers."""
+    grpc_port = launch.free_port()
+    settings = {
+        "SMSO_API_KEY": KEY,
+        "SMSO_GRPC_PORT": str(grpc_port),
+        "SMSO_MAX_REQUEST_BYTES": str(max_request),
+        "SMSO_MAX_BUFFERED_BYTES": str(max(max_request, 256 * 2**20)),
+    }
+    with launch.smso_serve("--model-path", str(SHIPPED), settings=settings) as server:
+        # the name does not matter: the key and the size are checked before the model
+        send = _call(f"127.0.0.1:{grpc_port}", _message("fashion-mnist", mib), key)
+        time.sleep(1.0)
+        before = server.rss_mib()["VmRSS"]
+        flood = drive(send, calls, calls)  # every call at once
+        time.sleep(2.0)  # what the server still holds once the calls have ended
+        after = server.rss_mib()
+    return {
+        "case": name,
+        "calls": calls,
+        "message_mib": mib,
+        "max_request_bytes": max_request,
+        "codes": {("OK" if k == "200" else k): v for k, v in flood["outcomes"].items()},
+        "seconds": round(flood["seconds"], 2),
+        "rss_before_mib": round(before, 1),
+        "rss_peak_mib": round(after["VmHWM"], 1),
+        "rss_after_mib": round(after["VmRSS"], 1),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=24)
+    parser.add_argument("--mib", type=int, default=60, help="each message's size")
+    parser.add_argument("--json", type=Path, default=RESULTS / "grpc_flood.json")
+    args = parser.parse_args(argv)
+    size = args.mib * 2**20
+    results = [
+        case("no key", args.calls, args.mib, None, size + 2**20),
+        case("over the size limit", args.calls, args.mib, KEY, max(2**20, size // 4)),
+    ]
+    rows = [
+        [
+            r["case"],
+            f"{r['calls']} x {r['message_mib']}",
+            ", ".join(f"{k} {v}" for k, v in sorted(r["codes"].items())),
+            *(f"{r[k]:.0f}" for k in ("rss_before_mib", "rss_peak_mib", "rss_after_mib")),
+            f"{r['seconds']:.1f}",
+        ]
+        for r in results
+    ]
+    header = ["case", "calls x MiB", "answers", "RSS before MiB", "peak MiB", "after MiB"]
+    print(report.markdown_table([*header, "seconds"], rows))
+    report.save(args.json, {"settings": vars(args), "cases": results})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""A process's memory and CPU time, and the machine's busy cores, read from ``/proc`` (Linux)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    """The process's resident memory now (``VmRSS``) and at its peak (``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    out = {}
+    for key in ("VmRSS", "VmHWM"):
+        match = re.search(rf"{key}:\s+(\d+) kB", status)
+        out[key] = int(match.group(1)) / 1024 if match else float("nan")
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The CPU time the live child processes of ``pid`` have used so far."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += cpu_seconds(int(child))
+    return total
+
+
+def group_cpu_seconds(group: int) -> float:
+    """The CPU time of every live process in process group ``group`` (a server's workers)."""
+    total = 0.0
+    for folder in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile
+            if os.getpgid(int(folder.name)) == group:
+                total += cpu_seconds(int(folder.name))
+    return total
+
+
+def machine_busy_seconds() -> float:
+    """Core-seconds the machine has been busy (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user .. steal; guest in user
+
+
+class CpuMeter:
+    """Where the machine's cores went while the ``with`` block ran: the whole machine's busy
+    cores and the server's (every process in its group, workers included), each as
+    core-seconds per second. The difference is the clients' and everything else's.
+    ``result`` stays ``None`` where ``/proc`` cannot be read."""
+
+    def __init__(self, server_group: int) -> None:
+        self.group = server_group
+        self.start: tuple[float, float, float] | None = None
+        self.result: dict[str, float] | None = None
+
+    def __enter__(self) -> CpuMeter:
+        with contextlib.suppress(OSError, ValueError):
+            self.start = (
+                time.perf_counter(),
+                machine_busy_seconds(),
+                group_cpu_seconds(self.group),
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.start is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            wall = time.perf_counter() - self.start[0]
+            self.result = {
+                "machine_cores_busy": (machine_busy_seconds() - self.start[1]) / wall,
+                "server_cores": (group_cpu_seconds(self.group) - self.start[2]) / wall,
+                "cores": float(os.cpu_count() or 0),
+            }
