@@ -31,6 +31,7 @@ from service.http.disconnect import CancelWhenGone
 from service.http.docs import install_docs
 from service.http.drain import CloseWhenDraining
 from service.http.errors import install_error_handlers
+from service.http.inflight import HoldInFlight
 from service.http.metrics import MetricsMiddleware
 from service.http.oip import build_router
 from service.http.routes import build_routes
@@ -147,6 +148,8 @@ def create_app(
     # a client that leaves after sending its request stops its work (inside the metrics: 499)
     app.add_middleware(CancelWhenGone)
     app.add_middleware(BodyBudget, buffered=lambda: state.buffered)
+    # requests in progress, both doors together (inside the metrics: a refusal is counted)
+    app.add_middleware(HoldInFlight, inflight=lambda: state.inflight)
     app.add_middleware(MetricsMiddleware, metrics=lambda: state.metrics)
     # on SIGTERM (smso-serve's DrainingServer) keep-alive clients are told the connection closes
     app.add_middleware(CloseWhenDraining, draining=lambda: state.draining)

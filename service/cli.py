@@ -211,7 +211,8 @@ def _config(settings: Settings, app: Any) -> ServerConfig:
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.request_timeout_s,
         timeout_keep_alive=settings.keep_alive_s,
-        limit_concurrency=settings.max_connections,
+        # no limit_concurrency: uvicorn's counts idle connections too and answers in plain
+        # text; requests in progress are bounded by the app (service.http.inflight)
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
     )
 

@@ -127,7 +127,10 @@ class Settings(BaseSettings):
         5, ge=1, le=3600, description="an idle keep-alive connection is closed"
     )
     max_connections: int = Field(
-        1000, ge=1, description="open connections and requests in progress; beyond: 503"
+        1000,
+        ge=1,
+        description="requests in progress, HTTP and gRPC together (health checks and scrapes "
+        "not counted); beyond: 503 at once (gRPC: RESOURCE_EXHAUSTED)",
     )
     max_upload_bytes: int = Field(20 * 2**20, ge=1024, description="one image file, encoded")
     max_request_bytes: int = Field(64 * 2**20, ge=1024, description="one request body")

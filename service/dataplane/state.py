@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from service.core.settings import Settings
 from service.limits.admission import Admission
 from service.limits.bodies import BufferedBytes
+from service.limits.inflight import InFlight
 from service.models.registry import Registry
 from service.models.repository import Repository
 from service.telemetry.metrics import Metrics
@@ -33,6 +34,8 @@ class ServiceState:
     spans: Spans = field(default_factory=lambda: Spans(tracer()))
     admission: Admission = field(init=False)
     buffered: BufferedBytes = field(init=False)
+    #: requests in progress, over both doors
+    inflight: InFlight = field(init=False)
     #: the threads that decode images (and parse large protocol requests)
     decoder: ThreadPoolExecutor = field(init=False)
 
@@ -42,3 +45,5 @@ class ServiceState:
         )  # threads start on first use
         self.admission = Admission(self.settings.inflight_limit)
         self.buffered = BufferedBytes(self.settings.max_buffered_bytes)
+        refused = self.metrics.requests_refused.labels("max_connections")
+        self.inflight = InFlight(self.settings.max_connections, refused.inc)

@@ -61,9 +61,9 @@ from service.telemetry import access
 
 __all__ = [
     "KEYED",
+    "AdmitAndParse",
     "InferenceService",
     "KeyFirst",
-    "ParseInHandler",
     "start_grpc_server",
     "status_code",
 ]
@@ -108,6 +108,8 @@ KEYED = frozenset(
         "RepositoryModelUnload",
     }
 )
+#: The RPCs that hold a place among the requests in progress (the model's work: not readiness).
+ADMITTED = KEYED - {"ModelReady"}
 #: How a gRPC client sends the key, for UNAUTHENTICATED's message.
 HOW = "metadata 'authorization: Bearer <key>' or 'x-api-key: <key>'"
 
@@ -337,6 +339,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
 
+def _refusal_rpc(
+    name: str,
+) -> Callable[[InferenceService, ServiceError, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """An RPC named ``name`` that answers with the error it is given (as :func:`_rpc` answers
+    any: its status, an access line, counted)."""
+
+    async def refuse(_: InferenceService, error: ServiceError, context: Any) -> Any:
+        raise error
+
+    refuse.__name__ = name
+    return _rpc(refuse)
+
+
 class KeyFirst(grpc.aio.ServerInterceptor):
     """The API key, checked on a call's metadata before its message is read.
 
@@ -373,24 +388,24 @@ class KeyFirst(grpc.aio.ServerInterceptor):
         return await continuation(details)
 
     def _refusal(self, name: str, error: ServiceError) -> Callable[[Any, Any], Awaitable[Any]]:
-        async def refuse(service: InferenceService, request: Any, context: Any) -> Any:
-            raise error
-
-        refuse.__name__ = name
-        answer = _rpc(refuse)
-        service = self.service
+        answer, service = _refusal_rpc(name), self.service
 
         async def behaviour(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await answer(service, requests, context)
+            return await answer(service, error, context)
 
         return behaviour
 
 
-class ParseInHandler(grpc.aio.ServerInterceptor):
-    """A unary RPC's message parsed by the handler, so that a malformed one is the client's
-    error like any other: INVALID_ARGUMENT, one access line and counted. (Left to grpcio, a
-    message that does not parse ends the call with UNKNOWN and an ERROR traceback in the log,
-    seven lines a call, that any client could repeat at will.)"""
+class AdmitAndParse(grpc.aio.ServerInterceptor):
+    """Each unary RPC holds a place among the requests in progress (the server's
+    :class:`~service.limits.inflight.InFlight`, shared with HTTP; the probes and the server's
+    metadata excepted), and its message is parsed by the handler.
+
+    A call beyond the limit is RESOURCE_EXHAUSTED, logged and counted as any call (grpcio's own
+    ``maximum_concurrent_rpcs`` cancelled calls instead, uncounted). A message that does not
+    parse is the client's error like any other: INVALID_ARGUMENT, one access line and counted
+    (left to grpcio, it ends the call with UNKNOWN and an ERROR traceback in the log, seven
+    lines a call, that any client could repeat at will)."""
 
     def __init__(self, service: InferenceService) -> None:
         self.service = service
@@ -414,18 +429,25 @@ class ParseInHandler(grpc.aio.ServerInterceptor):
         name = method.rpartition("/")[2]
         parse, run, service = handler.request_deserializer, handler.unary_unary, self.service
 
-        async def refuse(_: InferenceService, request: Any, context: Any) -> Any:
-            raise ServiceError(400, "malformed", f"the {name} message does not parse")
-
-        refuse.__name__ = name
-        refusal = _rpc(refuse)
+        inflight = service.state.inflight if name in ADMITTED else None
+        refusal = _refusal_rpc(name)
 
         async def behaviour(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            if inflight is not None:
+                try:
+                    inflight.take()
+                except ServiceError as full:
+                    return await refusal(service, full, context)
             try:
-                request = parse(raw)
-            except Exception:  # protobuf's DecodeError, or anything a parser may raise
-                return await refusal(service, raw, context)
-            return await run(request, context)
+                try:
+                    request = parse(raw)
+                except Exception:  # protobuf's DecodeError, or anything a parser may raise
+                    malformed = ServiceError(400, "malformed", f"the {name} message does not parse")
+                    return await refusal(service, malformed, context)
+                return await run(request, context)
+            finally:
+                if inflight is not None:
+                    inflight.give()
 
         return grpc.unary_unary_rpc_method_handler(
             behaviour, response_serializer=handler.response_serializer
@@ -438,15 +460,19 @@ async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
     settings = state.settings
     service = InferenceService(state)
     server = grpc.aio.server(
-        interceptors=[KeyFirst(service), ParseInHandler(service)],
+        interceptors=[KeyFirst(service), AdmitAndParse(service)],
         options=[
             # what --workers N needs to share the port (grpcio's default, stated)
             ("grpc.so_reuseport", 1),
             # one message is one request: the bound on a REST body bounds it too
             ("grpc.max_receive_message_length", settings.max_request_bytes),
             ("grpc.max_send_message_length", -1),
+            # calls that have arrived but that no handler has taken up yet: past grpc core's
+            # default (1,000) it cancels new ones, uncounted; the requests-in-progress limit,
+            # which answers RESOURCE_EXHAUSTED and counts, is to come first
+            ("grpc.server.max_pending_requests", 4 * settings.max_connections),
+            ("grpc.server.max_pending_requests_hard_limit", 8 * settings.max_connections),
         ],
-        maximum_concurrent_rpcs=settings.max_connections,
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
     host = settings.host

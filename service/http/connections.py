@@ -24,7 +24,9 @@ assumption below, so that a new uvicorn fails there first. What it assumes:
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+from http import HTTPStatus
 from typing import Any
 
 import uvicorn
@@ -50,11 +52,23 @@ class ServerConfig(uvicorn.Config):
         self.body_timeout_s = body_timeout_s  # headers -> the whole body
 
 
+#: A request's head (request line and headers) is at most this many bytes, as nginx's
+#: ``large_client_header_buffers`` (4 x 8k) allows twice over: 414 past it in the request line,
+#: 431 in the headers. httptools sets no bound: a 20 MB header was read whole.
+MAX_HEAD_BYTES = 64 * 1024
+#: and holds at most this many header fields (Apache's LimitRequestFields): 431 past it
+MAX_HEADERS = 100
+
+
 class TimedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on reading each request's headers and body:
-    a connection whose request headers have not all arrived ``header_timeout_s`` after it opened
-    or the request began, or whose body has not all arrived ``body_timeout_s`` after its
-    headers, is closed (the application then sees the client as gone)."""
+    """uvicorn's httptools protocol with bounds on reading each request.
+
+    A deadline: a connection whose request headers have not all arrived ``header_timeout_s``
+    after it opened or the request began, or whose body has not all arrived ``body_timeout_s``
+    after its headers, is closed (the application then sees the client as gone). A size: a head
+    over :data:`MAX_HEAD_BYTES` or with more than :data:`MAX_HEADERS` fields is answered 414 or
+    431 and the connection closed before the parser holds more of it. Errors are
+    the service's JSON, as every other answer (uvicorn's own 400 is plain text)."""
 
     config: ServerConfig
     _read_timer: asyncio.TimerHandle | None = None
@@ -62,6 +76,10 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def __init__(self, config: ServerConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self.config = config
+        self._in_head = True  # reading a request's line and headers
+        self._head_bytes = 0
+        self._fields = 0
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -71,17 +89,74 @@ class TimedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:  # the head's bytes in this read: up to its end, if that is here
+            end = data.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4
+            if self._head_bytes > MAX_HEAD_BYTES:  # refused before the parser holds more
+                self._refuse_head()
+                return
+        super().data_received(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head, self._head_bytes, self._fields = True, 0, 0
         self._arm(self.config.header_timeout_s)
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        if self._fields <= MAX_HEADERS:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._fields > MAX_HEADERS:
+            self._answer_and_close(
+                431, "headers_too_large", f"the request has more than {MAX_HEADERS} header fields"
+            )
+            return
         super().on_headers_complete()
         self._arm(self.config.body_timeout_s)
+
+    def send_400_response(self, msg: str) -> None:
+        self._answer_and_close(
+            400,
+            "bad_request",
+            "the request is not valid HTTP/1.1: its request line or a header could not be read",
+        )
+
+    def _refuse_head(self) -> None:
+        """414 while no header has been read (the request line is what is long), else 431;
+        the connection closed."""
+        if self._fields == 0:
+            self._answer_and_close(
+                414,
+                "uri_too_long",
+                f"the request line is longer than {MAX_HEAD_BYTES:,} bytes; send long "
+                "queries in a request body",
+            )
+        else:
+            self._answer_and_close(
+                431, "headers_too_large", f"the request's headers are over {MAX_HEAD_BYTES:,} bytes"
+            )
+
+    def _answer_and_close(self, status: int, code: str, message: str) -> None:
+        self._refused = True
+        self._disarm()
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        reason = HTTPStatus(status).phrase.encode()
+        head = b"HTTP/1.1 %d %s\r\n" % (status, reason)
+        head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+        head += b"connection: close\r\n\r\n"
+        self.transport.write(head + body)
+        self.transport.close()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()
+        self._in_head, self._head_bytes, self._fields = True, 0, 0  # the next request's head
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

@@ -102,6 +102,13 @@ class Metrics:
             ["decoder"],
             registry=r,
         )
+        self.requests_refused = Counter(
+            "smso_requests_refused_total",
+            "Requests refused at once because the server was at a limit (HTTP 503, gRPC "
+            "RESOURCE_EXHAUSTED), by the setting that bounds it",
+            ["limit"],
+            registry=r,
+        )
         self.spans_dropped = Counter(
             "smso_spans_dropped_total",
             "Sampled trace spans not exported: the export queue was full "

@@ -427,8 +427,9 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
 @pytest.mark.slow
 def test_slow_headers_slow_bodies_and_too_many_connections_are_bounded(shipped_model):
     """Connections that never finish their headers (or send nothing) are closed after
-    --header-timeout-s, a body that trickles in after --request-timeout-s, and beyond
-    --max-connections a request gets 503; the server stays healthy throughout."""
+    --header-timeout-s, a body that trickles in after --request-timeout-s; connections take
+    no place among --max-connections (requests in progress), so the health checks are answered
+    throughout."""
     # bounds far enough apart that a slow machine's pauses do not blur which one closed what
     args = ("--header-timeout-s", "3", "--request-timeout-s", "8", "--max-connections", "40")
     with real_server(shipped_model, *args) as (base, server):
@@ -445,8 +446,8 @@ def test_slow_headers_slow_bodies_and_too_many_connections_are_bounded(shipped_m
                 b"Content-Length: 100000\r\n\r\n" + b"\x89PNG"
             )
         others = [socket.create_connection(("127.0.0.1", port)) for _ in range(15)]
-        # 45 connections open: beyond the limit of 40
-        assert httpx.get(f"{base}/healthz").status_code == 503
+        # 45 connections open, more than the limit of 40 requests in progress: still answered
+        assert httpx.get(f"{base}/healthz").status_code == 200
         assert all(_closed_within(s, 6.5) for s in silent + headers + others)
         assert time.monotonic() - start < 6.5  # the header bound (3 s), not the deadline (8 s)
         assert all(_closed_within(s, 12) for s in bodies)

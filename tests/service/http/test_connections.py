@@ -5,10 +5,15 @@ server. A new uvicorn that changes any of it fails here (pyproject.toml pins the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import socket
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -19,6 +24,7 @@ from service.http.connections import (
     open_connections,
     serve_accepted,
 )
+from tests.service.test_server import real_server
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: test\r\n\r\n"
 #: generous: a bound on a loaded machine's pauses, never a measurement
@@ -150,3 +156,52 @@ def test_the_parser_callbacks_the_deadlines_hook_are_uvicorns(hook: str):
     base = TimedHttpProtocol.__mro__[1]
     assert base.__module__ == "uvicorn.protocols.http.httptools_impl"
     assert callable(getattr(base, hook))
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    """What the server answers to ``data`` on a new connection (until it closes it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        with contextlib.suppress(OSError):  # closed under a long send: read its answer
+            conn.sendall(data)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                answer += chunk
+    return answer
+
+
+def test_heads_over_the_bounds_are_414_or_431_in_json_and_memory_stays_bounded(shipped_model):
+    """A 20 MB header, 2,000 header fields, an 80 kB query, bytes that are not HTTP: each gets
+    the service's JSON error and its connection closed; 30 connections each sending 8 MB of
+    unfinished headers raise the server's peak memory by far less than they sent."""
+    with real_server(shipped_model, "--grpc-port", "0") as (base, server):
+        port = int(base.rsplit(":", 1)[1])
+        fields = b"".join(b"X-%d: 1\r\n" % i for i in range(2000))
+        cases = {
+            b"431": b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n",
+            b"414": b"GET /healthz?" + b"q" * 80_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"400": b"NOT HTTP AT ALL\r\n\r\n",
+        }
+        for status, request in cases.items():
+            answer = _raw(port, request)
+            assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
+            assert b"content-type: application/json" in answer
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"]
+        ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        ok += b"".join(b"X-%d: 1\r\n" % i for i in range(90)) + b"\r\n"
+        assert _raw(port, ok).startswith(b"HTTP/1.1 200")
+        before = _peak_mib(server.pid)
+
+        def flood(_: int) -> bytes:
+            head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (8 * 2**20)
+            return _raw(port, head)
+
+        with ThreadPoolExecutor(30) as pool:
+            list(pool.map(flood, range(30)))
+        assert _peak_mib(server.pid) - before < 64  # they sent 240 MB
+        assert httpx.get(f"{base}/healthz").status_code == 200
+
+
+def _peak_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
