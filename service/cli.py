@@ -150,12 +150,12 @@ def where_to_go(settings: Settings, listener: socket.socket) -> str:
     shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
     everywhere = f" (listening on {host or 'every address'})" if shown != host else ""
+    grpc = settings.grpc_port
+    where = f"[{shown}]:{grpc}" if ":" in shown else f"{shown}:{grpc}"
+    doors = f"{base}{everywhere}, gRPC on {where}" if grpc else f"{base}{everywhere}, no gRPC"
     if settings.api_key is None or settings.docs_public:
-        return f"{base}{everywhere} - API docs at {base}/docs"
-    return (
-        f"{base}{everywhere} - API docs closed (SMSO_API_KEY is set; SMSO_DOCS_PUBLIC=true "
-        "opens /docs)"
-    )
+        return f"{doors} - API docs at {base}/docs"
+    return f"{doors} - API docs closed (SMSO_API_KEY is set; SMSO_DOCS_PUBLIC=true opens /docs)"
 
 
 class _Server(DrainingServer):

@@ -174,8 +174,26 @@ def test_make_serve_says_where_to_go_and_stops_quietly(tmp_path, shipped_model, 
         if make.poll() is None:
             os.killpg(make.pid, signal.SIGKILL)
             make.wait()
-    assert f"SMSO service listening on {base} - API docs at {base}/docs" in stderr
+    # both doors named: the HTTP address and the gRPC port (open by default)
+    said = rf"SMSO service listening on {re.escape(base)}, (gRPC on 127\.0\.0\.1:\d+|no gRPC)"
+    said += " - API docs at "
+    assert re.search(said + re.escape(f"{base}/docs"), stderr), stderr
     assert "make:" not in stderr, stderr
     assert "Traceback" not in stderr, stderr
     assert "Finished server process" in stderr
     assert make.returncode in (0, -sig), make.returncode
+
+
+def test_the_start_up_line_names_the_grpc_port_or_says_there_is_none():
+    import socket
+
+    from service.cli import where_to_go
+    from service.core.settings import Settings
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        assert where_to_go(Settings(grpc_port=9001), listener).startswith(
+            f"http://127.0.0.1:{port}, gRPC on 127.0.0.1:9001 - API docs at"
+        )
+        assert ", no gRPC - " in where_to_go(Settings(grpc_port=0), listener)
