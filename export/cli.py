@@ -6,9 +6,10 @@
     smso-export runs/x/best.pt --fp16               # backbone in float16, SMSO head in float32
     smso-export runs/x/best.pt --name leaves --version 2   # served as /v2/models/leaves
 
-Exit status 0 on success, 2 for a user's mistake (missing or corrupt checkpoint, a head ONNX
-cannot express, a bad option), 1 when the exported file fails its parity check (no file is
-written then).
+Exit status 0 on success, 2 for a user's mistake (missing or corrupt checkpoint, one with NaN
+weights, a head ONNX cannot express, a bad option, a --data-root without the checkpoint's dataset,
+an output that cannot or must not be written), 1 when the exported file fails its parity check
+(no file is written then).
 """
 
 from __future__ import annotations

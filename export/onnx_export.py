@@ -66,11 +66,11 @@ from export.typicality_graph import (
 )
 from modelcard.typicality import Typicality
 from training.backbones import backbone_spec
-from training.checkpoint import held_val_accuracy, load_model, write_atomically
-from training.cli import check_output_file
-from training.datasets.base import Splits
+from training.checkpoint import check_finite, held_val_accuracy, load_model
+from training.datasets.base import DatasetLayoutError, Splits
 from training.heads.smso import SMSOPooling
 from training.model import SecondOrderNet
+from training.outputs import Replaceable, check_output_file, write_atomically
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -104,6 +104,23 @@ class ExportResult:
     card: dict[str, Any]
     parity: ParityReport
     size_bytes: int
+
+
+def exported_at() -> str:
+    """When the file is written, ISO 8601 in UTC; ``SOURCE_DATE_EPOCH`` (the reproducible-builds
+    convention) instead when set, so that exporting one checkpoint twice gives the same bytes
+    (``make onnx`` sets it to the checkpoint's commit time)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch:
+        try:
+            when = datetime.datetime.fromtimestamp(int(epoch), datetime.UTC)
+        except (ValueError, OverflowError, OSError):
+            raise ValueError(
+                f"SOURCE_DATE_EPOCH={epoch[:40]!r} is not a time in seconds since 1970"
+            ) from None
+    else:
+        when = datetime.datetime.now(datetime.UTC)
+    return when.isoformat(timespec="seconds")
 
 
 def _input_geometry(model: SecondOrderNet, payload: dict[str, Any]) -> tuple[int, int]:
@@ -212,6 +229,12 @@ def is_onnx_model(path: Path) -> bool:
     except Exception:  # protobuf's DecodeError, OSError, ...: not a model
         return False
     return proto.ir_version > 0 and len(proto.graph.node) > 0
+
+
+#: What the output may write over: an earlier export, never a checkpoint or a report.
+EARLIER_EXPORT = Replaceable(
+    is_onnx_model, "an ONNX model", "give another file name such as model.onnx"
+)
 
 
 def _optimize(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
@@ -326,8 +349,12 @@ def export_checkpoint(
     default ``<dataset>-<backbone>-<head>`` and the checkpoint's sha256[:12]).
 
     Raises ``ValueError`` (a name or version that is not one URL path segment),
-    ``CheckpointError`` (bad checkpoint), ``UnsupportedHeadError`` (head ONNX cannot express),
-    :class:`ExportError` (tracing failed) or ``ParityError`` (wrong numbers).
+    ``OutputError`` (an output that is another kind of file, or in a folder this user cannot
+    write to), ``CheckpointError`` (bad checkpoint, NaN weights, fewer class names than
+    outputs), ``DatasetLayoutError`` (a ``data_root`` without the checkpoint's dataset: one
+    that is not given may be missing, and is then only warned about), ``UnsupportedHeadError``
+    (head ONNX cannot express), :class:`ExportError` (tracing failed) or ``ParityError`` (wrong
+    numbers). All but the last two come before any tracing.
     """
     for value, what in ((name, "the served name"), (version, "the served version")):
         if value is not None:
@@ -340,14 +367,26 @@ def export_checkpoint(
             f"the output {output} is the checkpoint being exported, which it would replace: "
             "give another file name such as model.onnx"
         )
-    check_output_file(output, "the output")
-    if output.is_file() and not is_onnx_model(output):
-        raise ValueError(
-            f"the output {output} exists and is not an ONNX model, which the export would "
-            "replace: give another file name such as model.onnx (or remove the file)"
-        )
+    check_output_file(output, "the output", replaces=EARLIER_EXPORT)
     model, payload = load_model(checkpoint)
+    check_finite(model, checkpoint)  # NaN weights: nothing correct to export
     metrics = _metrics(checkpoint, payload)  # a broken test.json fails here, before tracing
+    # the dataset for the parity check on real images and the typicality reference: one that
+    # --data-root names must be there, one the checkpoint names may be on another machine
+    splits, unavailable = dataset_splits(checkpoint, data_root)
+    if splits is None and data_root is not None:
+        without = "(no parity check on real images, no typicality reference)"
+        if "train_config" not in payload:
+            raise ValueError(
+                f"--data-root {data_root} cannot be used: {checkpoint} has no training config "
+                f"(it was not written by smso-train), so no dataset to read; leave --data-root "
+                f"out to export without one {without}"
+            )
+        raise DatasetLayoutError(
+            f"--data-root {data_root} does not hold the dataset the checkpoint was trained on "
+            f"({payload['train_config'].get('dataset')}): {unavailable}; give that dataset's "
+            f"folder, or leave --data-root out to export without it {without}"
+        )
     channels, side = _input_geometry(model, payload)
     if "preset" not in payload:
         log.warning(
@@ -384,7 +423,6 @@ def export_checkpoint(
                 8, channels, side, side, generator=torch.Generator().manual_seed(0)
             ).numpy()
         }
-        splits, unavailable = dataset_splits(checkpoint, data_root)
         if splits is None:
             log.warning("parity on real images skipped: %s", unavailable)
         real = None if splits is None else real_images(splits)
@@ -401,7 +439,7 @@ def export_checkpoint(
             "opset": graph_opset(proto),
             "precision": precision,
             "optimized": optimized,
-            "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "exported_at": exported_at(),
         }
         card["parity"] = parity.to_dict()
         card["versions"] = _versions()
@@ -433,7 +471,7 @@ def export_checkpoint(
         )
         onnx.checker.check_model(proto, full_check=True)
         output.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(output, lambda staged: onnx.save(proto, staged))
+        write_atomically(output, lambda file: onnx.save(proto, file))
     return ExportResult(output, card, parity, output.stat().st_size)
 
 

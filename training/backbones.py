@@ -27,6 +27,8 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from training.torch_files import NotATorchFileError, TorchFileError, read_torch_file
+
 __all__ = [
     "BACKBONES",
     "Backbone",
@@ -201,18 +203,35 @@ def pretrained_state(name: str, pretrained: str | os.PathLike[str]) -> dict[str,
                 f"{spec.imagenet.url} to {cache}, or pass a local weights file as pretrained"
             ) from exc
     path = Path(pretrained)
+    accepted = "give 'imagenet' or a .pt/.pth file of the torchvision model's or the backbone's "
+    accepted += "state dict"
+    if path.is_dir():
+        raise PretrainedWeightsError(f"pretrained weights file {path} is a folder: {accepted}")
     if not path.is_file():
-        raise PretrainedWeightsError(
-            f"pretrained weights file {path} does not exist; pass 'imagenet' or a file path"
-        )
+        raise PretrainedWeightsError(f"pretrained weights file {path} does not exist: {accepted}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a corrupt file
-        raise PretrainedWeightsError(f"cannot read pretrained weights from {path}: {exc}") from exc
+        state = read_torch_file(path)
+    except NotATorchFileError as error:
+        raise PretrainedWeightsError(
+            f"pretrained weights file {path} is not a PyTorch file: it {error}; {accepted}"
+        ) from error
+    except TorchFileError as error:
+        raise PretrainedWeightsError(
+            f"cannot read pretrained weights from {path} (corrupt or truncated, or not a state "
+            f"dict): {error}; {accepted}"
+        ) from error
+    if isinstance(state, dict) and "model_config" in state and "model_state" in state:
+        raise PretrainedWeightsError(
+            f"{path} is a checkpoint written by smso-train, not a state dict of backbone "
+            "weights: to start from its backbone, pass it as init_from (--init-from) instead of "
+            "pretrained"
+        )
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
-        raise PretrainedWeightsError(f"{path} does not hold a state dict")
+        raise PretrainedWeightsError(
+            f"{path} holds a {type(state).__name__}, not a state dict: {accepted}"
+        )
     return state
 
 
@@ -220,17 +239,44 @@ def _load_into(
     name: str, model: nn.Module, body: nn.Module, state: dict[str, Tensor], source: str
 ) -> None:
     """Load ``state`` into the full model, or else into the truncated body; strict either way."""
-    errors = []
-    for target in (model, body) if model is not body else (body,):
+    targets = {"the torchvision model": model, "the backbone": body}
+    if model is body:
+        targets = {"the backbone": body}
+    for target in targets.values():
         try:
             target.load_state_dict(state, strict=True)
             log.info("loaded %s weights for %s", source, name)
             return
-        except RuntimeError as exc:
-            errors.append(str(exc).splitlines()[0])
-    raise PretrainedWeightsError(
-        f"weights from {source} do not fit backbone {name!r}: {'; '.join(errors)}"
-    )
+        except RuntimeError:
+            continue
+    why = "; ".join(f"as {what}: {_misfit(target, state)}" for what, target in targets.items())
+    raise PretrainedWeightsError(f"weights from {source} do not fit backbone {name!r} ({why})")
+
+
+def _misfit(target: nn.Module, state: dict[str, Tensor]) -> str:
+    """How ``state`` differs from ``target``'s own state dict, in a few words: the entries it
+    lacks, those ``target`` does not have, and those of another shape (the first of each)."""
+    own = target.state_dict()
+    missing = [key for key in own if key not in state]
+    extra = [key for key in state if key not in own]
+    shapes = [
+        f"{key} is {tuple(state[key].shape)}, not {tuple(own[key].shape)}"
+        for key in own
+        if key in state
+        and isinstance(state[key], Tensor)
+        and tuple(state[key].shape) != tuple(own[key].shape)
+    ]
+    others = [key for key in own if key in state and not isinstance(state[key], Tensor)]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of its {len(own)} entries missing (first {missing[0]!r})")
+    if extra:
+        parts.append(f"{len(extra)} entries it does not have (first {extra[0]!r})")
+    if shapes:
+        parts.append(f"{len(shapes)} of another shape (first: {shapes[0]})")
+    if others:
+        parts.append(f"{len(others)} that are not tensors (first {others[0]!r})")
+    return ", ".join(parts) or "its entries do not load"
 
 
 @torch.no_grad()

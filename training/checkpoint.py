@@ -5,31 +5,36 @@ A checkpoint is a ``torch.save`` dict::
     {"format": "smso-checkpoint", "version": 1,
      "model_config": ModelConfig.to_dict(), "model_state": state_dict, **extra}
 
-``extra`` holds what training adds (optimizer, scheduler, epoch, RNG states, metrics). Files are
-written to a temporary name and renamed, so an interrupted save never leaves a half-written file.
-They are read with ``weights_only=True``: loading never runs code from the file.
+``extra`` holds what training adds (optimizer, scheduler, epoch, RNG states, metrics) and what
+the model's outputs are (``classes``: one name per output, in order). Files are written to a
+temporary name and renamed (``training.outputs.write_atomically``), so an interrupted save never
+leaves a half-written file. They are read with ``weights_only=True``
+(``training.torch_files``): loading never runs code from the file.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from training.heads import head_spec
 from training.model import ModelConfig, SecondOrderNet
+from training.outputs import write_atomically
+from training.torch_files import NotATorchFileError, TorchFileError, read_torch_file
 
 __all__ = [
     "CheckpointError",
+    "check_finite",
     "held_val_accuracy",
+    "is_checkpoint",
     "load_backbone",
     "load_checkpoint",
     "load_model",
     "resave_checkpoint",
     "save_checkpoint",
-    "write_atomically",
 ]
 
 FORMAT = "smso-checkpoint"
@@ -51,7 +56,7 @@ def save_checkpoint(path: str | os.PathLike[str], model: SecondOrderNet, **extra
         "model_state": model.state_dict(),
         **extra,
     }
-    write_atomically(path, lambda tmp: torch.save(payload, tmp))
+    write_atomically(path, lambda file: torch.save(payload, file))
     return path
 
 
@@ -80,17 +85,6 @@ def held_val_accuracy(payload: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
-def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """``write(tmp)`` to a temporary name beside ``path``, then rename it to ``path``: an
-    interrupted or failed write never leaves a half-written file (nor touches an old one)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> dict[str, Any]:
     """Read and validate a checkpoint dict; ``CheckpointError`` says what is wrong with it."""
     path = Path(path)
@@ -98,33 +92,22 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str = "cpu") -> 
         raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file (.pt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    with path.open("rb") as f:
-        head = f.read(4)
-    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or a pickle
-        what = "is empty" if not head else f"starts with {head!r}"
-        if path.suffix.lower() == ".onnx" or head.startswith(b"\x08"):  # an ONNX protobuf
-            what += (
-                ", like an ONNX model (smso-export's output); give the .pt checkpoint that "
-                "smso-train wrote, such as runs/NAME/best.pt"
-            )
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint file: it {what}")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # zipfile, pickle and EOF errors all mean "not a valid file"
-        # torch's weights-only errors run to a dozen lines of advice about trusting the file:
-        # keep the first line, which names the problem
-        message = str(exc).strip()
-        if "WeightsUnpickler error:" in message:
-            detail = message.split("WeightsUnpickler error:", 1)[1].strip().splitlines()
-            reason = f"its contents do not unpickle as data ({detail[0] if detail else 'unknown'})"
-        else:  # its first sentence (torch's zip errors go on with advice)
-            reason = (message.splitlines() or [""])[0].split(". ", 1)[0][:200]
-            if not any(ch.isalpha() for ch in reason):  # e.g. a KeyError's bare 101
-                reason = f"{type(exc).__name__} {reason}".strip()
+        payload = read_torch_file(path, map_location)
+    except NotATorchFileError as error:
+        advice = (
+            "; give the .pt checkpoint that smso-train wrote, such as runs/NAME/best.pt"
+            if error.onnx
+            else ""
+        )
+        raise CheckpointError(
+            f"{path} is not a PyTorch checkpoint file: it {error}{advice}"
+        ) from error
+    except TorchFileError as error:
         raise CheckpointError(
             f"{path} is not a readable checkpoint (corrupt, truncated or not written by "
-            f"smso-train): {reason}"
-        ) from exc
+            f"smso-train): {error}"
+        ) from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an SMSO checkpoint (no '{FORMAT}' format marker)")
     if payload.get("version") != VERSION:
@@ -157,7 +140,62 @@ def load_model(
         raise CheckpointError(
             f"{path}: weights do not match the model its config describes: {' '.join(first[:3])}"
         ) from exc
+    _check_classes(path, payload, config.num_classes)
     return model.to(map_location).eval(), payload
+
+
+def _check_classes(path: str | os.PathLike[str], payload: dict[str, Any], outputs: int) -> None:
+    """``CheckpointError`` unless the checkpoint's ``classes``, where it has them, name each of
+    its model's ``outputs`` (a model card and ``smso-eval`` take the names from there)."""
+    classes = payload.get("classes")
+    if classes is None:
+        return
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise CheckpointError(
+            f"{path}: its 'classes' entry must be a list of class names (strings), got "
+            f"{type(classes).__name__}"
+        )
+    if len(classes) != outputs:
+        raise CheckpointError(
+            f"{path} names {len(classes)} classes for the {outputs} outputs of its model: a "
+            "checkpoint names every output, in order (smso-train writes it so); this one was "
+            "changed or not written by smso-train"
+        )
+
+
+def is_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether the file ``path`` holds an SMSO checkpoint (which a tool may write over: an
+    earlier output of its own, never a user's other file)."""
+    try:
+        load_checkpoint(path)
+    except (CheckpointError, OSError):
+        return False
+    return True
+
+
+def check_finite(model: SecondOrderNet, path: str | os.PathLike[str]) -> None:
+    """``CheckpointError`` when the weights or buffers the checkpoint at ``path`` gave
+    ``model`` hold NaN or infinite values: every output would be NaN, so an accuracy measured
+    or a model exported from it would mean nothing. The message names them and the way out:
+    ``smso-recalibrate`` where only the statistics a head re-estimates after training are
+    broken (SMSO's Sigma), else training again."""
+    broken = [
+        f"{name} ({int((~torch.isfinite(tensor)).sum())} of {tensor.numel()})"
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+    if not broken:
+        return
+    statistics = {f"head.{name}" for name, _ in model.head.named_buffers()}
+    re_estimated = head_spec(model.config.head).input_statistics == "after_training"
+    if re_estimated and all(entry.split(" ", 1)[0] in statistics for entry in broken):
+        fix = f"the head re-estimates them from the training images: run smso-recalibrate {path}"
+    else:
+        fix = "the run that wrote it diverged: train again with a lower learning rate (lr)"
+    shown = ", ".join(broken[:3]) + (f" and {len(broken) - 3} more" if len(broken) > 3 else "")
+    raise CheckpointError(
+        f"{path} holds NaN or infinite values in {shown}: the model's outputs would be NaN; {fix}"
+    )
 
 
 def load_backbone(model: SecondOrderNet, path: str | os.PathLike[str]) -> None:

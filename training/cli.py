@@ -4,22 +4,20 @@ help that shows each flag's default once."""
 from __future__ import annotations
 
 import argparse
-import os
+import errno
 import re
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from training.backbones import PretrainedWeightsError
 from training.checkpoint import CheckpointError
 from training.datasets import DatasetLayoutError
 from training.divergence import DivergenceError
+from training.outputs import OutputError
 
 __all__ = [
     "USER_ERRORS",
     "HelpFormatter",
-    "check_output_file",
-    "file_above",
     "out_of_memory",
     "run_cli",
 ]
@@ -34,6 +32,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     CheckpointError,
     PretrainedWeightsError,
     DivergenceError,
+    OutputError,
     # an output path that is a folder, a file where a folder must go, no permission
     IsADirectoryError,
     NotADirectoryError,
@@ -80,35 +79,6 @@ def non_negative_int(text: str) -> int:
     return _whole_number(text, 0)
 
 
-def file_above(path: Path) -> Path | None:
-    """The nearest existing path above ``path`` when it is a file (no folder can be made
-    there, so nothing can be written at ``path``), else ``None``."""
-    for parent in path.parents:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
-
-
-def check_output_file(
-    path: str | os.PathLike[str], what: str, keep: tuple[str | os.PathLike[str], ...] = ()
-) -> None:
-    """Raise ``ValueError`` before any work when no file can be written at ``path`` (``what``
-    names it, e.g. ``--json``): it is a folder, one of the folders it would go in is a file,
-    or it is one of ``keep`` (the input files a write there would replace)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what} {path} is a folder: give a file name")
-    blocking = file_above(path)
-    if blocking is not None:
-        raise ValueError(f"{what} {path} cannot be written: {blocking} is a file, not a folder")
-    for other in keep:
-        if path.exists() and Path(other).exists() and path.samefile(other):
-            raise ValueError(
-                f"{what} {path} is the input file {other}, which writing it would replace: "
-                "give another file name"
-            )
-
-
 def run_cli(prog: str, body: Callable[[], int]) -> int:
     """Run ``body``; on a user error, or memory the settings ask for and the machine does not
     have, print ``prog: error: message`` to stderr and return 2."""
@@ -117,12 +87,23 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
     except USER_ERRORS as exc:
         print(f"{prog}: error: {_message(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in _CANNOT_WRITE:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"{prog}: error: cannot write{where}: {exc.strerror}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         if not out_of_memory(exc):
             raise
         print(f"{prog}: error: {_out_of_memory_message(exc)}", file=sys.stderr)
         return 2
 
+
+#: An ``OSError`` that only a write raises and no check before the work can foresee: a file
+#: system made read-only during a run, no space left, a quota used up (a ``PermissionError``
+#: is one of ``USER_ERRORS``, which names the file).
+_CANNOT_WRITE = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 
 #: How torch says an allocation failed: CUDA's OutOfMemoryError, the CPU allocator's message.
 _NO_MEMORY = re.compile(r"out of memory|can't allocate memory", re.IGNORECASE)

@@ -410,16 +410,25 @@ def _flag_help(name: str, default: Any) -> str:
     return text
 
 
+#: The settings that name a file or folder, and what each accepts: an empty one would be the
+#: current folder (a run written among the user's files) or "file . does not exist".
+_PATHS = {
+    "data_root": "give the dataset's folder, or leave it out for the default",
+    "out": "give the run's folder, such as runs/NAME",
+    "pretrained": "give 'imagenet' or a weights file, or leave it out for random initialisation",
+    "init_from": "give a checkpoint written by smso-train, or leave it out",
+}
+
+
 def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
     """Build the config from ``--config`` and flags; raise ``ConfigError`` on a bad setting."""
     args = vars(build_parser().parse_args(argv))
     path = args.pop("config")
     data = _read_file(path) if path else {}
     data.update({k: v for k, v in args.items() if v is not None})
-    if isinstance(data.get("data_root"), str) and not data["data_root"].strip():
-        # checked here, not in TrainConfig: a stored config of an older run may hold "" (then
-        # the current folder) and must still load
-        raise ConfigError(
-            "data_root is empty: give the dataset's folder, or leave it out for the default"
-        )
+    # checked here, not in TrainConfig: a stored config of an older run may hold "" (then the
+    # current folder) and must still load
+    for name, accepted in _PATHS.items():
+        if isinstance(data.get(name), str) and not data[name].strip():
+            raise ConfigError(f"{name} is empty: {accepted}")
     return TrainConfig.from_dict(data)

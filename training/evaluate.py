@@ -16,13 +16,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from training.checkpoint import CheckpointError, load_model
-from training.cli import HelpFormatter, check_output_file, non_negative_int, positive_int, run_cli
+from training.checkpoint import CheckpointError, check_finite, load_model
+from training.cli import HelpFormatter, non_negative_int, positive_int, run_cli
 from training.config import ConfigError, TrainConfig
 from training.datasets import Preset, Splits, load_splits
 from training.engine import EvalResult, evaluate, make_criterion
 from training.json_lines import holds_record
 from training.model import SecondOrderNet
+from training.outputs import Replaceable, check_output_file, write_atomically
 from training.runtime import DEVICES, setup_runtime
 
 __all__ = ["evaluate_checkpoint", "format_confusion", "load_with_splits", "main"]
@@ -64,6 +65,7 @@ def evaluate_checkpoint(
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     runtime = setup_runtime(device, "off")
     model, cfg, splits = load_with_splits(checkpoint, data_root, str(runtime.device))
+    check_finite(model, checkpoint)  # NaN outputs would give an accuracy that means nothing
     loader = DataLoader(getattr(splits, split), batch_size, num_workers=workers)
     criterion = make_criterion(cfg.loss)
     with torch.inference_mode():
@@ -116,18 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: What every report of ``smso-eval --json`` holds.
 REPORT_FIELDS = ("checkpoint", "split", "accuracy", "images", "confusion")
-
-
-def _check_replaceable_report(path: Path) -> None:
-    """``ValueError`` before any work when ``path`` holds something other than an earlier
-    ``smso-eval --json`` report (a checkpoint, a run's config.json, ...), which writing the
-    report would replace."""
-    # nothing there, or a device or pipe (/dev/stdout): not read
-    if path.is_file() and not holds_record(path, REPORT_FIELDS):
-        raise ValueError(
-            f"--json {path} holds something other than an earlier smso-eval report, which "
-            "writing the report would replace: give another file name"
-        )
+#: What ``--json`` may write over: an earlier report, never a checkpoint or a run's
+#: config.json (a device or pipe such as /dev/stdout is written, not read).
+EARLIER_REPORT = Replaceable(
+    lambda path: holds_record(path, REPORT_FIELDS), "an earlier smso-eval report"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         if args.json is not None:
-            check_output_file(args.json, "--json", keep=(args.checkpoint,))
-            _check_replaceable_report(args.json)
+            check_output_file(args.json, "--json", (args.checkpoint,), EARLIER_REPORT)
         result, classes = evaluate_checkpoint(
             args.checkpoint, args.split, args.data_root, args.batch_size, args.device, args.workers
         )
@@ -156,8 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "classes": classes,
                 "confusion": result.confusion.tolist(),
             }
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
+            text = (json.dumps(report, indent=2) + "\n").encode()
+            if args.json.exists() and not args.json.is_file():  # a device or pipe: /dev/stdout
+                args.json.write_bytes(text)
+            else:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(args.json, lambda file: file.write(text))
         return 0
 
     return run_cli("smso-eval", body)

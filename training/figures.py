@@ -30,11 +30,12 @@ import torch
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from training.cli import check_output_file, positive_int, run_cli
+from training.cli import positive_int, run_cli
 from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
 from training.json_lines import holds_record, read_json_lines
 from training.model import SecondOrderNet
+from training.outputs import Replaceable, check_output_file
 
 __all__ = ["fig2", "fig3", "fig4", "main"]
 
@@ -221,14 +222,14 @@ def _check_out(out: Path, inputs: Sequence[Path], numbers: bool) -> None:
             f"--out {out}: give an image file name ending in one of "
             f"{', '.join('.' + f for f in sorted(formats))} (.png is usual)"
         )
-    beside = out.with_suffix(".json")
-    if numbers and beside.exists():
-        check_output_file(beside, "the numbers' file", keep=tuple(inputs))
-        if not holds_record(beside, ("images", "checkpoint", "split")):
-            raise ValueError(
-                f"--out {out} writes its numbers to {beside}, which holds something else than "
-                "an earlier fig2's numbers: give another --out"
-            )
+    if numbers:
+        earlier = Replaceable(
+            lambda path: holds_record(path, ("images", "checkpoint", "split")),
+            "an earlier fig2's numbers",
+            "give another --out",
+        )
+        beside = out.with_suffix(".json")
+        check_output_file(beside, "the numbers' file (beside --out)", tuple(inputs), earlier)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

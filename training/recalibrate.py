@@ -38,19 +38,25 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from training.checkpoint import load_checkpoint, resave_checkpoint
-from training.cli import check_output_file, non_negative_int, positive_int, run_cli
+from training.checkpoint import is_checkpoint, load_checkpoint, resave_checkpoint
+from training.cli import non_negative_int, positive_int, run_cli
 from training.config import ConfigError
 from training.engine import evaluate, make_criterion
 from training.evaluate import load_with_splits
 from training.head_statistics import fit_input_statistics
 from training.heads import head_spec
 from training.model import SecondOrderNet
+from training.outputs import Replaceable, check_output_file, check_writable
 from training.runtime import DEVICES, Runtime, setup_runtime
 
 __all__ = ["main", "recalibrate", "recalibrate_checkpoint"]
 
 log = logging.getLogger(__name__)
+
+#: What ``-o`` may write over: an SMSO checkpoint (the input, an earlier recalibrated copy).
+CHECKPOINT = Replaceable(
+    is_checkpoint, "an SMSO checkpoint", "give another file name such as recalibrated.pt"
+)
 
 
 def recalibrate(
@@ -64,7 +70,8 @@ def recalibrate(
     """Re-estimate ``model``'s head statistics over ``train_images`` in place; the report.
 
     The re-estimate is kept unless it lowers the validation accuracy ``a`` by more than its
-    noise, two standard errors ``2 sqrt(a (1 - a) / n)`` over the ``n`` validation images; then
+    noise, two standard errors ``2 sqrt(a (1 - a) / n)`` over the ``n`` validation images (or
+    the running statistics hold NaN or infinite values: always kept then); then
     the running statistics training ended with are put back (a choice made on validation images,
     as the checkpoint was): on a small or easy dataset the running average can suit the weights
     trained with it better than the cumulative one.
@@ -80,7 +87,12 @@ def recalibrate(
     seconds = time.perf_counter() - start
     after = evaluate(model, val_images, criterion, num_classes, runtime, description="val")
     noise = 2 * math.sqrt(before.accuracy * (1 - before.accuracy) / max(before.count, 1))
-    kept = after.accuracy >= before.accuracy - noise
+    # a running estimate with NaN or infinite values gives NaN outputs: whatever accuracy it
+    # seems to have is not a measure of anything, and it is never put back
+    broken = not all(
+        bool(torch.isfinite(b).all()) for b in running.values() if b.is_floating_point()
+    )
+    kept = broken or after.accuracy >= before.accuracy - noise
     if not kept:
         with torch.no_grad():
             for name, buffer in model.head.named_buffers():
@@ -120,10 +132,15 @@ def recalibrate_checkpoint(
 ) -> dict[str, Any]:
     """Recalibrate a checkpoint written by smso-train; write it to ``out`` (default: in place).
 
-    Raises ``ConfigError`` for a head with nothing to re-estimate after training.
+    Raises ``ConfigError`` for a head with nothing to re-estimate after training, and
+    ``OutputError`` before any work for an ``out`` that is a file of another kind (a run's
+    ``metrics.jsonl``, a model.onnx: only an SMSO checkpoint, such as an earlier output, is
+    replaced) or that cannot be written, or a checkpoint whose folder is not writable.
     """
     if out is not None:  # the checkpoint itself is fine: that is recalibrating in place
-        check_output_file(out, "the output")
+        check_output_file(out, "the output", replaces=CHECKPOINT)
+    elif Path(checkpoint).is_file():  # else loading it says what is wrong with it
+        check_writable(Path(checkpoint).parent, f"the checkpoint {checkpoint} (in place)")
     runtime = setup_runtime(device, "off")
     model, cfg, splits = load_with_splits(checkpoint, data_root, str(runtime.device))
     if head_spec(model.config.head).input_statistics != "after_training":

@@ -47,7 +47,7 @@ from training.checkpoint import (
     resave_checkpoint,
     save_checkpoint,
 )
-from training.cli import file_above, run_cli
+from training.cli import run_cli
 from training.config import ConfigError, TrainConfig, parse_train_config
 from training.datasets import (
     PRESETS,
@@ -62,6 +62,7 @@ from training.engine import EvalResult, evaluate, make_criterion, train_one_epoc
 from training.head_statistics import fit_input_statistics
 from training.heads import head_spec
 from training.model import SecondOrderNet, build_model
+from training.outputs import check_writable, file_above
 from training.recalibrate import recalibrate
 from training.runtime import Runtime, setup_runtime, teardown_runtime
 
@@ -247,6 +248,7 @@ def _check_run_folder(cfg: TrainConfig) -> None:
     blocking = file_above(out)
     if blocking is not None:
         raise ConfigError(f"--out {out} cannot be made: {blocking} is a file, not a folder")
+    check_writable(out, f"the run folder --out {out}")
     if cfg.resume:
         return
     found = [name for name in _RUN_FILES if (out / name).exists()]

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import write_fashion_mnist
+from tests.training.conftest import read_only, write_fashion_mnist
 from tests.training.test_train import tiny_config
 from training.train import fit
+
+__all__ = ["read_only", "trained_run"]  # read_only: a fixture of the training tests, shared
 
 
 @pytest.fixture(scope="session")

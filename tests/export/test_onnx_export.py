@@ -202,7 +202,7 @@ def test_the_file_passes_the_full_onnx_check(exported):
 def test_every_head_onnx_can_express_exports_with_parity(head, options, tmp_path):
     config = ModelConfig(10, backbone="small_cnn", head=head, head_options=options, reduce_dim=8)
     path = save_checkpoint(tmp_path / "m.pt", build_model(config).eval())
-    result = export_checkpoint(path, tmp_path / "m.onnx", data_root=str(tmp_path / "missing"))
+    result = export_checkpoint(path, tmp_path / "m.onnx")
     assert result.parity.passed
     assert result.parity.inputs == ["random"]
     assert card_of(result.path)["model"]["head"] == head
@@ -323,7 +323,7 @@ def test_a_float16_export_keeps_sums_of_squares_beyond_float16s_range(trained_ru
         x = model.forward_features(images)
         u = torch.einsum("pc,bchw->bphw", model.head.weight, x - x.mean((-2, -1), keepdim=True))
     assert u.square().sum((-2, -1)).max() > 65504  # float16's largest value
-    result = export_checkpoint(path, tmp_path / "h.onnx", fp16=True, data_root="/nonexistent")
+    result = export_checkpoint(path, tmp_path / "h.onnx", fp16=True)  # no dataset: no config
     assert result.parity.passed
     # onnxruntime's CPU provider runs float16 operators it has no float16 kernel for in float32,
     # which hides an overflow; onnx's reference evaluator computes in each tensor's own type
@@ -423,20 +423,40 @@ def test_a_checkpoint_without_a_preset_is_exported_with_a_warning_of_what_is_ass
 ):
     config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
     path = save_checkpoint(tmp_path / "m.pt", build_model(config).eval())
-    result = export_checkpoint(path, tmp_path / "m.onnx", data_root=str(tmp_path / "missing"))
+    result = export_checkpoint(path, tmp_path / "m.onnx")
     assert "has no preprocessing preset" in caplog.text
     assert "assumes 224 x 224 px crops of images scaled to [0, 1], not normalised" in caplog.text
     preprocessing = result.card["preprocessing"]
     assert (preprocessing["mean"], preprocessing["std"]) == ([0.0], [1.0])
 
 
-def test_a_checkpoint_whose_outputs_are_not_finite_is_refused(tmp_path, capsys):
-    """A diverged run's NaN weights: parity must not pass NaN against NaN as "no difference"."""
+def test_a_checkpoint_whose_weights_are_not_finite_is_refused_before_tracing(tmp_path, capsys):
+    """A diverged run's NaN weights: refused as smso-eval refuses them (training.checkpoint.
+    check_finite), naming the tensor, before any tracing."""
     config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
     model = build_model(config).eval()
     assert isinstance(model.classifier, nn.Linear)
     with torch.no_grad():
         model.classifier.weight.fill_(float("nan"))
+    path = save_checkpoint(tmp_path / "m.pt", model)
+    assert export_main([str(path), "-o", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"smso-export: error: {path} holds NaN or infinite values in classifier.weight (40 of 40): "
+        "the model's outputs would be NaN; the run that wrote it diverged: train again "
+        "with a lower learning rate (lr)"
+    )
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_checkpoint_whose_outputs_are_not_finite_is_refused(tmp_path, capsys):
+    """Finite weights whose outputs overflow: parity must not pass inf against inf as "no
+    difference"."""
+    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
+    model = build_model(config).eval()
+    assert isinstance(model.classifier, nn.Linear)
+    with torch.no_grad():
+        model.classifier.weight.fill_(3e38)
     path = save_checkpoint(tmp_path / "m.pt", model)
     assert export_main([str(path), "-o", str(tmp_path / "m.onnx")]) == 1
     err = capsys.readouterr().err

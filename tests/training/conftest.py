@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import shutil
 import struct
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +100,36 @@ def tiny_image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_fashion_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """200 training and 60 test images."""
     return write_fashion_mnist(tmp_path_factory.mktemp("fmnist"), 200, 60)
+
+
+def _can_create_in(folder: Path) -> bool:
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def read_only() -> Iterator[Callable[[Path], Path]]:
+    """``read_only(folder)``: ``folder`` made a place this process cannot create files in, for
+    the test: its write permission taken away or, for root (whom permissions do not stop),
+    marked immutable (``chattr +i``); the test is skipped where neither works. Undone after."""
+    undo: list[Callable[[], object]] = []
+
+    def make(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        mode = folder.stat().st_mode
+        folder.chmod(0o555)
+        undo.append(lambda: folder.chmod(mode))
+        if _can_create_in(folder) and shutil.which("chattr"):
+            made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False)
+            if made.returncode == 0:
+                undo.append(lambda: subprocess.run(["chattr", "-i", str(folder)], check=False))
+        if _can_create_in(folder):
+            pytest.skip("no way to make a folder read-only for this user here")
+        return folder
+
+    yield make
+    for step in reversed(undo):
+        step()

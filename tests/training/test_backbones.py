@@ -130,8 +130,9 @@ def test_imagenet_weights_unavailable_is_a_clear_error(monkeypatch, tmp_path) ->
     ("make_file", "message"),
     [
         (lambda p: None, "does not exist"),
-        (lambda p: p.write_bytes(b"not a checkpoint"), "cannot read pretrained weights"),
-        (lambda p: torch.save([1, 2, 3], p), "does not hold a state dict"),
+        (lambda p: p.write_bytes(b"not a checkpoint"), "is not a PyTorch file: it starts with"),
+        (lambda p: p.write_bytes(b"PK\x03\x04 cut short"), "cannot read pretrained weights"),
+        (lambda p: torch.save([1, 2, 3], p), "holds a list, not a state dict"),
         (lambda p: torch.save({"conv1.weight": torch.zeros(1)}, p), "do not fit backbone"),
     ],
 )

@@ -434,6 +434,54 @@ def _folder_empty_class(root: Path) -> list[str]:
     return [str(root / "train" / "dog")]
 
 
+def _emptied(list_file: str) -> Callable[[Path], list[str]]:
+    def mutate(root: Path) -> list[str]:
+        (root / list_file).write_text("")
+        return [str(root / list_file), "to list images, one per line, but it is empty"]
+
+    return mutate
+
+
+def _empty_class(folder: str, listed_in: str) -> Callable[[Path], list[str]]:
+    """A class folder without images: a class every model would have an output for, untrained."""
+
+    def mutate(root: Path) -> list[str]:
+        (root / folder).mkdir(parents=True)
+        name = repr(Path(folder).name)
+        return [f"class {name} has no training image in {root / listed_in} (of the ", "every"]
+
+    return mutate
+
+
+def _cub_empty_class(root: Path) -> list[str]:
+    with (root / "classes.txt").open("a") as f:
+        f.write("4 004.Groove_billed_Ani\n")
+    return ["'004.Groove_billed_Ani' has no training image", str(root / "classes.txt"), "marked 1"]
+
+
+def _leak(list_file: str, image: str, other: str) -> Callable[[Path], list[str]]:
+    """``image``, a training image, listed in ``list_file`` (test or validation) as well."""
+
+    def mutate(root: Path) -> list[str]:
+        with (root / list_file).open("a") as f:
+            f.write(f"{image}\n")
+        return [str(root / other), str(root / list_file), Path(image).name, "is in both"]
+
+    return mutate
+
+
+def _cub_leak(root: Path) -> list[str]:
+    """Image id 19 (a test id) names the file of image 1 (a training image)."""
+    relative = "001.Black_footed_Albatross/Black_footed_Albatross_0001_1.jpg"
+    with (root / "images.txt").open("a") as f:
+        f.write(f"19 {relative}\n")
+    with (root / "image_class_labels.txt").open("a") as f:
+        f.write("19 1\n")
+    with (root / "train_test_split.txt").open("a") as f:
+        f.write("19 0\n")
+    return [relative, "is in both", "train_test_split.txt's training images and its test images"]
+
+
 LAYOUT_ERRORS: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "dtd-labels-file": ("dtd", _unlink("labels/val1.txt")),
     "dtd-images-folder": ("dtd", _rmtree("images")),
@@ -468,6 +516,30 @@ LAYOUT_ERRORS: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "folder-test": ("image_folder", _rmtree("test")),
     "folder-class": ("image_folder", _folder_extra_class),
     "folder-empty-class": ("image_folder", _folder_empty_class),
+    # a split list with no line: named, not the validation list nor "no images"
+    "dtd-empty-train-list": ("dtd", _emptied("labels/train1.txt")),
+    "dtd-empty-test-list": ("dtd", _emptied("labels/test1.txt")),
+    "minc-empty-list": ("minc2500", _emptied("labels/test1.txt")),
+    "mit-empty-list": ("mit_indoor", _emptied("TrainImages.txt")),
+    # a class with no training image, as image_folder refuses it
+    "dtd-empty-class": ("dtd", _empty_class("images/pleated", "labels/train1.txt")),
+    "minc-empty-class": ("minc2500", _empty_class("images/glass", "labels/train1.txt")),
+    "mit-empty-class": ("mit_indoor", _empty_class("Images/garage", "TrainImages.txt")),
+    "cub-empty-class": ("cub200", _cub_empty_class),
+    # an id that is not a whole number: a malformed line, not a missing one
+    "cub-id": ("cub200", _replace("images.txt", "\n2 ", "\nb2 ", "line 2", "whole-number id")),
+    "cub-repeated-id": (
+        "cub200",
+        _replace("train_test_split.txt", "\n3 1\n", "\n02 1\n", "line 3", "id 2 is on line 2"),
+    ),
+    # an image both trained and tested (or validated) on
+    "dtd-leak": ("dtd", _leak("labels/test1.txt", "banded/banded_0002.jpg", "labels/train1.txt")),
+    "minc-leak": (
+        "minc2500",
+        _leak("labels/validate1.txt", "images/wood/wood_000003.jpg", "labels/train1.txt"),
+    ),
+    "mit-leak": ("mit_indoor", _leak("TestImages.txt", "bakery/bakery_000.jpg", "TrainImages.txt")),
+    "cub-leak": ("cub200", _cub_leak),
 }
 
 

@@ -262,3 +262,105 @@ def test_a_re_estimate_that_lowers_validation_accuracy_is_not_kept(monkeypatch) 
     accuracies = iter([0.5, 0.495])  # within 2 standard errors (0.01): the statistically right one
     assert module.recalibrate(model, [], [], criterion, 3, setup_runtime("cpu", "off"))["kept"]
     torch.testing.assert_close(head.running_cov, running * 1e6)
+
+
+def test_a_running_sigma_with_nan_is_never_put_back(monkeypatch) -> None:
+    """NaN outputs make any accuracy measured before the re-estimate meaningless."""
+    model = build_model(ModelConfig(3, "small_cnn", "smso", {"dim": 8}, reduce_dim=8))
+    head = model.head
+    assert isinstance(head, SMSOPooling)
+    head.running_cov.fill_(float("nan"))
+    accuracies = iter([0.9, 0.5])  # before (NaN logits), after
+
+    def evaluate(*args, **kwargs):
+        return type("Result", (), {"accuracy": next(accuracies), "count": 10_000})()
+
+    def fit_input_statistics(model, images, runtime):
+        model.head.running_cov.copy_(torch.eye(model.head.running_cov.shape[0]))
+        return 10
+
+    monkeypatch.setattr(module, "evaluate", evaluate)
+    monkeypatch.setattr(module, "fit_input_statistics", fit_input_statistics)
+    criterion = nn.functional.cross_entropy  # unused: evaluate is replaced
+    report = module.recalibrate(model, [], [], criterion, 3, setup_runtime("cpu", "off"))
+    assert report["kept"] is True
+    assert bool(torch.isfinite(head.running_cov).all())
+
+
+# --- smso-recalibrate's output and smso-eval's refusal of NaN ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("metrics.jsonl", b'{"epoch": 1, "val_accuracy": 0.9}\n'),
+        ("model.onnx", b"\x08\x0a\x12\x0bsmso-export"),
+        ("notes.txt", b"mine"),
+    ],
+)
+def test_smso_recalibrate_never_writes_over_a_file_that_is_not_a_checkpoint(
+    run: Path, tmp_path: Path, capsys, name: str, content: bytes
+) -> None:
+    other = tmp_path / name
+    other.write_bytes(content)
+    args = [str(run / "best.pt"), "-o", str(other), "--workers", "0"]
+    assert recalibrate_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"smso-recalibrate: error: the output {other} exists and is not an SMSO checkpoint, "
+        "which writing it would replace: give another file name such as recalibrated.pt (or "
+        "remove the file)"
+    )
+    assert other.read_bytes() == content
+
+
+def test_smso_recalibrate_writes_over_an_earlier_checkpoint(run: Path, tmp_path: Path) -> None:
+    earlier = tmp_path / "recalibrated.pt"
+    earlier.write_bytes((run / "last.pt").read_bytes())  # an SMSO checkpoint: replaceable
+    assert recalibrate_main([str(run / "best.pt"), "-o", str(earlier), "--workers", "0"]) == 0
+    assert load_checkpoint(earlier)["recalibration"]["images"] == 160
+
+
+def test_smso_recalibrate_in_a_read_only_folder_is_refused_before_the_work(
+    run: Path, tmp_path: Path, capsys, read_only
+) -> None:
+    folder = tmp_path / "shipped"
+    folder.mkdir()
+    checkpoint = folder / "best.pt"
+    checkpoint.write_bytes((run / "best.pt").read_bytes())
+    before = checkpoint.read_bytes()
+    read_only(folder)
+    assert recalibrate_main([str(checkpoint), "--workers", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"smso-recalibrate: error: the checkpoint {checkpoint} (in place) cannot be written: this "
+        f"user cannot create files in the folder {folder} ("
+    )
+    assert "\n" not in err
+    assert checkpoint.read_bytes() == before
+
+
+def test_smso_eval_refuses_a_nan_sigma_and_smso_recalibrate_mends_it(
+    run: Path, tmp_path: Path, capsys
+) -> None:
+    """Refused, as smso-export refuses it: NaN logits give an accuracy that measures nothing
+    (every argmax lands on one class), and a warning would go unseen by a script reading
+    --json. The message names the tensor and the tool that re-estimates it."""
+    from training.evaluate import main as eval_main
+
+    payload = load_checkpoint(run / "best.pt")
+    payload["model_state"]["head.running_cov"].fill_(float("nan"))
+    broken = tmp_path / "broken.pt"
+    torch.save(payload, broken)
+    report = tmp_path / "eval.json"
+    args = ["--split", "val", "--workers", "0"]
+    assert eval_main([str(broken), *args, "--json", str(report)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"smso-eval: error: {broken} holds NaN or infinite values in head.running_cov (64 of 64): "
+        "the model's outputs would be NaN; the head re-estimates them from the training images: "
+        f"run smso-recalibrate {broken}"
+    )
+    assert not report.exists()
+    assert recalibrate_main([str(broken), "--workers", "0"]) == 0
+    assert eval_main([str(broken), *args]) == 0

@@ -165,7 +165,7 @@ def test_bad_settings_are_named(tmp_path, content: str, message: str):
         (["--head", "fisher"], "unknown head 'fisher'; valid heads"),
         (["--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
         (["--head-options", '{"dimm": 64}'], "head 'smso' has no option 'dimm'; its options: dim,"),
-        (["--head-options", '{"dim": "64"}'], "head 'smso': options {'dim': '64'} do not fit it"),
+        (["--head-options", '{"dim": "64"}'], "head 'smso': option dim must be a whole number"),
         (["--partition", "3"], "fashion_mnist has a single partition: partition must be 1, got 3"),
         (["--device", "bogus"], "device must be auto (cuda when available, else cpu), cpu, cuda"),
         (["--device", "meta"], "or cuda:N, got 'meta'"),

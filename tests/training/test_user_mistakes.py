@@ -5,6 +5,7 @@ traceback, and no file of the user's overwritten."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 from pathlib import Path
 from typing import cast
@@ -15,7 +16,8 @@ import torch
 
 from tests.training.conftest import write_idx, write_image_folder
 from tests.training.test_train import tiny_config
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.backbones import PretrainedWeightsError, create_backbone, pretrained_state
+from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError, parse_train_config
 from training.datasets import DatasetLayoutError, load_splits
 from training.datasets.base import read_lines
@@ -24,7 +26,10 @@ from training.evaluate import main as eval_main
 from training.experiments import main as experiment_main
 from training.experiments import report
 from training.figures import main as figure_main
+from training.heads import HEADS, HeadOptionError, create_head
 from training.json_lines import read_json_lines
+from training.model import ModelConfig, build_model
+from training.outputs import OutputError, write_atomically
 from training.recalibrate import main as recalibrate_main
 from training.train import fit
 from training.train import main as train_main
@@ -54,6 +59,10 @@ def one_error_line(capsys: pytest.CaptureFixture[str], prog: str) -> str:
         ("plateau_patience = -1\n", "plateau_patience must be >= 0"),
         ("seed = -1\n", "seed must be >= 0"),
         ('data_root = ""\n', "data_root is empty: give the dataset's folder"),
+        ('out = ""\n', r"out is empty: give the run's folder, such as runs/NAME"),
+        ('out = "  "\n', r"out is empty: give the run's folder"),
+        ('pretrained = ""\n', "pretrained is empty: give 'imagenet' or a weights file, or"),
+        ('init_from = ""\n', "init_from is empty: give a checkpoint written by smso-train"),
     ],
 )
 def test_out_of_range_settings_are_named_with_their_range(tmp_path, content: str, message: str):
@@ -122,11 +131,13 @@ def test_eval_json_to_a_pipe_is_written_not_read_first(tmp_path):
     import os
     import threading
 
-    from training.evaluate import _check_replaceable_report
+    from training.evaluate import EARLIER_REPORT
+    from training.outputs import check_output_file
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    checked = threading.Thread(target=_check_replaceable_report, args=(fifo,), daemon=True)
+    args = (fifo, "--json", (), EARLIER_REPORT)
+    checked = threading.Thread(target=check_output_file, args=args, daemon=True)
     checked.start()
     checked.join(5)
     if checked.is_alive():  # blocked opening the pipe: let it go
@@ -150,6 +161,113 @@ def test_out_of_memory_is_told_from_other_runtime_errors():
 
     with pytest.raises(RuntimeError, match="shapes"):  # a bug still shows its traceback
         run_cli("smso-train", bug)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ('{"dim": 1.5}', "head 'smso': option dim must be a whole number, got 1.5"),
+        ('{"dim": "64"}', "head 'smso': option dim must be a whole number, got '64'"),
+        ('{"dim": true}', "head 'smso': option dim must be a whole number, got True"),
+        ('{"form": "fast"}', "head 'smso': option form must be one of 'conv', 'covariance', got"),
+        ('{"momentum": "x"}', "head 'smso': option momentum must be a number or null, got 'x'"),
+    ],
+)
+def test_a_head_option_of_the_wrong_type_is_named_with_the_type_it_takes(
+    tiny_fashion_mnist, tmp_path, capsys, options: str, message: str
+):
+    out = tmp_path / "run"
+    args = ["--data-root", str(tiny_fashion_mnist), "--val-size", "40", "--workers", "0"]
+    assert train_main([*args, "--head-options", options, "--out", str(out)]) == 2
+    assert one_error_line(capsys, "smso-train").startswith(f"smso-train: error: {message}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_every_head_names_an_option_of_the_wrong_type(head: str):
+    """A list fits no option's type: each annotated option of every registered head is
+    refused with its name and the type it takes, not with an error from inside torch."""
+    import inspect
+
+    factory = HEADS[head].factory
+    options = list(inspect.signature(factory, eval_str=True).parameters.values())[1:]
+    checked = [p.name for p in options if p.annotation is not p.empty and p.name != "num_classes"]
+    for option in checked:
+        with pytest.raises(HeadOptionError, match=rf"^head '{head}': option {option} must be "):
+            create_head(head, 8, **{option: [1]})
+
+
+# --- smso-train: --pretrained -----------------------------------------------------------------
+
+
+def _tiny_checkpoint(path: Path) -> Path:
+    config = ModelConfig(10, backbone="small_cnn", head="smso", head_options={"dim": 4})
+    return save_checkpoint(path, build_model(config))
+
+
+def _write(kind: str, path: Path) -> Path:
+    """A file (or folder) at ``path`` that is not a weights file, of the kind named."""
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(np.random.default_rng(0).integers(0, 256, 3000, np.uint8).tobytes())
+    elif kind == "truncated":
+        whole = _tiny_checkpoint(path.with_name("whole.pt")).read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    elif kind == "pickled module":
+        torch.save(torch.nn.Linear(2, 2), path)
+    elif kind == "checkpoint":
+        _tiny_checkpoint(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("folder", r"^pretrained weights file .*w\.pt is a folder: give 'imagenet' or a \.pt/"),
+        ("empty", r"^pretrained weights file .*w\.pt is not a PyTorch file: it is empty; give"),
+        ("random", r"^pretrained weights file .*w\.pt is not a PyTorch file: it starts with b'"),
+        ("truncated", r"^cannot read pretrained weights from .*w\.pt \(corrupt or truncated"),
+        ("pickled module", r"do not unpickle as data \(Unsupported global: .*Linear was not"),
+        (
+            "checkpoint",
+            r"a checkpoint written by smso-train, .* pass it as init_from \(--init-from\)",
+        ),
+    ],
+)
+def test_pretrained_weights_that_are_not_a_state_dict_are_named_in_one_line(
+    tmp_path, kind: str, message: str
+):
+    path = _write(kind, tmp_path / "w.pt")
+    with pytest.raises(PretrainedWeightsError, match=message) as error:
+        pretrained_state("small_cnn", path)
+    text = str(error.value)
+    assert "\n" not in text
+    assert "weights_only" not in text  # torch's advice to load untrusted files with code
+    assert "or the backbone's state dict" in text or "--init-from" in text
+
+
+def test_an_smso_checkpoint_as_pretrained_points_to_init_from(tiny_fashion_mnist, tmp_path, capsys):
+    checkpoint = _tiny_checkpoint(tmp_path / "best.pt")
+    args = ["--data-root", str(tiny_fashion_mnist), "--val-size", "40", "--workers", "0"]
+    assert train_main([*args, "--pretrained", str(checkpoint), "--out", str(tmp_path / "r")]) == 2
+    err = one_error_line(capsys, "smso-train")
+    assert f"{checkpoint} is a checkpoint written by smso-train, not a state dict" in err
+    assert "pass it as init_from (--init-from) instead of pretrained" in err
+
+
+def test_pretrained_weights_that_do_not_fit_say_how(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save({"0.weight": torch.zeros(3)}, path)
+    with pytest.raises(PretrainedWeightsError) as error:
+        create_backbone("small_cnn", path)
+    assert str(error.value) == (
+        f"weights from {path} do not fit backbone 'small_cnn' (as the backbone: 29 of its 30 "
+        "entries missing (first '1.weight'), 1 of another shape (first: 0.weight is (3,), not "
+        "(32, 1, 3, 3)))"
+    )
 
 
 # --- smso-train: the run folder ---------------------------------------------------------------
@@ -315,7 +433,7 @@ def test_eval_json_never_replaces_a_file_that_is_not_an_earlier_report(
     other.write_bytes(content)
     assert eval_main([str(checkpoint), "--json", str(other)]) == 2
     err = one_error_line(capsys, "smso-eval")
-    assert f"--json {other} holds something other than an earlier smso-eval report" in err
+    assert f"--json {other} exists and is not an earlier smso-eval report" in err
     assert other.read_bytes() == content
 
 
@@ -356,6 +474,58 @@ def test_recalibrate_out_is_checked_before_the_work(tmp_path, capsys):
     assert f"the output {tmp_path} is a folder" in one_error_line(capsys, "smso-recalibrate")
     assert recalibrate_main([str(checkpoint), "-o", str(checkpoint / "x.pt")]) == 2
     assert "is a file, not a folder" in one_error_line(capsys, "smso-recalibrate")
+
+
+# --- every output: a place this user cannot write to --------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["smso-train", "smso-eval", "smso-recalibrate", "smso-figure"])
+def test_an_output_in_a_read_only_folder_is_refused_before_any_work(
+    tmp_path, capsys, read_only, command: str
+):
+    folder = read_only(tmp_path / "shared")
+    missing = str(tmp_path / "missing.pt")  # nothing to read: the output is checked first
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"epoch": 1, "train_loss": 1.0, "val_loss": 1.0}\n')
+    main, args = {
+        "smso-train": (train_main, ["--data-root", str(tmp_path), "--out", str(folder / "r")]),
+        "smso-eval": (eval_main, [missing, "--json", str(folder / "sub" / "eval.json")]),
+        "smso-recalibrate": (recalibrate_main, [missing, "-o", str(folder / "recalibrated.pt")]),
+        "smso-figure": (figure_main, ["fig3", str(metrics), "--out", str(folder / "loss.png")]),
+    }[command]
+    assert main(args) == 2
+    err = one_error_line(capsys, command)
+    assert f"cannot be written: this user cannot create files in the folder {folder} (" in err
+    assert err.endswith("); give a place you can write to")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_failed_write_names_the_output_and_leaves_the_old_file(tmp_path):
+    path = tmp_path / "best.pt"
+    path.write_bytes(b"the earlier checkpoint")
+
+    def disk_full(file):
+        file.write(b"half of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OutputError) as error:
+        write_atomically(path, disk_full)
+    assert str(error.value) == (
+        f"cannot write {path}: No space left on device (in {tmp_path}); the file there is unchanged"
+    )
+    assert path.read_bytes() == b"the earlier checkpoint"
+    assert [p.name for p in tmp_path.iterdir()] == ["best.pt"]  # no hidden half-written file
+
+
+def test_a_write_error_no_check_foresaw_is_one_line(tmp_path, capsys):
+    from training.cli import run_cli
+
+    def read_only_file_system() -> int:
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "test.json"))
+
+    assert run_cli("smso-train", read_only_file_system) == 2
+    err = one_error_line(capsys, "smso-train")
+    assert err == f"smso-train: error: cannot write {tmp_path / 'test.json'}: Read-only file system"
 
 
 # --- smso-experiment ----------------------------------------------------------------------------
@@ -464,7 +634,7 @@ def test_fig2_never_writes_its_numbers_over_another_json_file(tmp_path, capsys):
     (run / "config.json").write_text('{"epochs": 45}\n')
     argv = ["fig2", str(run / "best.pt"), "--out", str(run / "config.png")]
     assert figure_main(argv) == 2
-    assert "holds something else than an earlier fig2's numbers" in one_error_line(
-        capsys, "smso-figure"
-    )
+    err = one_error_line(capsys, "smso-figure")
+    assert f"the numbers' file (beside --out) {run / 'config.json'} exists and is not an " in err
+    assert "earlier fig2's numbers, which writing it would replace: give another --out" in err
     assert (run / "config.json").read_text() == '{"epochs": 45}\n'

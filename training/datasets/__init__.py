@@ -81,9 +81,11 @@ def load_splits(
     splits = DATASETS[name](root_path, preset, partition, held_out, seed)
     for split in ("train", "val", "test"):
         if len(getattr(splits, split)) == 0:
+            # how the validation split was made names its source; the others' come from the
+            # layout (whose loaders name an empty list file themselves)
+            made = splits.validation if split == "val" and splits.validation else "its layout"
             raise DatasetLayoutError(
                 f"the {split} split of {name} in {root_path or 'its default folder'} has no "
-                f"images ({splits.validation or 'as its layout gives it'}): a run needs images "
-                "in each of train, val and test"
+                f"images (from {made}): a run needs images in each of train, val and test"
             )
     return splits, preset

@@ -21,6 +21,8 @@ __all__ = [
     "DatasetLayoutError",
     "ImageList",
     "Splits",
+    "check_disjoint",
+    "check_every_class",
     "check_partition",
     "check_readable",
     "class_folders",
@@ -129,10 +131,15 @@ def read_image_list(
     An image's class is component ``class_part`` of its path (``brick`` in
     ``images/brick/brick_000001.jpg`` with ``class_part=1``). A line whose class is not in
     ``class_index`` (read from ``classes_from``, named in the message) or whose image is missing
-    raises ``DatasetLayoutError`` with its line number.
+    raises ``DatasetLayoutError`` with its line number; so does a list without a line.
     """
+    lines = numbered_lines(list_file, what)
+    if not lines:
+        raise DatasetLayoutError(
+            f"expected {what} at {list_file} to list images, one per line, but it is empty"
+        )
     samples = []
-    for number, line in numbered_lines(list_file, what):
+    for number, line in lines:
         where = f"{list_file}, line {number}"
         parts = PurePosixPath(line).parts
         if len(parts) <= class_part + 1:
@@ -151,6 +158,42 @@ def read_image_list(
             raise DatasetLayoutError(f"{where}: image {path} does not exist")
         samples.append((path, class_index[name]))
     return samples
+
+
+def check_every_class(
+    samples: Sequence[tuple[Path, int]], classes: Sequence[str], listed_in: str, classes_from: str
+) -> None:
+    """``DatasetLayoutError`` naming the classes (read from ``classes_from``) of which
+    ``samples``, the training images ``listed_in`` names, hold none: a class the model has an
+    output for but never sees (an empty class folder, a class left out of the list)."""
+    seen = {label for _, label in samples}
+    empty = [name for label, name in enumerate(classes) if label not in seen]
+    if empty:
+        named = ", ".join(map(repr, empty[:5])) + (
+            f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+        )
+        which = f"class {named} has" if len(empty) == 1 else f"classes {named} have"
+        raise DatasetLayoutError(
+            f"{which} no training image in {listed_in} (of the {len(classes)} classes in "
+            f"{classes_from}): every class needs training images; list some there, or remove "
+            f"the class from {classes_from}"
+        )
+
+
+def check_disjoint(splits: Mapping[str, Sequence[tuple[Path, int]]]) -> None:
+    """``DatasetLayoutError`` naming an image that two of ``splits`` (named by where they were
+    read, e.g. ``{"TrainImages.txt": ..., "TestImages.txt": ...}``) both hold: an image tested
+    or validated on must not be one trained on."""
+    seen: dict[Path, str] = {}
+    for name, samples in splits.items():
+        for path, _ in samples:
+            earlier = seen.setdefault(path, name)
+            if earlier != name:
+                raise DatasetLayoutError(
+                    f"image {path} is in both {earlier} and {name}: an image the model is "
+                    "tested or validated on must not be one it trains on; remove it from one "
+                    "of them"
+                )
 
 
 def stratified_holdout(

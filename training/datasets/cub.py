@@ -23,6 +23,8 @@ from training.datasets.base import (
     VAL_FRACTION,
     DatasetLayoutError,
     Splits,
+    check_disjoint,
+    check_every_class,
     check_partition,
     holdout_rule,
     image_splits,
@@ -37,19 +39,27 @@ from training.datasets.presets import Preset
 __all__ = ["cub200"]
 
 
-def _table(path: Path) -> dict[str, tuple[int, str]]:
-    """``id -> (line number, value)`` of a CUB ``<id> <value>`` file."""
-    rows: dict[str, tuple[int, str]] = {}
+def _table(path: Path) -> dict[int, tuple[int, str]]:
+    """``id -> (line number, value)`` of a CUB ``<id> <value>`` file (ids are whole numbers:
+    ``7`` and ``007`` are one id)."""
+    rows: dict[int, tuple[int, str]] = {}
     for number, line in numbered_lines(path, f"CUB-200-2011's {path.name}"):
-        key, _, value = line.partition(" ")
-        if not value.strip() or key in rows:
-            problem = "a repeated id" if key in rows else "expected '<id> <value>'"
-            raise DatasetLayoutError(f"{path}, line {number}: {problem}, got {line!r}")
+        text, _, value = line.partition(" ")
+        key = int(text) if text.isdecimal() else None
+        if key is None or not value.strip():
+            raise DatasetLayoutError(
+                f"{path}, line {number}: expected '<id> <value>' with a whole-number id, got "
+                f"{line!r}"
+            )
+        if key in rows:
+            raise DatasetLayoutError(
+                f"{path}, line {number}: id {key} is on line {rows[key][0]} already, got {line!r}"
+            )
         rows[key] = (number, value.strip())
     return rows
 
 
-def _lookup(table: dict[str, tuple[int, str]], key: str, path: Path) -> tuple[int, str]:
+def _lookup(table: dict[int, tuple[int, str]], key: int, path: Path) -> tuple[int, str]:
     if key not in table:
         raise DatasetLayoutError(f"{path} has no line for image id {key}")
     return table[key]
@@ -69,12 +79,13 @@ def cub200(
     }
     class_rows = _table(files["classes"])
     classes = [name for _, name in class_rows.values()]
-    class_ids = {key: i for i, key in enumerate(class_rows)}
+    class_ids = {str(key): i for i, key in enumerate(class_rows)}
     labels, split = _table(files["image_class_labels"]), _table(files["train_test_split"])
     train_all: list[tuple[Path, int]] = []
     test: list[tuple[Path, int]] = []
     for key, (number, relative) in _table(files["images"]).items():
         label_line, class_id = _lookup(labels, key, files["image_class_labels"])
+        class_id = str(int(class_id)) if class_id.isdecimal() else class_id  # "007" is 7
         if class_id not in class_ids:
             raise DatasetLayoutError(
                 f"{files['image_class_labels']}, line {label_line}: class id {class_id} is not "
@@ -92,6 +103,9 @@ def cub200(
                 f"{files['images']}, line {number}: image {path} does not exist"
             )
         (train_all if is_train == "1" else test).append((path, class_ids[class_id]))
+    split_file = files["train_test_split"]
+    check_disjoint({f"{split_file}'s training images": train_all, "its test images": test})
+    check_every_class(train_all, classes, f"{split_file}'s lines marked 1", str(files["classes"]))
     train, val = stratified_holdout(train_all, VAL_FRACTION, seed)
     rule = holdout_rule(VAL_FRACTION, seed, "train_test_split.txt's training images")
     return image_splits(train, val, test, classes, preset, rule)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from training.datasets.base import (
     Splits,
+    check_disjoint,
+    check_every_class,
     check_partition,
     class_folders,
     image_splits,
@@ -50,15 +52,15 @@ def dtd(
     classes = class_folders(images, "DTD's images/ folder")
     labels = require(base / "labels", "DTD's labels/ folder", "folder")
     index = {name: i for i, name in enumerate(classes)}
-    train, val, test = (
-        read_image_list(
-            labels / f"{split}{partition}.txt",
-            "DTD's split list",
-            images,
-            index,
-            f"the subfolders of {images}",
+    source = f"the subfolders of {images}"
+    lists = {
+        str(labels / f"{split}{partition}.txt"): read_image_list(
+            labels / f"{split}{partition}.txt", "DTD's split list", images, index, source
         )
         for split in ("train", "val", "test")
-    )
+    }
+    check_disjoint(lists)
+    train, val, test = lists.values()
+    check_every_class(train, classes, str(labels / f"train{partition}.txt"), source)
     rule = f"DTD's val{partition}.txt"
     return image_splits(train, val, test, classes, preset, rule)

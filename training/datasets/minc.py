@@ -22,6 +22,8 @@ from pathlib import Path
 from training.datasets.base import (
     DatasetLayoutError,
     Splits,
+    check_disjoint,
+    check_every_class,
     check_partition,
     class_folders,
     image_splits,
@@ -61,11 +63,14 @@ def minc2500(
     labels = require(base / "labels", "MINC-2500's labels/ folder", "folder")
     classes, source = _classes(base)
     index = {name: i for i, name in enumerate(classes)}
-    train, val, test = (
-        read_image_list(
+    lists = {
+        str(labels / f"{split}{partition}.txt"): read_image_list(
             labels / f"{split}{partition}.txt", "MINC-2500's split list", base, index, source, 1
         )
         for split in ("train", "validate", "test")
-    )
+    }
+    check_disjoint(lists)
+    train, val, test = lists.values()
+    check_every_class(train, classes, str(labels / f"train{partition}.txt"), source)
     rule = f"MINC-2500's validate{partition}.txt"
     return image_splits(train, val, test, classes, preset, rule)

@@ -21,6 +21,8 @@ from pathlib import Path
 from training.datasets.base import (
     VAL_FRACTION,
     Splits,
+    check_disjoint,
+    check_every_class,
     check_partition,
     class_folders,
     holdout_rule,
@@ -48,6 +50,8 @@ def mit_indoor(
         root / "TrainImages.txt", "MIT-Indoor's train list", images, index, source
     )
     test = read_image_list(root / "TestImages.txt", "MIT-Indoor's test list", images, index, source)
+    check_disjoint({str(root / "TrainImages.txt"): train_all, str(root / "TestImages.txt"): test})
+    check_every_class(train_all, classes, str(root / "TrainImages.txt"), source)
     train, val = stratified_holdout(train_all, VAL_FRACTION, seed)
     rule = holdout_rule(VAL_FRACTION, seed, "TrainImages.txt")
     return image_splits(train, val, test, classes, preset, rule)

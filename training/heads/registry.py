@@ -8,6 +8,8 @@ for, its forms, ...), so that no caller looks at a head's name or probes its att
 from __future__ import annotations
 
 import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -142,7 +144,8 @@ def create_head(name: str, in_channels: int, **options: Any) -> Head:
             or a value of the wrong type.
     """
     factory = head_spec(name).factory
-    parameters = list(inspect.signature(factory).parameters.values())[1:]  # after in_channels
+    # after in_channels; annotations as types (the heads' modules write them as strings)
+    parameters = list(inspect.signature(factory, eval_str=True).parameters.values())[1:]
     accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
     unknown = [] if takes_any else sorted(set(options) - set(accepted))
@@ -151,6 +154,12 @@ def create_head(name: str, in_channels: int, **options: Any) -> Head:
             f"head {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
             f"{', '.join(accepted) or 'none'}"
         )
+    hints = {p.name: p.annotation for p in parameters if p.annotation is not p.empty}
+    for option, value in options.items():
+        if option in hints and not _fits(hints[option], value):
+            raise HeadOptionError(
+                f"head {name!r}: option {option} must be {_described(hints[option])}, got {value!r}"
+            )
     try:
         return factory(in_channels, **options)
     except TypeError as error:  # e.g. a string where the head computes with a number
@@ -159,3 +168,39 @@ def create_head(name: str, in_channels: int, **options: Any) -> Head:
         raise HeadOptionError(
             f"head {name!r}: options {options} do not fit it ({error})"
         ) from error
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    """Whether ``value`` (from JSON or TOML) is of the type ``hint`` annotates: an int is a
+    float, a bool is neither; a hint this does not read (a callable, say) fits anything."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return any(type(value) is type(v) and value == v for v in typing.get_args(hint))
+    if origin in (types.UnionType, typing.Union):
+        return any(_fits(arg, value) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _described(hint: Any) -> str:
+    """``hint`` in words, as a user writes the value: "a whole number", "one of 'conv', ..."."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(hint))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_described(arg) for arg in typing.get_args(hint))
+    words = {
+        type(None): "null",
+        bool: "true or false",
+        int: "a whole number",
+        float: "a number",
+        str: "a string",
+    }
+    return words.get(hint, f"a {getattr(hint, '__name__', hint)}")
