@@ -79,7 +79,7 @@ from bench.lib import RESULTS, SHIPPED, report
 from bench.lib.decoding import Pools
 from bench.lib.payloads import jpegs
 from service.core.card import Preprocessing
-from service.imaging.images import Preprocessor, _resized_size, _to_mode
+from service.imaging.images import Preprocessor, resized_size, to_mode
 from service.runtime.backend import read_card
 
 MAX_PIXELS = 50_000_000  # the service's default
@@ -123,12 +123,12 @@ class Steps:
 
     def colour(self, image: Image.Image) -> Image.Image:
         ImageOps.exif_transpose(image, in_place=True)
-        return _to_mode(image, self.pre.mode)
+        return to_mode(image, self.pre.mode)
 
     def resize(self, image: Image.Image) -> Image.Image:
         if self.pre.spec.resize is None:
             return image
-        size = _resized_size(*image.size, self.pre.spec.resize)
+        size = resized_size(*image.size, self.pre.spec.resize)
         return image if size == image.size else image.resize(size, Image.Resampling.BILINEAR)
 
     def crop_normalise(self, image: Image.Image) -> np.ndarray:

@@ -31,7 +31,7 @@ from service.http.connections import event_loop_servers, open_connections, serve
 
 __all__ = ["CloseWhenDraining", "DrainingServer", "close_listeners"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.drain")  # stable for logging configs
 
 
 class CloseWhenDraining:

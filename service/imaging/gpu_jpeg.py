@@ -46,7 +46,7 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from service.imaging.images import Preprocessor, _resized_size, crop_offsets
+from service.imaging.images import Preprocessor, crop_offsets, resized_size
 from service.imaging.jpeg_header import one_device_frame, stored_as_rgb
 from service.imaging.preprocess_graph import GRAPH
 from service.runtime.providers import CPU, CUDA, has_nvidia_gpu, quiet_native_output
@@ -327,7 +327,7 @@ class GpuJpegPreprocessor:
             return None
         if self.preprocessor.draft_size(width, height) is not None:
             return None  # Pillow decodes it at reduced scale
-        if min(_resized_size(width, height, spec.resize)) < spec.crop:
+        if min(resized_size(width, height, spec.resize)) < spec.crop:
             return None  # zero padding
         try:
             orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
@@ -392,7 +392,7 @@ class GpuJpegPreprocessor:
         """The graph's inputs other than the image, for an ``height`` x ``width`` image."""
         spec = self.preprocessor.spec
         assert spec.resize is not None  # a preset without a resize is refused in __init__
-        wide, tall = _resized_size(width, height, spec.resize)
+        wide, tall = resized_size(width, height, spec.resize)
         crop = spec.crop
         top, left = crop_offsets(wide, tall, crop)
         channels = len(spec.mean)

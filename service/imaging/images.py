@@ -53,6 +53,8 @@ __all__ = [
     "Preprocessor",
     "UnsupportedFormatError",
     "crop_offsets",
+    "resized_size",
+    "to_mode",
 ]
 
 #: What a served model decodes its uploads with: ``(encoded bytes, file name) -> (C, S, S)``
@@ -120,7 +122,7 @@ def _sniff(prefix: bytes) -> str | None:
     return None
 
 
-def _resized_size(width: int, height: int, size: int) -> tuple[int, int]:
+def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
     """torchvision's ``Resize(size)``: the shorter side becomes ``size``, the longer one
     ``int(size * long / short)``; returns ``(width, height)``."""
     if width <= height:
@@ -170,7 +172,7 @@ def _eight_bit(image: Image.Image) -> Image.Image:
     return out
 
 
-def _to_mode(image: Image.Image, mode: str) -> Image.Image:
+def to_mode(image: Image.Image, mode: str) -> Image.Image:
     """Convert any Pillow mode to ``L`` or ``RGB``."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         image = _eight_bit(image)
@@ -211,7 +213,7 @@ class Preprocessor:
             image.seek(0)
             image.load()
             ImageOps.exif_transpose(image, in_place=True)  # else it copies even upright images
-            return _to_mode(image, self.mode)
+            return to_mode(image, self.mode)
         except (ImageError, ImageTooLargeError, MemoryError):
             raise
         except UnidentifiedImageError:
@@ -269,7 +271,7 @@ class Preprocessor:
     def geometry(self, image: Image.Image) -> Image.Image:
         """Resize the shorter side to ``resize`` and centre crop ``crop`` (torchvision's rules)."""
         if self.spec.resize is not None:
-            size = _resized_size(*image.size, self.spec.resize)
+            size = resized_size(*image.size, self.spec.resize)
             if size != image.size:
                 image = image.resize(size, Image.Resampling.BILINEAR)
         crop = self.spec.crop

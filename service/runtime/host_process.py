@@ -29,7 +29,7 @@ from service.runtime.session_host import SessionHost, or_exit
 
 __all__ = ["ADDRESS_ENV", "KEY_ENV", "PROCESS_NAME", "HostHandle", "start_host"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.host_process")  # stable for logging configs
 
 #: The environment variables that tell a worker where the host listens, and its key.
 ADDRESS_ENV = "_SMSO_SESSION_HOST"

@@ -45,7 +45,7 @@ from service.telemetry import stage_clock
 
 __all__ = ["SEND_TIMEOUT_S", "SessionHost", "or_exit", "shared_view"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.session_host")  # stable for logging configs
 #: The longest the host waits to send an answer to a worker that does not read (stopped, or
 #: stuck): then that connection is shut down, and the other workers' answers go on.
 SEND_TIMEOUT_S = 10.0
