@@ -120,6 +120,15 @@ def reference_section(
         )
     if len(splits.val) == 0:
         return None, "the training run held out no validation images"
+    needed = max(2 * embedding_dim, 20)
+    if len(splits.val) < needed:  # said before any work, and as what it is: no reference at all
+        return None, (
+            f"the validation split holds {len(splits.val)} images and a reference for a "
+            f"{embedding_dim}-dimensional embedding needs at least {needed}: the file is "
+            "written without one, and the service serves it without typicality scores. For a "
+            f"reference, hold out {needed} or more validation images (a val/ folder, or more "
+            "images per class) and export again"
+        )
     names = [o.name for o in session.get_outputs()]
     wanted = ["logits", "embedding"] + (["features"] if "features" in names else [])
     outputs: list[list[np.ndarray]] = [[] for _ in wanted]
