@@ -18,7 +18,7 @@ __all__ = ["authorize", "presented_key"]
 
 def presented_key(api_key: str | None, authorization: str | None) -> str | None:
     """The key a client presents: ``X-API-Key``, else ``Authorization: Bearer <key>``."""
-    if api_key is not None:
+    if api_key:  # an empty X-API-Key is none: a Bearer token beside it still counts
         return api_key
     if authorization is not None and authorization[:7].lower() == "bearer ":
         return authorization[7:].strip()

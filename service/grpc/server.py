@@ -96,8 +96,9 @@ Reply = TypeVar("Reply")
 _WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 
 
-#: The RPCs that need the API key (when one is set): all but liveness, readiness and the
-#: server's metadata, and the RPCs this server does not offer (UNIMPLEMENTED either way).
+#: The RPCs that need the API key (when one is set): the model's and the repository's. Not
+#: liveness, readiness, the server's metadata, nor the RPCs this server does not offer
+#: (UNIMPLEMENTED for everyone).
 KEYED = frozenset(
     {
         "ModelReady",
@@ -209,10 +210,10 @@ def _rpc(
         record = access.begin(access.valid_id(metadata.get(access.HEADER)))
         spans = None if probe else self.state.spans
         span = spans.start_rpc(pairs, route) if spans is not None else None
-        await context.send_initial_metadata(((access.HEADER, record.request_id),))
         code = grpc.StatusCode.OK
         failure: BaseException | None = None
         try:
+            await context.send_initial_metadata(((access.HEADER, record.request_id),))
             if self.state.draining and handler.__name__ not in _WHILE_DRAINING:
                 raise ServiceError(
                     503, "draining", "the server is shutting down; send the call to another replica"
@@ -470,8 +471,11 @@ async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
             # calls that have arrived but that no handler has taken up yet: past grpc core's
             # default (1,000) it cancels new ones, uncounted; the requests-in-progress limit,
             # which answers RESOURCE_EXHAUSTED and counts, is to come first
-            ("grpc.server.max_pending_requests", 4 * settings.max_connections),
-            ("grpc.server.max_pending_requests_hard_limit", 8 * settings.max_connections),
+            ("grpc.server.max_pending_requests", max(1000, 4 * settings.max_connections)),
+            (
+                "grpc.server.max_pending_requests_hard_limit",
+                max(3000, 8 * settings.max_connections),
+            ),
         ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)

@@ -72,14 +72,23 @@ class TimedHttpProtocol(HttpToolsProtocol):
 
     config: ServerConfig
     _read_timer: asyncio.TimerHandle | None = None
+    _fed_body = False
 
     def __init__(self, config: ServerConfig, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self.config = config
+        self._refused = False  # answered and closing: nothing more is parsed or run
+        self._next_head()
+
+    def _next_head(self) -> None:
+        """What is counted of a request's head, from its first byte."""
         self._in_head = True  # reading a request's line and headers
         self._head_bytes = 0
+        self._tail = b""  # the head's last bytes of the previous read (a split \r\n\r\n)
+        self._line_done = False  # the request line has ended
+        self._line_bytes = 0  # its length so far
         self._fields = 0
-        self._refused = False
+        self._outside_body = 0  # bytes read after the head that were no body (trailers)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -93,24 +102,52 @@ class TimedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         if self._in_head:  # the head's bytes in this read: up to its end, if that is here
-            end = data.find(b"\r\n\r\n")
-            self._head_bytes += len(data) if end < 0 else end + 4
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end + 4 - len(self._tail)
+            if not self._line_done:  # the request line's length, for 414 or 431
+                line_end = data.find(b"\n")
+                self._line_done = line_end >= 0
+                self._line_bytes += len(data) if line_end < 0 else line_end + 1
+            self._tail = seen[-3:]
             if self._head_bytes > MAX_HEAD_BYTES:  # refused before the parser holds more
                 self._refuse_head()
                 return
+            super().data_received(data)
+            return
+        self._fed_body = False
         super().data_received(data)
+        # a read after the head that gave no body and did not end the request: a chunked
+        # body's trailers, which httptools holds as headers (bounded as the head is)
+        if not self._refused and not self._in_head and not self._fed_body:
+            self._outside_body += len(data)
+            if self._outside_body > MAX_HEAD_BYTES:
+                self._answer_and_close(
+                    431,
+                    "headers_too_large",
+                    f"the request's trailers are over {MAX_HEAD_BYTES:,} bytes",
+                )
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._in_head, self._head_bytes, self._fields = True, 0, 0
+        if self._refused:
+            return
+        super().on_message_begin()  # (the head's count began with its first byte's read)
         self._arm(self.config.header_timeout_s)
 
+    def on_url(self, url: bytes) -> None:
+        if not self._refused:
+            super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
         self._fields += 1
         if self._fields <= MAX_HEADERS:
             super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self._refused:
+            return
         self._in_head = False
         if self._fields > MAX_HEADERS:
             self._answer_and_close(
@@ -120,7 +157,22 @@ class TimedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._arm(self.config.body_timeout_s)
 
+    def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
+        self._fed_body, self._outside_body = True, 0
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        super().on_message_complete()
+        self._disarm()
+        self._next_head()  # the next request's
+
     def send_400_response(self, msg: str) -> None:
+        if self._refused:
+            return
         self._answer_and_close(
             400,
             "bad_request",
@@ -128,9 +180,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
         )
 
     def _refuse_head(self) -> None:
-        """414 while no header has been read (the request line is what is long), else 431;
-        the connection closed."""
-        if self._fields == 0:
+        """414 when the request line is most of the head, else 431; the connection closed."""
+        if self._line_bytes > MAX_HEAD_BYTES // 2:
             self._answer_and_close(
                 414,
                 "uri_too_long",
@@ -145,18 +196,16 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def _answer_and_close(self, status: int, code: str, message: str) -> None:
         self._refused = True
         self._disarm()
-        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        # the protocol's error shape under /v2 (OIP_PREFIX), as the app's own errors
+        protocol = bytes(getattr(self, "url", b"")).startswith(b"/v2")
+        error = message if protocol else {"code": code, "message": message}
+        body = json.dumps({"error": error}).encode()
         reason = HTTPStatus(status).phrase.encode()
         head = b"HTTP/1.1 %d %s\r\n" % (status, reason)
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
         head += b"connection: close\r\n\r\n"
         self.transport.write(head + body)
         self.transport.close()
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._disarm()
-        self._in_head, self._head_bytes, self._fields = True, 0, 0  # the next request's head
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

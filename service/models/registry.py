@@ -182,7 +182,7 @@ class Registry:
         default = self.default_name()
         if default is None:
             if not self._serving:
-                return "missing" if self.settled or self.entries else "loading"
+                return "missing" if self.settled else "loading"
         elif default not in self._serving:
             entry = self.entries.get(default)
             if entry is None:

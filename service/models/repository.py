@@ -22,6 +22,7 @@ from pathlib import Path
 from service.core.errors import ServiceError
 from service.models.host import Host
 from service.models.loader import load_model, unload_model
+from service.models.registry import ModelStatus
 from service.models.scan import MODEL_FILE, Scanner, Skipped, Version, scan
 
 __all__ = ["MODEL_FILE", "Repository", "Version", "scan"]
@@ -90,9 +91,13 @@ class Repository:
         """Load what is new or changed, unload what was removed."""
         async with self._lock:
             found = await self._scan()
-            for name, version in found.items():
-                if self.loaded.get(name) != version:
-                    await self._load(name, version)
+            changed = {n: v for n, v in found.items() if self.loaded.get(n) != v}
+            for name, version in changed.items():  # known before any loads: not ready midway
+                self.state.registry.mark(
+                    name, str(version.number), ModelStatus.LOADING, source=version.path
+                )
+            for name, version in changed.items():
+                await self._load(name, version)
             for name in [n for n in self.loaded if n not in found]:
                 del self.loaded[name]
                 await unload_model(self.state, name)

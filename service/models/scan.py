@@ -16,6 +16,7 @@ model folder are read.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
 
-__all__ = ["MAX_ENTRIES", "MODEL_FILE", "NAME", "Scanner", "Skipped", "Version", "scan"]
+__all__ = ["MAX_ENTRIES", "MODEL_FILE", "NAME", "Scanner", "Skipped", "Version", "scan", "shown"]
 
 log = logging.getLogger("service")
 
@@ -39,11 +40,18 @@ MAX_ENTRIES = 10_000
 @dataclass(frozen=True)
 class Version:
     """The version of a model the repository holds: its number, file, and the file's
-    modification time and size (a changed file is a new model)."""
+    modification time, size, inode and change time (a changed file is a new model, even one
+    copied in with its old modification time and the same size)."""
 
     number: int
     path: Path
-    stamp: tuple[int, int]
+    stamp: tuple[int, ...]
+
+
+def shown(name: str) -> str:
+    """A folder entry's name as it can be shown and sent (JSON, protobuf): bytes that are not
+    UTF-8 as ``\\xNN``, at most 128 characters."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")[:128]
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,7 @@ def _read_folder(path: Path, name: str) -> _Folder:
                 "a version folder is named by a positive integer in plain digits, "
                 "without leading zeros"
             )
-            skipped.append(Skipped(name, entry.name[:128], why))
+            skipped.append(Skipped(name, shown(entry.name), why))
     if more:
         skipped.append(
             Skipped(name, "", f"the folder holds more than {MAX_ENTRIES:,} entries; the rest")
@@ -128,6 +136,7 @@ class Scanner:
         self._root_skipped: list[Skipped] = []
         self._folders: dict[str, _Folder] = {}
         self._warned: set[Skipped] = set()
+        self._found: dict[str, Version] = {}  # the last scan's models
 
     def __call__(self) -> tuple[dict[str, Version], list[Skipped]]:
         """Each model's highest version, and the entries passed over. ``OSError`` only when the
@@ -145,15 +154,21 @@ class Scanner:
         for name in self._names:
             try:
                 version, passed_over = self._model(name)
-            except OSError as error:  # removed or unreadable meanwhile
+            except OSError as error:
                 self._folders.pop(name, None)
-                if (self.root / name).exists():
-                    skipped.append(Skipped(name, "", f"cannot be read: {error.strerror}"))
+                if error.errno in (errno.ENOENT, errno.ENOTDIR):  # removed meanwhile
+                    continue
+                skipped.append(Skipped(name, "", f"cannot be read: {error.strerror}"))
+                # unreadable for a while (too many open files, a permission being changed):
+                # what it served goes on being served, not unloaded and loaded again
+                if name in self._found:
+                    found[name] = self._found[name]
                 continue
             skipped.extend(passed_over)
             if version is not None:
                 found[name] = version
         self._warn(skipped)
+        self._found = found
         return found, skipped
 
     def _read_root(self) -> None:
@@ -166,7 +181,7 @@ class Scanner:
                 self._names.append(entry.name)
             else:
                 why = "not a model name (letters, digits, _ . -; at most 128)"
-                self._root_skipped.append(Skipped(entry.name[:128], "", why))
+                self._root_skipped.append(Skipped(shown(entry.name), "", why))
         if more:
             why = f"the repository holds more than {MAX_ENTRIES:,} entries; the rest"
             self._root_skipped.append(Skipped("", "", why))
@@ -186,7 +201,8 @@ class Scanner:
                 continue
             if not S_ISREG(stat.st_mode):
                 continue
-            return Version(number, file, (stat.st_mtime_ns, stat.st_size)), folder.skipped
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino, stat.st_ctime_ns)
+            return Version(number, file, stamp), folder.skipped
         return None, folder.skipped
 
     def _warn(self, skipped: list[Skipped]) -> None:

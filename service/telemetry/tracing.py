@@ -66,6 +66,19 @@ _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 #: ``OTEL_TRACES_SAMPLER_ARG`` or ``OTEL_TRACES_SAMPLER`` says otherwise: one in 1,000, NVIDIA
 #: Triton's default (``--trace-config rate=1000``).
 DEFAULT_SAMPLING_RATIO = 0.001
+#: The longest attribute value a span keeps (a client's path, query, user agent...).
+MAX_ATTRIBUTE_LENGTH = 1024
+#: The samplers ``OTEL_TRACES_SAMPLER`` may name (the SDK's); the ratio ones take a ratio.
+SAMPLERS = frozenset(
+    {
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    }
+)
 
 
 def tracing_requested() -> bool:
@@ -79,22 +92,27 @@ def tracing_requested() -> bool:
 def sampling_ratio() -> float | None:
     """The ratio of new traces sampled: ``OTEL_TRACES_SAMPLER_ARG``, else
     :data:`DEFAULT_SAMPLING_RATIO`; ``None`` when ``OTEL_TRACES_SAMPLER`` is set (the SDK then
-    reads both variables itself). ``ValueError`` for an argument that is not from 0 to 1."""
-    if os.environ.get("OTEL_TRACES_SAMPLER", "").strip():
-        return None
-    raw = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
-    if not raw:
-        return DEFAULT_SAMPLING_RATIO
-    try:
-        ratio = float(raw)
-    except ValueError:
-        ratio = math.nan
-    if not 0 <= ratio <= 1:  # NaN too
+    reads both variables itself). ``ValueError`` for a sampler the SDK does not know or an
+    argument that is not from 0 to 1 (the SDK would take either as "trace every request")."""
+    named = os.environ.get("OTEL_TRACES_SAMPLER", "").strip()
+    if named and named not in SAMPLERS:  # the SDK would trace every request instead
         raise ValueError(
-            f"OTEL_TRACES_SAMPLER_ARG={raw!r}: the share of requests to trace is a number from "
-            f"0 to 1 (unset: {DEFAULT_SAMPLING_RATIO}, one request in 1,000)"
+            f"OTEL_TRACES_SAMPLER={named[:40]!r} is not a sampler: one of "
+            f"{', '.join(sorted(SAMPLERS))} (unset: one request in 1,000)"
         )
-    return ratio
+    raw = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    ratio = DEFAULT_SAMPLING_RATIO
+    if raw:  # checked whoever reads it: the SDK would take a bad one as 1, every request
+        try:
+            ratio = float(raw)
+        except ValueError:
+            ratio = math.nan
+        if not 0 <= ratio <= 1:  # NaN too
+            raise ValueError(
+                f"OTEL_TRACES_SAMPLER_ARG={raw!r}: the share of requests to trace is a number "
+                f"from 0 to 1 (unset: {DEFAULT_SAMPLING_RATIO}, one request in 1,000)"
+            )
+    return None if named else ratio  # named: the SDK makes that sampler from both variables
 
 
 def check_tracing() -> None:
@@ -131,6 +149,7 @@ def otlp_provider(
     and spans batched to ``exporter`` (default: OTLP over http/protobuf, as the standard
     variables configure it), ``on_drop(n)`` told of the sampled spans not exported. Its
     ``shutdown()`` exports the last spans (the app's lifespan calls it)."""
+    from opentelemetry.sdk.trace import SpanLimits
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
@@ -143,7 +162,15 @@ def otlp_provider(
     ratio = sampling_ratio()
     # None: OTEL_TRACES_SAMPLER is set, and the SDK makes the sampler it names
     sampler = None if ratio is None else ParentBased(TraceIdRatioBased(ratio))
-    provider = SdkTracerProvider(sampler=sampler, shutdown_on_exit=False)
+    # a client may force a trace (a sampled traceparent) and send 64 KiB paths: attribute
+    # values are cut at MAX_ATTRIBUTE_LENGTH, so 2,048 pending spans hold a few MiB at most,
+    # unless OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT asks otherwise
+    limit = None if os.environ.get("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") else MAX_ATTRIBUTE_LENGTH
+    provider = SdkTracerProvider(
+        sampler=sampler,
+        span_limits=SpanLimits(max_span_attribute_length=limit),
+        shutdown_on_exit=False,
+    )
     provider.add_span_processor(CountedBatchSpanProcessor(exporter, on_drop))
     return provider
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -205,3 +206,48 @@ def test_heads_over_the_bounds_are_414_or_431_in_json_and_memory_stays_bounded(s
 def _peak_mib(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def test_trailers_a_long_first_header_and_a_split_head_end_are_counted_right(shipped_model):
+    """Past the head, a chunked body's trailers are bounded as headers are; a head too long in
+    its first header (one read) is 431, not 414; a head whose blank line is split between two
+    reads does not count the body that follows as head."""
+    with real_server(shipped_model, "--grpc-port", "0") as (base, server):
+        port = int(base.rsplit(":", 1)[1])
+        before = _peak_mib(server.pid)
+        chunked = (
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n4\r\n\x89PNG\r\n0\r\nX-Trailer: "
+        )
+        answer = _raw(port, chunked + b"a" * (16 * 2**20))
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        assert _peak_mib(server.pid) - before < 48
+        cookie = b"GET /healthz HTTP/1.1\r\nHost: x\r\nCookie: " + b"c" * 70_000 + b"\r\n\r\n"
+        assert _raw(port, cookie).startswith(b"HTTP/1.1 431")
+        png = _png()
+        head = (
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r" % len(png)
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(head)
+            time.sleep(0.2)  # two reads: the blank line's last byte comes with the body
+            conn.sendall(b"\n" + png)  # a body larger than any head may be
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := conn.recv(65536):
+                    answer += chunk
+        assert len(png) > 64 * 1024
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+def _png() -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    noise = np.random.default_rng(0).integers(0, 256, (300, 300), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(noise).save(buffer, "PNG")  # about 90 kB: more than a head's 64 KiB
+    return buffer.getvalue()

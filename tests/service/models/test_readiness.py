@@ -96,3 +96,19 @@ def test_create_app_alone_settles_after_its_model_loads(shipped_model):
     settings = Settings(model_path=shipped_model, default_model="elsewhere", max_batch_size=2)
     with TestClient(create_app(settings)) as client:
         until(lambda: client.get("/readyz").json()["status"] == "missing")
+
+
+def test_a_server_of_several_models_is_not_ready_until_each_has_been_tried():
+    """The repository marks every model it is about to load first: one served while the next
+    loads is not yet "ready" (a probe would send traffic the other model then 404s)."""
+    from service.models.registry import ModelStatus, Registry
+
+    registry = Registry()
+    registry.mark("a", "1", ModelStatus.LOADING)
+    registry.mark("b", "1", ModelStatus.LOADING)
+    assert registry.readiness() == "loading"
+    registry.mark("a", "1", ModelStatus.UNAVAILABLE, "broken")
+    assert registry.readiness() == "loading"  # b may still serve: not "missing"
+    registry.settled = True
+    registry.mark("b", "1", ModelStatus.UNAVAILABLE, "broken")
+    assert registry.readiness() == "missing"

@@ -153,3 +153,49 @@ def test_the_folder_is_scanned_off_the_event_loop(serve, repository, monkeypatch
     serve(repository)
     assert threads
     assert threading.main_thread().name not in threads
+
+
+def test_an_entry_name_that_is_not_utf8_is_shown_escaped_and_the_index_still_answers(
+    serve, tmp_path, shipped_model
+):
+    root = tmp_path / "R"
+    put(root, "a", 1, shipped_model)
+    os.mkdir(os.fsdecode(bytes(root) + b"/\xff"))
+    _, skipped = Scanner(root)()
+    assert [s.name for s in skipped] == ["\\xff"]
+    client = serve(root, default_model="a")
+    names = {e["name"] for e in client.post("/v2/repository/index").json()}
+    assert names == {"a", "\\xff"}
+
+
+def test_a_model_folder_unreadable_for_a_while_goes_on_serving_its_version(
+    tmp_path, shipped_model, monkeypatch
+):
+    """Too many open files, say, at the refresh that lists every folder again: the model is
+    not dropped (and unloaded, and loaded again a scan later)."""
+    put(tmp_path, "a", 1, shipped_model)
+    scanner = Scanner(tmp_path, refresh=2)
+    first, _ = scanner()
+
+    def exhausted(path: Path, name: str):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(scan_module, "_read_folder", exhausted)
+    found, skipped = scanner()  # the refresh: every folder listed again
+    assert found == first
+    assert versions(skipped)[("a", "")] == "cannot be read: Too many open files"
+
+
+def test_a_file_replaced_with_its_old_time_and_size_is_a_new_version(tmp_path, shipped_model):
+    """cp -p, rsync -a and reproducible builds keep a file's modification time."""
+    folder = put(tmp_path, "a", 1, shipped_model)
+    scanner = Scanner(tmp_path)
+    before = scanner()[0]["a"].stamp
+    file = folder / "model.onnx"
+    times = (file.stat().st_atime_ns, file.stat().st_mtime_ns)
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 1  # other weights, the same size
+    (folder / "new.onnx").write_bytes(bytes(data))
+    os.utime(folder / "new.onnx", ns=times)
+    (folder / "new.onnx").rename(file)
+    assert scanner()[0]["a"].stamp != before

@@ -213,8 +213,37 @@ def test_a_sampling_ratio_that_is_not_one_is_a_one_line_error(monkeypatch, arg):
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
     with pytest.raises(ValueError, match="a number from 0 to 1"):
         check_tracing()
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")  # the SDK's to read
-    check_tracing()
+    # the SDK reads it then, and would take a bad one as 1.0: every request traced
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    with pytest.raises(ValueError, match="a number from 0 to 1"):
+        check_tracing()
+
+
+def test_a_sampler_the_sdk_does_not_know_is_a_one_line_error(monkeypatch):
+    """The SDK would fall back to parentbased_always_on: every request traced."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratioo")
+    with pytest.raises(ValueError, match="'traceidratioo' is not a sampler: one of always_off"):
+        check_tracing()
+
+
+def test_a_clients_long_path_is_cut_in_the_span(monkeypatch):
+    """A caller may force a trace and send 64 KiB paths: 2,048 pending spans must not hold them
+    whole."""
+    from service.telemetry.tracing import MAX_ATTRIBUTE_LENGTH
+
+    monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", raising=False)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "1")
+    exporter = InMemorySpanExporter()
+    provider = otlp_provider(exporter=exporter)
+    with provider.get_tracer("t").start_as_current_span("s") as span:
+        span.set_attribute("url.path", "/" + "p" * 65_536)
+    provider.shutdown()
+    (finished,) = exporter.get_finished_spans()
+    assert finished.attributes is not None
+    path = finished.attributes["url.path"]
+    assert isinstance(path, str)
+    assert len(path) == MAX_ATTRIBUTE_LENGTH
 
 
 # --- the sampler -------------------------------------------------------------------------------
