@@ -19,5 +19,8 @@ The modules, from the layer up to the command lines:
   (``smso-figure``), :mod:`training.experiments` (``smso-experiment``: the paper's tables as
   named rows) with :mod:`training.paired_comparison` (rows compared seed by seed) and
   :mod:`training.json_lines` (the files runs write).
-- :mod:`training.cli`: what the console scripts share (a user's mistake is one line, exit 2).
+- :mod:`training.cli`: what the console scripts share (a user's mistake is one line, exit 2),
+  with :mod:`training.outputs` (every output checked before any work and written atomically)
+  and :mod:`training.torch_files` (files ``torch.save`` wrote, read as data only, with one line
+  saying why one cannot be).
 """
