@@ -32,6 +32,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.http.errors import error_payload
+
 __all__ = [
     "ServerConfig",
     "TimedHttpProtocol",
@@ -196,10 +198,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def _answer_and_close(self, status: int, code: str, message: str) -> None:
         self._refused = True
         self._disarm()
-        # the protocol's error shape under /v2 (OIP_PREFIX), as the app's own errors
-        protocol = bytes(getattr(self, "url", b"")).startswith(b"/v2")
-        error = message if protocol else {"code": code, "message": message}
-        body = json.dumps({"error": error}).encode()
+        path = bytes(getattr(self, "url", b"")).decode("latin-1")  # as far as it was read
+        body = json.dumps(error_payload(path, code, message)).encode()
         reason = HTTPStatus(status).phrase.encode()
         head = b"HTTP/1.1 %d %s\r\n" % (status, reason)
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Scope
 
 from service.core.errors import CLIENT_CLOSED, ServiceError, error_body
 
-__all__ = ["OIP_PREFIX", "install_error_handlers"]
+__all__ = ["OIP_PREFIX", "error_payload", "error_response", "install_error_handlers"]
 
 log = logging.getLogger("service.errors")
 
@@ -31,6 +33,23 @@ log = logging.getLogger("service.errors")
 OIP_PREFIX = "/v2"
 
 
+def error_payload(path: str, code: str, message: str) -> dict[str, Any]:
+    """The JSON body of an error answering ``path`` (the app's path, without its root path):
+    the protocol's ``{"error": message}`` under :data:`OIP_PREFIX`, else
+    ``{"error": {"code", "message"}}``."""
+    if path.startswith(OIP_PREFIX):
+        return {"error": message}
+    return error_body(code, message)
+
+
+def error_response(
+    scope: Scope, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """:func:`error_payload` for the request of ``scope``, as a response."""
+    path = scope["path"].removeprefix(scope.get("root_path", ""))
+    return JSONResponse(error_payload(path, code, message), status, headers=headers)
+
+
 def _render(
     request: Request,
     status: int,
@@ -38,10 +57,7 @@ def _render(
     message: str,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
-    if path.startswith(OIP_PREFIX):
-        return JSONResponse({"error": message}, status, headers=headers)
-    return JSONResponse(error_body(code, message), status, headers=headers)
+    return error_response(request.scope, status, code, message, headers)
 
 
 def _validation_message(error: RequestValidationError) -> str:

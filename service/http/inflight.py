@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.core.errors import ServiceError, error_body
-from service.http.errors import OIP_PREFIX
+from service.core.errors import ServiceError
+from service.http.errors import error_response
 from service.http.metrics import counted
 from service.limits.inflight import InFlight
 
@@ -33,12 +32,9 @@ class HoldInFlight:
         try:
             inflight.take()
         except ServiceError as refused:
-            body = (
-                {"error": refused.message}
-                if scope["path"].startswith(OIP_PREFIX)
-                else error_body(refused.code, refused.message)
+            response = error_response(
+                scope, refused.status, refused.code, refused.message, refused.headers
             )
-            response = JSONResponse(body, refused.status, headers=refused.headers)
             await response(scope, receive, send)
             return
         try:

@@ -188,6 +188,8 @@ def test_heads_over_the_bounds_are_414_or_431_in_json_and_memory_stays_bounded(s
             assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
             assert b"content-type: application/json" in answer
             assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"]
+        oip = _raw(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+        assert isinstance(json.loads(oip.split(b"\r\n\r\n", 1)[1])["error"], str)  # its shape
         ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
         ok += b"".join(b"X-%d: 1\r\n" % i for i in range(90)) + b"\r\n"
         assert _raw(port, ok).startswith(b"HTTP/1.1 200")
