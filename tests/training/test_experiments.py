@@ -251,6 +251,29 @@ def test_fmnist_rows_train_with_the_shipped_models_recipe(tmp_path: Path) -> Non
         assert {k: getattr(cfg, k) for k in FMNIST_RECIPE} == FMNIST_RECIPE, row.name
 
 
+def test_the_sweep_gives_every_compared_head_the_same_grid_and_no_test(tmp_path: Path) -> None:
+    from training.experiments import SWEEP_HEADS, SWEEP_LRS, SWEEP_WEIGHT_DECAYS
+
+    grids: dict[str, set[tuple[float, float]]] = {}
+    for row in TABLES["fmnist-sweep"]:
+        head = next(h for h in SWEEP_HEADS if row.name.startswith(f"{h}-lr"))
+        cfg = row_config("fmnist-sweep", row, None, tmp_path)
+        full = row_config("fmnist", find_row("fmnist", head), None, tmp_path)
+        # the head's model exactly as in the comparison; only the recipe's three knobs move
+        assert (cfg.head, cfg.head_options, cfg.reduce_dim) == (
+            full.head,
+            full.head_options,
+            full.reduce_dim,
+        ), row.name
+        assert (cfg.epochs, cfg.eval_test, cfg.seed) == (18, False, 0), row.name
+        same = {k: v for k, v in FMNIST_RECIPE.items() if k not in ("epochs", "lr", "weight_decay")}
+        assert {k: getattr(cfg, k) for k in same} == same, row.name
+        grids.setdefault(head, set()).add((cfg.lr, cfg.weight_decay))
+    grid = {(lr, wd) for lr in SWEEP_LRS for wd in SWEEP_WEIGHT_DECAYS}
+    assert grids == dict.fromkeys(SWEEP_HEADS, grid)
+    assert len(grid) == 6
+
+
 def test_every_head_has_a_fmnist_row() -> None:
     heads = {row.settings["head"] for row in TABLES["fmnist"]}
     assert heads == set(HEADS) - NOT_IN_FMNIST, "a new head needs a row in the fmnist table"
