@@ -144,8 +144,8 @@ def png_strip(width: int) -> bytes:
 class Corpus:
     """Every request the soak can send, built once (the random draws pick among them)."""
 
-    def __init__(self, files: list[bytes], card: ModelCard) -> None:
-        self.infer = f"/v2/models/{card.name}/infer"
+    def __init__(self, files: list[bytes], card: ModelCard, model: str | None = None) -> None:
+        self.infer = f"/v2/models/{model or card.name}/infer"  # model: a repository's name
         self.classify = [upload(f, f"{i}.jpg") for i, f in enumerate(files)]
         self.v2 = [request(self.infer, body) for body in tensor_bodies(card, files)]
 
@@ -228,7 +228,10 @@ class Client:
             response = http.client.HTTPResponse(sock)
             response.begin()
             out.status = response.status
-            response.read()
+            answer = response.read()
+            if out.status >= 500:  # what the server said, for the report
+                retry = response.getheader("Retry-After")
+                out.error = f"Retry-After {retry}: {answer[:300].decode('utf-8', 'replace')}"
             out.seconds = time.monotonic() - out.started
             if keep_alive and not response.will_close:
                 self.keep = sock
@@ -405,7 +408,9 @@ def summarize(r: Run) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument(
+        "--clients", type=int, help="client threads (default 32; the long soak's valid ones: 6)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="400 requests, 8 clients")
     parser.add_argument(
@@ -414,8 +419,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="TERM",
         help="sent midway; KILL checks that the soak does see lost requests",
     )
-    parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
+    parser.add_argument("--json", type=Path, help="default: bench/results/soak.json")
+    long = parser.add_argument_group("the long soak (bench.soak_long: attacks, bursts, churn)")
+    long.add_argument("--minutes", type=float, help="run the long soak for this long instead")
+    long.add_argument("--attackers", type=int, default=4, help="threads sending attacks")
+    long.add_argument("--burst-every-s", type=float, default=60.0)
+    long.add_argument("--rss-bound-mib", type=float, default=512.0)
     args = parser.parse_args(argv)
+    if args.clients is None:
+        args.clients = 6 if args.minutes else 32
+    if args.json is None:
+        args.json = RESULTS / ("soak_long.json" if args.minutes else "soak.json")
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error(f"--minutes must be above 0, got {args.minutes}")
     if args.quick:
         args.requests, args.clients = 400, 8
     return args
@@ -423,6 +439,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.minutes is not None:
+        from bench import soak_long
+
+        return soak_long.main(args)
     files = jpegs(32)
     corpus = Corpus(files, read_card(SHIPPED))
     rng = random.Random(args.seed)
