@@ -49,14 +49,22 @@ from training.paired_comparison import comparison_section
 __all__ = [
     "DATASET_ORDER",
     "FMNIST_RECIPE",
+    "FMNIST_TABLES",
+    "SWEEP_HEADS",
+    "SWEEP_LRS",
+    "SWEEP_WEIGHT_DECAYS",
     "TABLES",
     "Row",
     "main",
+    "percent",
     "report",
+    "results",
     "row_config",
     "run_dir",
     "run_row",
     "run_rows",
+    "sweep_row_name",
+    "total_time",
 ]
 
 DATASET_ORDER = ("dtd", "mit_indoor", "minc2500", "cub200")
@@ -186,8 +194,17 @@ TABLES["fmnist-sweep"] = [
     for wd in SWEEP_WEIGHT_DECAYS
 ]  # fmt: skip
 
+#: The sweep's points at the full schedule, with the test pass: each head's chosen point is
+#: trained on seeds 0-2 (training.recipe_sweep chooses; the shipped recipe's runs are reused).
+TABLES["fmnist-fair"] = [
+    Row(row.name, f"{row.label.split(', lr ')[0]} (lr {row.settings['lr']:g}, wd "
+        f"{row.settings['weight_decay']:g})",
+        {k: v for k, v in row.settings.items() if k not in ("epochs", "eval_test")})
+    for row in TABLES["fmnist-sweep"]
+]  # fmt: skip
+
 #: Tables on Fashion-MNIST, whose rows start from FMNIST_RECIPE.
-FMNIST_TABLES = ("fmnist", "fmnist-sweep")
+FMNIST_TABLES = ("fmnist", "fmnist-sweep", "fmnist-fair")
 
 #: The recipe of every Fashion-MNIST row: the shipped model's (configs/fashion-mnist-smso.toml,
 #: less its head and seed; a test keeps the two equal).
@@ -415,7 +432,7 @@ RESULT_FIELDS = (
 )  # fmt: skip
 
 
-def _percent(values: list[float]) -> str:
+def percent(values: list[float]) -> str:
     """Mean and sample standard deviation in %, ``93.12 ± 0.21`` (the mean alone for one value)."""
     if not values:
         return "-"
@@ -424,7 +441,7 @@ def _percent(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
 
 
-def _results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
+def results(table: str, out: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     """The latest result of each row, dataset and seed of ``table`` under ``out``: the lines of
     ``out/results.jsonl`` (the last of a run wins), then every run folder's ``result.json``, so
     that run folders gathered from several machines into one ``out`` are all reported."""
@@ -459,7 +476,7 @@ def _train_seconds(record: dict[str, Any]) -> float:
     return record["epochs"] * median if median else record["train_seconds"]
 
 
-def _total_time(records: list[dict[str, Any]]) -> str:
+def total_time(records: list[dict[str, Any]]) -> str:
     """The training time of all the runs reported, summed over the runs: each run's epochs x
     its median epoch, and the epochs' times as measured."""
     robust = sum(_train_seconds(r) for r in records) / 3600
@@ -497,7 +514,7 @@ def report(table: str, out: Path) -> str:
     standard deviation over its seeds of the best validation and the test accuracy, beside the
     paper's number where it has one; then each SMSO row against first-order and BP, paired by
     seed (``training.paired_comparison``)."""
-    latest = _results(table, out)
+    latest = results(table, out)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (row, dataset, _), record in sorted(latest.items(), key=lambda kv: kv[0][2]):
         runs.setdefault((row, dataset), []).append(record)
@@ -516,8 +533,8 @@ def report(table: str, out: Path) -> str:
             str(len(records)),
             f"{first['feature_dim']:,}",
             f"{first['head_parameters']:,}",
-            _percent([r["best_val_accuracy"] for r in records]),
-            _percent([r["test_accuracy"] for r in records if r["test_accuracy"] is not None]),
+            percent([r["best_val_accuracy"] for r in records]),
+            percent([r["test_accuracy"] for r in records if r["test_accuracy"] is not None]),
         ]
         if with_paper:
             cells.append("-" if first["paper"] is None else f"{first['paper']:.2f}")
@@ -544,7 +561,7 @@ def report(table: str, out: Path) -> str:
         "the epochs x the median epoch's training time (validation and test passes not "
         "included), median over the seeds.",
         "",
-        _total_time(list(latest.values())),
+        total_time(list(latest.values())),
     ]
     notes += comparison_section(runs, [r.name for r in TABLES[table]])
     unfinished = _unfinished(table, out)
@@ -647,11 +664,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = sub.add_parser("report", help="measured results beside the paper's, as markdown")
     rep.add_argument("table", choices=list(TABLES))
     rep.add_argument("--out", type=Path, default=Path("runs/experiments"))
+    choose = sub.add_parser(
+        "choose",
+        help="the fmnist-sweep's grid and each head's recipe chosen on validation, the "
+        "fmnist-fair rows to run, the fair table (training.recipe_sweep)",
+    )
+    choose.add_argument("--sweep", type=Path, default=Path("runs/fmnist-sweep"))
+    choose.add_argument(
+        "--to-run", action="store_true", help="print only the fmnist-fair rows still to train"
+    )
+    choose.add_argument("--fair", type=Path, help="the fmnist-fair runs: print the fair table")
+    choose.add_argument(
+        "--records",
+        type=Path,
+        default=Path("docs/results/fmnist-table"),
+        help="the fmnist table's runs (reused where a head's choice is the shipped recipe)",
+    )
     args = parser.parse_args(argv)
 
     def body() -> int:
         if args.command == "list":
             print(_list())
+        elif args.command == "choose":
+            from training import recipe_sweep
+
+            if args.to_run:
+                print(" ".join(recipe_sweep.rows_to_run(args.sweep)))
+            elif args.fair is not None:
+                print(recipe_sweep.fair_report(args.sweep, args.fair, args.records))
+            else:
+                print(recipe_sweep.sweep_report(args.sweep))
         elif args.command == "report":
             print(report(args.table, args.out))
         else:

@@ -23,7 +23,6 @@ from training.experiments import (
     FMNIST_RECIPE,
     TABLES,
     _result_line,
-    _total_time,
     _train_seconds,
     bases_first,
     find_row,
@@ -32,6 +31,7 @@ from training.experiments import (
     row_config,
     run_row,
     run_rows,
+    total_time,
 )
 from training.figures import fig2_from_checkpoint
 from training.heads import HEADS
@@ -380,7 +380,7 @@ def test_the_total_training_time_sums_median_based_and_measured_times() -> None:
         {"epochs": 45, "median_epoch_seconds": 80.0, "train_seconds": 6600.0},  # 60 min, 110 min
         {"epochs": 10, "median_epoch_seconds": None, "train_seconds": 1800.0},  # older result
     ]
-    assert _total_time(records).startswith(
+    assert total_time(records).startswith(
         "Training time of these 3 runs, summed over the runs: 2.0 h (each run's epochs x its "
         "median epoch); 3.0 h as their epochs measured"
     )
