@@ -22,8 +22,11 @@ from export.card import CARD_KEY, card_from_proto, file_sha256
 from export.cli import main as export_main
 from export.onnx_export import export_checkpoint, graph_opset, newest_opset
 from export.parity import ParityError
+from modelcard.typicality import Typicality
 from training.checkpoint import load_model, save_checkpoint
+from training.datasets.base import LabelledImages
 from training.datasets.presets import PRESETS
+from training.evaluate import load_with_splits
 from training.heads.smso import SMSOPooling
 from training.model import ModelConfig, build_model
 
@@ -489,13 +492,33 @@ def test_cli_refuses_deepo2p_with_the_reason(tmp_path, capsys):
     assert "eigen-decomposition" in capsys.readouterr().err
 
 
+def assert_calibrated_on(reference: Typicality, path: Path, images: LabelledImages) -> None:
+    """The reference's scores are those of ``images`` through the file at ``path``, so that
+    their p-values are uniform: the image ranked r-th most atypical of n gets
+    ``(1 + r) / (n + 1)`` (its own score counts), less one step where float32 storage rounds its
+    score down; at a level a, about ``a (n + 1) - 1`` images lie at or below it."""
+    batch = np.stack([images[i][0].numpy() for i in range(len(images))])
+    logits, embedding, features = session(path).run(
+        ["logits", "embedding", "features"], {"image": batch}
+    )
+    scores = reference.score(logits, embedding, features if reference.uses_features else None)
+    n = len(scores)
+    assert n == reference.images == len(reference.reference)
+    spread = float(np.ptp(reference.reference))
+    np.testing.assert_allclose(np.sort(scores), reference.reference, atol=1e-5 * spread)
+    p_values = reference.p_value(scores)
+    ranks = n - np.argsort(np.argsort(scores))  # 1 = the highest score
+    steps = np.rint(p_values * (n + 1)).astype(int) - ranks
+    assert set(steps.tolist()) <= {0, 1}  # 0 for about half: float32 rounds to nearest
+    for level in (0.1, 0.25, 0.5, 0.75):
+        assert abs(int((p_values <= level).sum()) - (level * (n + 1) - 1)) <= 1
+
+
 def test_the_card_carries_a_typicality_reference_from_the_validation_split(
     exported, trained_run, tmp_path
 ):
     """40 validation images of a p = 4 embedding: the reference the service scores with, its
     p-values calibrated on those images; --no-typicality leaves it out."""
-    from modelcard.typicality import Typicality
-
     section = card_of(exported)["typicality"]
     assert section["images"] == 40
     assert section["embedding_dim"] == P
@@ -505,6 +528,9 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(
         ["logits", "embedding", "features"], {"image": images}
     )
     assert reference.score(logits, embedding).shape == (3,)
+    splits = load_with_splits(trained_run / "best.pt")[2]
+    assert len(splits.val) == 40
+    assert_calibrated_on(reference, exported, splits.val)
     assert (
         export_main(
             [str(trained_run / "best.pt"), "-o", str(tmp_path / "n.onnx"), "--no-typicality"]

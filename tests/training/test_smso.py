@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -86,18 +88,47 @@ def test_state_dicts_have_the_same_names_in_both_forms() -> None:
     }
 
 
+def hand_computed_z_prime(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Eq. 1, 3 and 6 for Sigma = I, one position and one channel at a time in float64:
+    x (B, c, h, w), w (p, c) -> z' (B, p)."""
+    b, c, h, wd = x.shape
+    n = h * wd
+    out = np.zeros((b, len(w)))
+    for i in range(b):
+        positions = [[float(x[i, k, r, s]) for k in range(c)] for r in range(h) for s in range(wd)]
+        mu = [sum(pos[k] for pos in positions) / n for k in range(c)]
+        for j, row in enumerate(w):
+            u = [sum(row[k] * (pos[k] - mu[k]) for k in range(c)) for pos in positions]
+            z = sum(v * v for v in u) / (n - 1)  # w_j^T Y w_j
+            sigma = sum(v * v for v in row)  # w_j^T I w_j
+            out[i, j] = math.sqrt(2 * (n - 1) * z / sigma) - math.sqrt(2 * (n - 1) - 1)
+    return out
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_fresh_layer_outputs_standardised_z(form: Form) -> None:
+    """A new layer (gamma = 1, beta = 0, Sigma = I) outputs Eq. 6's z' as such."""
     layer = SMSOPooling(8, 4, form=form).eval()
-    assert layer.gamma is not None
-    assert layer.beta is not None
-    assert torch.equal(layer.gamma, torch.ones(4))
-    assert torch.equal(layer.beta, torch.zeros(4))
     x = torch.randn(2, 8, 5, 5)
+    w = layer.weight.detach().double().numpy()
     with torch.no_grad():
-        z = layer.vectorize(x)
-        expected = layer.standardize(z, 25)
-        assert torch.allclose(layer(x), expected)
+        out = layer(x).double().numpy()
+    np.testing.assert_allclose(out, hand_computed_z_prime(x.double().numpy(), w), atol=1e-5)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_fresh_layer_on_a_covariance_proportional_to_sigma_gives_the_closed_form(
+    form: Form,
+) -> None:
+    """Two channels at 2 x 2 positions, +-1 patterns orthogonal to each other: Y = 4/3 I = 4/3
+    Sigma, so q = (n-1) z / (w^T Sigma w) = 4 whatever W, and z' = sqrt(8) - sqrt(5)."""
+    layer = SMSOPooling(2, 5, form=form).eval()
+    pattern = torch.tensor([[[1.0, -1.0], [1.0, -1.0]], [[1.0, 1.0], [-1.0, -1.0]]])
+    x = (pattern + torch.tensor([3.0, -7.0])[:, None, None])[None]  # offsets: the mean is removed
+    with torch.no_grad():
+        out = layer(x)
+    expected = math.sqrt(8) - math.sqrt(5)  # 0.5924...
+    np.testing.assert_allclose(out.double().numpy(), np.full((1, 5), expected), atol=1e-5)
 
 
 def test_any_resolution_uses_its_own_n() -> None:
