@@ -62,9 +62,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from bench.lib import SHIPPED, launch, report
+from bench.lib.hostile import MIX, VALID, Client, Corpus, Outcome, Request, request, upload
 from bench.lib.launch import HOST
 from bench.lib.payloads import Body, jpegs
-from bench.soak import MIX, VALID, Client, Corpus, Outcome, Request, request, upload
 from service.runtime.backend import read_card
 
 MODEL = "fmnist"  # the model the valid traffic uses (always served)

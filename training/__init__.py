@@ -18,7 +18,8 @@ The modules, from the layer up to the command lines:
 - After a run: :mod:`training.evaluate` (``smso-eval``), :mod:`training.figures`
   (``smso-figure``), :mod:`training.experiments` (``smso-experiment``: the paper's tables as
   named rows) with :mod:`training.paired_comparison` (rows compared seed by seed),
-  :mod:`training.recipe_sweep` (each head's recipe chosen on validation, the fair table) and
+  :mod:`training.recipe_sweep` (each head's recipe chosen on validation, the fair table;
+  both behind :mod:`training.experiment_cli`) and
   :mod:`training.json_lines` (the files runs write).
 - :mod:`training.cli`: what the console scripts share (a user's mistake is one line, exit 2),
   with :mod:`training.outputs` (every output checked before any work and written atomically)

@@ -622,7 +622,12 @@ def _check_run_arguments(args: argparse.Namespace, names: Sequence[str]) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``smso-experiment``."""
-    parser = argparse.ArgumentParser(prog="smso-experiment", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="smso-experiment",
+        description=__doc__.splitlines()[0],
+        epilog="smso-experiment choose: each head's recipe from the fmnist-sweep, chosen on "
+        "validation, and the fair table (smso-experiment choose --help; training.recipe_sweep)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="every table row with the paper's numbers")
     run = sub.add_parser("run", help="train and test rows of a table")
@@ -664,36 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = sub.add_parser("report", help="measured results beside the paper's, as markdown")
     rep.add_argument("table", choices=list(TABLES))
     rep.add_argument("--out", type=Path, default=Path("runs/experiments"))
-    choose = sub.add_parser(
-        "choose",
-        help="the fmnist-sweep's grid and each head's recipe chosen on validation, the "
-        "fmnist-fair rows to run, the fair table (training.recipe_sweep)",
-    )
-    choose.add_argument("--sweep", type=Path, default=Path("runs/fmnist-sweep"))
-    choose.add_argument(
-        "--to-run", action="store_true", help="print only the fmnist-fair rows still to train"
-    )
-    choose.add_argument("--fair", type=Path, help="the fmnist-fair runs: print the fair table")
-    choose.add_argument(
-        "--records",
-        type=Path,
-        default=Path("docs/results/fmnist-table"),
-        help="the fmnist table's runs (reused where a head's choice is the shipped recipe)",
-    )
     args = parser.parse_args(argv)
 
     def body() -> int:
         if args.command == "list":
             print(_list())
-        elif args.command == "choose":
-            from training import recipe_sweep
-
-            if args.to_run:
-                print(" ".join(recipe_sweep.rows_to_run(args.sweep)))
-            elif args.fair is not None:
-                print(recipe_sweep.fair_report(args.sweep, args.fair, args.records))
-            else:
-                print(recipe_sweep.sweep_report(args.sweep))
         elif args.command == "report":
             print(report(args.table, args.out))
         else:

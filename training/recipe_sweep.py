@@ -21,10 +21,13 @@ choice is then trained for the full schedule on seeds 0-2 (``fmnist-fair``, the 
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.cli import run_cli
 from training.config import ConfigError
 from training.experiments import (
     FMNIST_RECIPE,
@@ -40,7 +43,7 @@ from training.experiments import (
 )
 from training.paired_comparison import comparison_section
 
-__all__ = ["Choice", "choices", "fair_report", "rows_to_run", "sweep_report"]
+__all__ = ["Choice", "choices", "fair_report", "main", "rows_to_run", "sweep_report"]
 
 SWEEP, FAIR = "fmnist-sweep", "fmnist-fair"
 DATASET = str(FMNIST_RECIPE["dataset"])
@@ -189,3 +192,34 @@ def fair_report(sweep: Path, fair: Path, records: Path) -> str:
     if missing or waiting:
         notes += ["", f"Not in yet: {', '.join(missing + waiting)}."]
     return "\n".join(lines + notes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``smso-experiment choose``: the sweep's grid and choices, the rows to run, the fair
+    table."""
+    parser = argparse.ArgumentParser(
+        prog="smso-experiment choose", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--sweep", type=Path, default=Path("runs/fmnist-sweep"))
+    parser.add_argument(
+        "--to-run", action="store_true", help="print only the fmnist-fair rows still to train"
+    )
+    parser.add_argument("--fair", type=Path, help="the fmnist-fair runs: print the fair table")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        default=Path("docs/results/fmnist-table"),
+        help="the fmnist table's runs (reused where a head's choice is the shipped recipe)",
+    )
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        if args.to_run:
+            print(" ".join(rows_to_run(args.sweep)))
+        elif args.fair is not None:
+            print(fair_report(args.sweep, args.fair, args.records))
+        else:
+            print(sweep_report(args.sweep))
+        return 0
+
+    return run_cli("smso-experiment choose", body)

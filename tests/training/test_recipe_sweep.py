@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from training.config import ConfigError
-from training.experiments import SWEEP_HEADS, SWEEP_LRS, SWEEP_WEIGHT_DECAYS, main, run_dir
+from training.experiment_cli import main
+from training.experiments import SWEEP_HEADS, SWEEP_LRS, SWEEP_WEIGHT_DECAYS, run_dir
 from training.recipe_sweep import choices, fair_report, rows_to_run, sweep_report
 
 GRID = [(lr, wd) for lr in SWEEP_LRS for wd in SWEEP_WEIGHT_DECAYS]
