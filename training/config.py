@@ -23,7 +23,7 @@ from typing import Any
 from training.backbones import BACKBONES
 from training.cli import HelpFormatter
 from training.datasets import DATASETS
-from training.datasets.fashion_mnist import VAL_SIZE
+from training.datasets.fashion_mnist import CLASSES, VAL_SIZE, check_classes
 from training.heads import HEADS, head_spec
 from training.model import ModelConfig
 from training.runtime import DEVICES
@@ -66,6 +66,7 @@ class TrainConfig:
     data_root: str | None = None  # dataset folder; None: Debian's Fashion-MNIST (others need one)
     partition: int = 1  # DTD's partition 1-10, MINC-2500's split 1-5
     val_size: int | None = None  # Fashion-MNIST's held-out validation images (None: 5,000)
+    classes: list[int] | None = None  # Fashion-MNIST's labels (0-9) kept; None: all ten
     image_size: int | None = None  # input crop side; None: the dataset preset's
     # model
     backbone: str = "small_cnn"  # key of training.backbones.BACKBONES
@@ -148,6 +149,16 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.classes is not None:
+            if self.dataset != "fashion_mnist":
+                raise ConfigError(
+                    f"classes (a subset of the labels) is read by fashion_mnist only, not "
+                    f"{self.dataset}: leave it out, or give your own images a folder per class"
+                )
+            try:
+                check_classes(self.classes)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
 
     def model_config(self, num_classes: int, in_channels: int) -> ModelConfig:
         """The model this run trains (raises for unknown backbone or head names)."""
@@ -300,6 +311,9 @@ _HELP = {
     f"{FASHION_MNIST_VAL_SIZE:,}). image_folder uses val/ when it exists, else holds out 10%% "
     "of each class of train/, as MIT-Indoor and CUB-200 do; DTD and MINC-2500 use their own "
     "validation lists. splits.json in the run folder records what was done",
+    "classes": "Fashion-MNIST only: the labels to train and test on, e.g. '--classes 0 1 2 3 "
+    "4 5 8 9' (Shirt and Sneaker held out); relabelled 0..K-1 in label order (default: all "
+    "ten: " + ", ".join(f"{i} {name}" for i, name in enumerate(CLASSES)) + ")",
     "image_size": "side of the square crop the model sees, in pixels (default: the dataset's: "
     "28 Fashion-MNIST, 224 image_folder and MINC-2500, 448 the others); 32 or 64 suit the "
     "small CNN",
@@ -381,7 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             default = None
         # default=None: a flag not given leaves the config file's value (or the dataclass's)
-        if hints[f.name] is bool:
+        if typing.get_origin(_optional(hints[f.name])) is list:
+            parser.add_argument(
+                flag,
+                nargs="+",
+                type=int,
+                default=None,
+                metavar="LABEL",
+                help=_flag_help(f.name, default),
+            )
+        elif hints[f.name] is bool:
             parser.add_argument(
                 flag,
                 action=argparse.BooleanOptionalAction,

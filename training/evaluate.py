@@ -42,7 +42,13 @@ def load_with_splits(
     cfg = TrainConfig.from_dict(payload["train_config"])
     preset = Preset.from_dict(payload["preset"])
     splits, _ = load_splits(
-        cfg.dataset, data_root or cfg.data_root, preset, cfg.partition, cfg.val_size, cfg.seed
+        cfg.dataset,
+        data_root or cfg.data_root,
+        preset,
+        cfg.partition,
+        cfg.val_size,
+        cfg.seed,
+        cfg.classes,
     )
     if splits.classes != payload.get("classes", splits.classes):
         raise CheckpointError(

@@ -277,7 +277,13 @@ class _Run:
         self.cfg = cfg.resolve()
         self.splits: Splits
         self.splits, self.preset = load_splits(
-            cfg.dataset, cfg.data_root, preset, cfg.partition, self.cfg.val_size, cfg.seed
+            cfg.dataset,
+            cfg.data_root,
+            preset,
+            cfg.partition,
+            self.cfg.val_size,
+            cfg.seed,
+            cfg.classes,
         )
         # a broken test image found now, not after training
         check_readable(self.splits, test=cfg.eval_test)

@@ -3,13 +3,14 @@
 ``load_splits(name, root, preset, ...)`` returns the train / validation / test splits of one
 dataset, already transformed by the preset; ``DATASETS`` lists the names. The image datasets
 (DTD, MINC-2500, MIT-Indoor, CUB-200-2011, an ImageFolder tree) have no default location and
-need a root; only Fashion-MNIST reads ``val_size``, and only DTD (1-10) and MINC-2500 (1-5) have
-more than one ``partition``.
+need a root; only Fashion-MNIST reads ``val_size`` and ``classes`` (a subset of its labels), and
+only DTD (1-10) and MINC-2500 (1-5) have more than one ``partition``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from training.datasets.base import (
@@ -40,10 +41,22 @@ __all__ = [
 
 
 def _fashion_mnist(
-    root: Path | None, preset: Preset, partition: int, val_size: int, seed: int
+    root: Path | None,
+    preset: Preset,
+    partition: int,
+    val_size: int,
+    seed: int,
+    classes: Sequence[int] | None = None,
 ) -> Splits:
     check_partition(partition, 1, "fashion_mnist")
-    return fashion_mnist(root, preset.train_transform(), preset.eval_transform(), val_size, seed)
+    return fashion_mnist(
+        root,
+        preset.train_transform(),
+        preset.eval_transform(),
+        val_size,
+        seed,
+        classes=classes,
+    )
 
 
 #: name -> builder(root, preset, partition, val_size, seed) -> Splits
@@ -64,13 +77,16 @@ def load_splits(
     partition: int = 1,
     val_size: int | None = None,
     seed: int = 0,
+    classes: Sequence[int] | None = None,
 ) -> tuple[Splits, Preset]:
     """The splits of dataset ``name`` under ``root`` and the preset that transformed them.
     ``val_size``: Fashion-MNIST's held-out training images (None: 5,000); the other datasets
-    have their own validation split and ignore it.
+    have their own validation split and ignore it. ``classes``: Fashion-MNIST's labels to keep
+    (None: all ten), relabelled ``0..K-1``.
 
     Raises:
-        ValueError: unknown dataset name (the message lists the valid ones).
+        ValueError: unknown dataset name (the message lists the valid ones); ``classes`` for
+            another dataset than Fashion-MNIST, or labels that are not Fashion-MNIST's.
         DatasetLayoutError: the root or a file of the layout is missing; the message names it.
     """
     if name not in DATASETS:
@@ -78,7 +94,15 @@ def load_splits(
     preset = preset or PRESETS[name]
     root_path = None if root is None else Path(root)
     held_out = VAL_SIZE if val_size is None else val_size
-    splits = DATASETS[name](root_path, preset, partition, held_out, seed)
+    builder = DATASETS[name]
+    if classes is not None:
+        if name != "fashion_mnist":
+            raise ValueError(
+                f"classes (a subset of the labels) is read by fashion_mnist only, not {name}: "
+                "leave it out, or give your own images a folder per class you want"
+            )
+        builder = functools.partial(_fashion_mnist, classes=classes)
+    splits = builder(root_path, preset, partition, held_out, seed)
     for split in ("train", "val", "test"):
         if len(getattr(splits, split)) == 0:
             # how the validation split was made names its source; the others' come from the

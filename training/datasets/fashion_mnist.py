@@ -7,6 +7,10 @@ Looks for ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-image
 
 Splits: ``val_size`` images (5,000 by default) are held out of the 60,000 training images by a
 seeded permutation; the 10,000 test images are only for the reported accuracy.
+
+``classes`` keeps some of the ten labels (an open-set experiment trains on 8 and holds 2 out as
+unknown): every split then holds only the images of those classes, relabelled ``0..K-1`` in
+label order, and the validation images are held out of the kept classes' training images.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import copy
 import gzip
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,15 @@ from training.datasets.base import DatasetLayoutError, LabelledImages, Splits
 #: Training images held out for validation by default.
 VAL_SIZE = 5000
 
-__all__ = ["CLASSES", "DEFAULT_ROOT", "TensorImages", "fashion_mnist", "read_idx"]
+__all__ = [
+    "CLASSES",
+    "DEFAULT_ROOT",
+    "TensorImages",
+    "check_classes",
+    "fashion_mnist",
+    "keep_classes",
+    "read_idx",
+]
 
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
 #: Class names as the dataset names them, in label order.
@@ -170,6 +182,39 @@ class TensorImages(LabelledImages):
         return list(zip(images, self.labels[index].tolist(), strict=True))
 
 
+def check_classes(classes: Sequence[int]) -> list[int]:
+    """``classes`` sorted, or ``ValueError`` saying what is wrong: at least two distinct labels
+    from 0 to 9 (integers, not names)."""
+    labels = list(classes)
+    if any(not isinstance(c, int) or isinstance(c, bool) for c in labels):
+        raise ValueError(
+            f"classes must be Fashion-MNIST labels (integers 0-9), got {labels!r}; "
+            f"the labels: {', '.join(f'{i} {name}' for i, name in enumerate(CLASSES))}"
+        )
+    outside = sorted({c for c in labels if not 0 <= c < len(CLASSES)})
+    if outside:
+        raise ValueError(
+            f"classes {outside} are not Fashion-MNIST labels: give labels from 0 to "
+            f"{len(CLASSES) - 1} ({', '.join(f'{i} {name}' for i, name in enumerate(CLASSES))})"
+        )
+    twice = sorted({c for c in labels if labels.count(c) > 1})
+    if twice:
+        raise ValueError(f"classes {twice} given more than once: name each class once")
+    if len(labels) < 2:
+        raise ValueError(f"classes {labels}: a classifier needs at least two classes")
+    return sorted(labels)
+
+
+def keep_classes(
+    images: np.ndarray, labels: np.ndarray, classes: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The images ``(N, H, W)`` whose label is in ``classes`` (sorted), and their labels
+    renumbered by position in ``classes``: ``(M, H, W)``, ``(M,)`` int64."""
+    kept = np.asarray(classes)
+    mask = np.isin(labels, kept)
+    return images[mask], np.searchsorted(kept, labels[mask]).astype(np.int64)
+
+
 def fashion_mnist(
     root: str | Path | None = None,
     train_transform: Callable[[Tensor], Any] | None = None,
@@ -177,11 +222,15 @@ def fashion_mnist(
     val_size: int = VAL_SIZE,
     seed: int = 0,
     download: bool = False,
+    classes: Sequence[int] | None = None,
 ) -> Splits:
     """Fashion-MNIST's train (60,000 - val_size), validation (val_size) and test (10,000) splits.
 
-    ``download=True`` fetches the files with torchvision when they are missing (needs internet).
+    ``classes`` (labels 0-9, at least two): only those classes' images, relabelled ``0..K-1`` in
+    label order; ``val_size`` is then held out of their training images. ``download=True``
+    fetches the files with torchvision when they are missing (needs internet).
     """
+    kept = None if classes is None else check_classes(classes)
     root = Path(root) if root is not None else DEFAULT_ROOT
     if download:
         try:
@@ -192,18 +241,23 @@ def fashion_mnist(
             torchvision.datasets.FashionMNIST(str(root), train=True, download=True)
             torchvision.datasets.FashionMNIST(str(root), train=False, download=True)
     images, labels = load_arrays(root, "train")
+    test_images, test_labels = load_arrays(root, "test")
+    names, which = list(CLASSES), "training images"
+    if kept is not None:
+        images, labels = keep_classes(images, labels, kept)
+        test_images, test_labels = keep_classes(test_images, test_labels, kept)
+        names = [CLASSES[c] for c in kept]
+        which = f"training images of classes {kept}"
     if not 0 < val_size < len(labels):
         raise ValueError(f"val_size must be in (0, {len(labels)}), got {val_size}")
     order = np.random.default_rng(seed).permutation(len(labels))
     val_idx, train_idx = np.sort(order[:val_size]), np.sort(order[val_size:])
-    test_images, test_labels = load_arrays(root, "test")
-    train = TensorImages(images[train_idx], labels[train_idx], CLASSES, train_transform)
+    train = TensorImages(images[train_idx], labels[train_idx], names, train_transform)
     return Splits(
         train=train,
-        val=TensorImages(images[val_idx], labels[val_idx], CLASSES, eval_transform),
-        test=TensorImages(test_images, test_labels, CLASSES, eval_transform),
-        classes=list(CLASSES),
+        val=TensorImages(images[val_idx], labels[val_idx], names, eval_transform),
+        test=TensorImages(test_images, test_labels, names, eval_transform),
+        classes=list(names),
         train_eval=train.with_transform(eval_transform),
-        validation=f"{val_size} of the {len(labels)} training images held out at random "
-        f"(seed {seed})",
+        validation=f"{val_size} of the {len(labels)} {which} held out at random (seed {seed})",
     )
