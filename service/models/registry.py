@@ -176,7 +176,12 @@ class Registry:
         loading; ``"failed"`` when the default model could not be loaded; ``"missing"`` when
         the models have been read and the default names none of them (or there are none);
         else ``"loading"``. A server of several models without a default answers every
-        model's own routes, and is ready once they have all been tried and one serves."""
+        model's own routes, and is ready once they have all been tried and one serves.
+
+        Only the first scan's models are waited for (``settled``): a model that appears later, or
+        is loaded on request, loads while the replica stays ready. Otherwise one model copied into
+        a shared repository would make every replica unready at once, and the default route,
+        which they all still answer, would lose every endpoint."""
         if not self.entries and not self.settled:
             return "loading"
         default = self.default_name()
@@ -188,6 +193,8 @@ class Registry:
             if entry is None:
                 return "missing" if self.settled else "loading"
             return "failed" if entry.status is ModelStatus.UNAVAILABLE else "loading"
+        if self.settled:
+            return "ready"
         # a model being replaced by a new version serves meanwhile: it does not make the
         # server unready
         settled = (ModelStatus.READY, ModelStatus.UNAVAILABLE)

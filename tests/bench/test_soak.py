@@ -87,7 +87,7 @@ EXPECTED = {
     "header-bomb": {"431"},
     "header-flood": {"431"},
     "grpc-malformed": {"INVALID_ARGUMENT"},
-    "grpc-valid": {"OK"},
+    "grpc-valid": {"OK", "RESOURCE_EXHAUSTED"},
     "grpc-burst": {"OK", "RESOURCE_EXHAUSTED"},
 }
 

@@ -112,3 +112,29 @@ def test_a_server_of_several_models_is_not_ready_until_each_has_been_tried():
     registry.settled = True
     registry.mark("b", "1", ModelStatus.UNAVAILABLE, "broken")
     assert registry.readiness() == "missing"
+
+
+def test_a_model_appearing_after_the_first_scan_loads_while_the_replica_stays_ready():
+    """The long soak found it: each model copied into the repository made /readyz 503
+    "loading" while it loaded, on every replica reading the folder at once, although the
+    default route kept answering."""
+    from service.models.registry import ModelStatus, Registry
+
+    registry = Registry(default="a")
+    registry.mark("a", "1", ModelStatus.LOADING)
+    assert registry.readiness() == "loading"
+    registry.serve(_loaded("a", "1"))
+    registry.settled = True
+    assert registry.readiness() == "ready"
+    registry.mark("new", "1", ModelStatus.LOADING)  # appears in a later scan
+    assert registry.readiness() == "ready"
+    registry.mark("a", "2", ModelStatus.LOADING)  # a new version of the default, v1 serves
+    assert registry.readiness() == "ready"
+    registry.withdraw("a")  # the default itself gone: not ready
+    assert registry.readiness() == "missing"
+
+
+def _loaded(name: str, version: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, version=version, source=None)
