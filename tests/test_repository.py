@@ -23,6 +23,7 @@ FORBIDDEN_IN_SERVICE = ("torch", "torchvision", "training", "export")
         "export",
         "service",
         "modelcard",
+        "batch",
         "docker",
         "tests",
         "docker-compose.yml",
@@ -137,7 +138,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "set -e" in ci  # a failing step fails CI
 
 
-@pytest.mark.parametrize("package", ["service", "training", "export"])
+@pytest.mark.parametrize("package", ["service", "training", "export", "batch"])
 def test_each_package_docstring_names_every_module(package: str) -> None:
     """The package docstrings are the map a newcomer reads first: a new module must be on it,
     and a module that is gone must leave it."""

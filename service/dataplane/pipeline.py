@@ -28,6 +28,7 @@ from service.telemetry import access
 __all__ = [
     "Outputs",
     "decode_all",
+    "l2_normalised",
     "run_batched",
     "softmax",
     "top_classes",
@@ -45,6 +46,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
     return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def l2_normalised(embeddings: np.ndarray) -> np.ndarray:
+    """Each row of ``embeddings`` ``(N, p)`` divided by its L2 norm (at least 1e-12), in
+    float64: what ``/embed?normalize=true`` answers (and ``smso-embed --normalize`` writes)."""
+    vectors = embeddings.astype(np.float64)
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
 
 
 def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

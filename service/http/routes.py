@@ -23,7 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from modelcard.typicality import summary
 from service.core.errors import ServiceError
-from service.dataplane.pipeline import Outputs, decode_all, run_batched, top_classes
+from service.dataplane.pipeline import (
+    Outputs,
+    decode_all,
+    l2_normalised,
+    run_batched,
+    top_classes,
+)
 from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.http import schemas
@@ -256,7 +262,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         for upload, output in zip(uploads, outputs, strict=True):
             vector = output[1].astype(np.float64)
             if normalize:
-                vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+                vector = l2_normalised(vector)
             results.append(
                 {"filename": upload.filename, "embedding": _encoded(vector, encoding, dtype)}
                 | _typicality(output)

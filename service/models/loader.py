@@ -31,7 +31,7 @@ from service.runtime.hosted_backend import HostedBackend, host_from_environment
 from service.runtime.runner import Batch, buckets
 from service.telemetry import stage_clock
 
-__all__ = ["load_model", "retire", "unload_model"]
+__all__ = ["load_model", "retire", "scored", "typicality_reference", "unload_model"]
 
 log = logging.getLogger("service")
 
@@ -75,7 +75,7 @@ async def load_model(
         card = backend.card
         name, version = name or card.name, version or card.model_version
         registry.mark(name, version, ModelStatus.LOADING, source=source)
-        typicality = _typicality(backend, settings.typicality, name)
+        typicality = typicality_reference(backend, settings.typicality, name)
         batcher = MicroBatcher(
             scored(backend.run, typicality, _outputs(backend)),
             settings.max_batch_size,
@@ -193,9 +193,9 @@ def _backend(source: Path, settings: Settings) -> Backend:
     return OnnxBackend(source, BackendOptions.from_settings(settings))
 
 
-def _typicality(backend: Backend, enabled: bool, name: str) -> Typicality | None:
+def typicality_reference(backend: Backend, enabled: bool, name: str) -> Typicality | None:
     """The card's typicality reference, if it has one and scoring is on; a section that cannot
-    be read is logged and the model served without it."""
+    be read is logged and the model served without it (``smso-embed`` scores with it too)."""
     section = (getattr(backend, "card_dict", None) or {}).get("typicality")
     if not enabled or not section:
         return None

@@ -1,0 +1,87 @@
+"""The end of a job: what it did, what OUT now holds, and whether anything was lost.
+
+A job's own faults (exit status 1): an image of INPUT missing from OUT after the job, an image in
+OUT twice, or a model whose outputs were not finite. Images refused by the service's rules are
+not faults of the job: they are in the errors table, and the job succeeds (exit status 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from batch.embedder import NOT_FINITE
+from batch.progress import format_duration
+
+__all__ = ["Summary"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A job's figures; :attr:`faults` lists what makes it fail."""
+
+    inputs: int  # images INPUT names
+    skipped: int  # already in OUT (--resume)
+    todo: int  # set out to do in this run
+    embedded: int  # written to the embeddings table in this run
+    refused: dict[str, int]  # written to the errors table in this run, by kind
+    seconds: float  # the job's run (the pipeline, not Ray's start)
+    ray_start_seconds: float
+    out_embedded: int  # rows of OUT's embeddings table now
+    out_refused: int  # rows of OUT's errors table now
+    missing: int  # images of INPUT in neither table
+    duplicates: int  # rows of OUT whose image is in another row too
+    out: str
+    faults: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, **figures: Any) -> Summary:
+        summary = cls(**figures)
+        faults = summary.faults
+        if summary.missing:
+            faults.append(
+                f"{summary.missing:,} images of INPUT are not in OUT: run the same command "
+                "with --resume to finish them"
+            )
+        if summary.duplicates:
+            faults.append(f"{summary.duplicates:,} rows of OUT repeat an image")
+        if summary.refused.get(NOT_FINITE):
+            faults.append(
+                f"the model's outputs were NaN or infinite for {summary.refused[NOT_FINITE]:,} "
+                "images (the model file is at fault)"
+            )
+        return summary
+
+    @property
+    def images_per_s(self) -> float:
+        done = self.embedded + sum(self.refused.values())
+        return done / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"images_per_s": round(self.images_per_s, 1)}
+
+    def text(self) -> str:
+        """A few lines for a person."""
+        refused = sum(self.refused.values())
+        kinds = ", ".join(f"{kind} {n:,}" for kind, n in sorted(self.refused.items()))
+        lines = [
+            f"smso-embed: {self.inputs:,} images in INPUT, {self.skipped:,} already in OUT, "
+            f"{self.todo:,} to do",
+            f"  embedded   {self.embedded:,}",
+            f"  refused    {refused:,}" + (f" ({kinds}): see {self.out}/errors" if kinds else ""),
+        ]
+        if self.todo:
+            lines.append(
+                f"  speed      {self.images_per_s:,.0f} images/s "
+                f"({format_duration(self.seconds)}; Ray started in {self.ray_start_seconds:.1f} s)"
+            )
+        lines.append(
+            f"  OUT        {self.out_embedded:,} embeddings, {self.out_refused:,} errors: "
+            + (
+                "every image of INPUT once"
+                if not (self.missing or self.duplicates)
+                else f"{self.missing:,} missing, {self.duplicates:,} repeated"
+            )
+        )
+        lines += [f"  fault      {fault}" for fault in self.faults]
+        return "\n".join(lines)

@@ -1,0 +1,361 @@
+"""smso-embed (``batch/``, Ray Data) against what else could embed a collection, and its faults.
+
+Speed, in ``--rounds`` interleaved rounds (this machine is shared and noisy: ratios are taken
+per round and the median reported), on ``--images`` Fashion-MNIST test images written as PNG
+files, with the shipped model:
+
+* ``smso-embed``: the command as a user runs it (``python -m batch.cli MODEL DIR -o OUT``), in a
+  process of its own that starts its local Ray; images/s over the job (the summary's, from the
+  pipeline's start to the last file written) and over the whole command (Ray's start included);
+* ``loop``: one process, one loop: read each file, the same decoder
+  (``service.imaging.images.Preprocessor``), and the same onnxruntime session
+  (``service.runtime.backend.OnnxBackend``, its threads on every core) in batches of 64: the
+  physical limit of a machine's cores without any framework;
+* ``service``: ``smso-serve`` (started once) and 4 concurrent clients posting batches of 64
+  files to ``/embed`` (multipart bodies built before the clock starts).
+
+Targets (issue 41): smso-embed >= 0.9x the loop and >= 3x the service. ResNet-50 SMSO at 224 px
+(random weights) is measured the same way on ``--resnet-images`` JPEGs (256 x 256).
+
+Faults (``--only faults``), each on its own folder: a Ray worker (the inference actor) killed
+with SIGKILL mid-run, the job must still write every image once; a run stopped with SIGINT
+halfway and resumed with ``--resume``, every image once; 1 % corrupt files, in the errors
+table, the rest embedded.
+
+    python -m bench.embed                  # 10,000 images, 3 rounds, ResNet-50, faults
+    python -m bench.embed --quick          # 2,000 images, 1 round, no ResNet-50, faults
+    python -m bench.embed --only faults     # or: --only speed, --only resnet
+
+Results: a table on stdout and ``bench/results/embed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.dataset as pads
+
+from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib.load import drive, post
+from bench.lib.payloads import BOUNDARY, Body, jpegs, pngs
+from service.imaging.images import Preprocessor
+from service.runtime.backend import BackendOptions, OnnxBackend
+
+BATCH = 64  # images per request and per loop step
+CLIENTS = 4
+
+
+def write_files(folder: Path, files: Sequence[bytes], suffix: str) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, data in enumerate(files):
+        path = folder / f"{i:06d}{suffix}"
+        path.write_bytes(data)
+        paths.append(path)
+    return paths
+
+
+def embed_command(model: Path, source: Path, out: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "batch.cli", str(model), str(source), "-o", str(out), *flags]
+
+
+def run_embed(model: Path, source: Path, out: Path, *flags: str) -> dict[str, Any]:
+    """smso-embed in a process of its own: its JSON summary and the command's wall time."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        embed_command(model, source, out, "--json", "--no-progress", *flags),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"smso-embed exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+    summary = json.loads(done.stdout)
+    images = summary["embedded"] + sum(summary["refused"].values())
+    return summary | {"wall_s": wall, "wall_images_per_s": images / wall}
+
+
+def loop_rate(model: Path, files: Sequence[Path]) -> dict[str, Any]:
+    """The single-process loop: read, decode, run a batch of 64, in turn."""
+    backend = OnnxBackend(model, BackendOptions(providers="CPUExecutionProvider"))
+    preprocess = Preprocessor(backend.card.preprocessing, 50_000_000)
+    start = time.perf_counter()
+    for i in range(0, len(files), BATCH):
+        chunk = files[i : i + BATCH]
+        backend.run(np.stack([preprocess(path.read_bytes(), str(path)) for path in chunk]))
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "images_per_s": len(files) / seconds}
+
+
+def multipart_batch(files: Sequence[Path], content_type: str) -> Body:
+    """``files`` as the parts ``file`` of one multipart form."""
+    parts = []
+    for path in files:
+        head = (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{path.name}"\r\nContent-Type: {content_type}\r\n\r\n'
+        )
+        parts.append(head.encode() + path.read_bytes() + b"\r\n")
+    body = b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+    return Body(body, {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"})
+
+
+def service_rate(url: str, bodies: Sequence[Body], images: int) -> dict[str, Any]:
+    """``CLIENTS`` clients posting the batches to /embed, each batch once."""
+    load = drive(post(f"{url}/embed", bodies), CLIENTS, len(bodies))
+    if load["failures"]:
+        raise RuntimeError(f"/embed failed: {load['outcomes']}")
+    return {"images_per_s": load["requests_per_second"] * images / len(bodies)}
+
+
+def speed(
+    name: str,
+    model: Path,
+    files: list[Path],
+    content_type: str,
+    rounds: int,
+    work: Path,
+    embed_flags: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The three ways, interleaved, on ``files``; each round's figures and the median ratios."""
+    bodies = [
+        multipart_batch(files[i : i + BATCH], content_type) for i in range(0, len(files), BATCH)
+    ]
+    folder = files[0].parent
+    results: dict[str, list[dict[str, Any]]] = {"smso-embed": [], "loop": [], "service": []}
+    settings = {"SMSO_MAX_BATCH_SIZE": str(BATCH), "SMSO_MAX_FILES": str(BATCH)}
+    with launch.smso_serve("--model-path", str(model), settings=settings) as server:
+        service_rate(server.base, bodies[:2], 2 * BATCH)  # warm-up
+        for r in range(rounds):
+            out = work / f"{name}-out-{r}"
+            order: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                ("smso-embed", functools.partial(run_embed, model, folder, out, *embed_flags)),
+                ("loop", functools.partial(loop_rate, model, files)),
+                ("service", functools.partial(service_rate, server.base, bodies, len(files))),
+            ]
+            for variant, measure in order if r % 2 == 0 else order[::-1]:
+                results[variant].append(measure())
+                rate = results[variant][-1]["images_per_s"]
+                print(f"  {name} round {r + 1}: {variant} {rate:,.0f} images/s")
+    embed_rates = [run["images_per_s"] for run in results["smso-embed"]]
+    ratios = {
+        "embed/loop": statistics.median(
+            e / run["images_per_s"] for e, run in zip(embed_rates, results["loop"], strict=True)
+        ),
+        "embed/service": statistics.median(
+            e / run["images_per_s"] for e, run in zip(embed_rates, results["service"], strict=True)
+        ),
+        "embed_with_ray_start/loop": statistics.median(
+            e["wall_images_per_s"] / run["images_per_s"]
+            for e, run in zip(results["smso-embed"], results["loop"], strict=True)
+        ),
+    }
+    return {"images": len(files), "rounds": results, "ratios": ratios}
+
+
+# --- faults -------------------------------------------------------------------------------
+
+
+def descendants(pid: int) -> Iterator[tuple[int, str]]:
+    """``(pid, command line)`` of every process below ``pid`` (Linux's /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    below: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    for child in sorted(below):
+        with contextlib.suppress(OSError):
+            command = (Path(f"/proc/{child}/cmdline").read_bytes()).replace(b"\0", b" ")
+            yield child, command.decode(errors="replace")
+
+
+def parts_written(out: Path) -> int:
+    return len(list((out / "embeddings").glob("part-*.parquet")))
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def exactly_once(out: Path, files: Sequence[Path]) -> dict[str, Any]:
+    """Whether every file is in OUT's two tables exactly once."""
+    paths: list[str] = []
+    for table in ("embeddings", "errors"):
+        parts = sorted(str(part) for part in (out / table).glob("part-*.parquet"))
+        if parts:
+            dataset = pads.dataset(parts, format="parquet")
+            paths += dataset.to_table(columns=["path"]).column("path").to_pylist()
+    expected = {str(path) for path in files}
+    return {
+        "rows": len(paths),
+        "missing": len(expected - set(paths)),
+        "repeated": len(paths) - len(set(paths)),
+        "exactly_once": len(paths) == len(expected) and set(paths) == expected,
+    }
+
+
+def fault_kill_worker(model: Path, files: Sequence[Path], out: Path) -> dict[str, Any]:
+    """SIGKILL to the inference actor's process once the first part is written."""
+    flags = ("--no-progress", "--rows-per-file", "256", "--decode-batch", "128")
+    job = subprocess.Popen(
+        embed_command(model, files[0].parent, out, *flags),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    killed = None
+    if wait_for(lambda: parts_written(out) > 0 or job.poll() is not None, 300):
+        actors = [pid for pid, cmd in descendants(job.pid) if "MapWorker" in cmd]
+        if actors and job.poll() is None:
+            os.kill(actors[0], signal.SIGKILL)
+            killed = actors[0]
+    _, err = job.communicate(timeout=600)
+    return {"killed_pid": killed, "exit": job.returncode, "stderr": err[-500:]} | exactly_once(
+        out, files
+    )
+
+
+def fault_stop_and_resume(model: Path, files: Sequence[Path], out: Path) -> dict[str, Any]:
+    """SIGINT once about half the parts are written; then the same command with --resume."""
+    flags = ("--no-progress", "--rows-per-file", "256", "--decode-batch", "128")
+    job = subprocess.Popen(
+        embed_command(model, files[0].parent, out, *flags),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    half = len(files) // 256 // 2
+    wait_for(lambda: parts_written(out) >= max(half, 1) or job.poll() is not None, 300)
+    stopped_with = parts_written(out)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=120)
+    first = {"exit": job.returncode, "parts_at_stop": stopped_with, "stderr": err[-300:]}
+    first |= {"rows_after_stop": exactly_once(out, files)["rows"]}
+    resumed = run_embed(model, files[0].parent, out, "--resume")
+    return {
+        "stopped": first,
+        "resumed": {k: resumed[k] for k in ("skipped", "todo", "embedded")},
+    } | exactly_once(out, files)
+
+
+def fault_corrupt(model: Path, folder: Path, out: Path, count: int) -> dict[str, Any]:
+    """1 % of the files truncated to a third of their bytes."""
+    files = write_files(folder, pngs(count), ".png")
+    corrupt = files[:: max(1, count // (count // 100 or 1))][: max(1, count // 100)]
+    for path in corrupt:
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+    summary = run_embed(model, folder, out)
+    errors = pads.dataset(out / "errors", format="parquet").to_table().column("path").to_pylist()
+    return {
+        "corrupt": len(corrupt),
+        "refused": summary["refused"],
+        "embedded": summary["embedded"],
+        "errors_are_the_corrupt_files": sorted(errors) == sorted(str(p) for p in corrupt),
+    } | exactly_once(out, files)
+
+
+def faults(model: Path, work: Path, count: int) -> dict[str, Any]:
+    files = write_files(work / "faults-in", pngs(count), ".png")
+    found = {
+        "kill_worker": fault_kill_worker(model, files, work / "faults-kill"),
+        "stop_and_resume": fault_stop_and_resume(model, files, work / "faults-resume"),
+        "corrupt_1_percent": fault_corrupt(model, work / "faults-corrupt", work / "c-out", count),
+    }
+    for name, result in found.items():
+        shown = {k: v for k, v in result.items() if k != "stderr"}
+        print(f"  fault {name}: {json.dumps(shown, default=str)}")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 images, 1 round, no ResNet")
+    parser.add_argument("--images", type=int, help="Fashion-MNIST images (10,000)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (3)")
+    parser.add_argument("--resnet-images", type=int, default=500)
+    parser.add_argument("--only", choices=["speed", "resnet", "faults"])
+    parser.add_argument("--out", type=Path, default=RESULTS / "embed.json")
+    args = parser.parse_args(argv)
+    images = args.images or (2_000 if args.quick else 10_000)
+    rounds = args.rounds or (1 if args.quick else 3)
+    found: dict[str, Any] = {"machine": report.machine(), "images": images, "rounds": rounds}
+    with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
+        work = Path(tmp)
+        if args.only in (None, "speed"):
+            files = write_files(work / "fmnist", pngs(images), ".png")
+            found["fashion_mnist"] = speed("fmnist", SHIPPED, files, "image/png", rounds, work)
+        if args.only == "resnet" or (args.only in (None, "speed") and not args.quick):
+            from bench.lib.resnet import resnet_model  # torch: only here
+
+            model = resnet_model(work, preset="minc2500", classes=23)
+            jpeg = write_files(work / "resnet", jpegs(args.resnet_images, (256, 256)), ".jpg")
+            found["resnet50_224"] = speed("resnet", model, jpeg, "image/jpeg", 1, work)
+        if args.only in (None, "faults"):
+            found["faults"] = faults(SHIPPED, work, 2_000 if args.quick else 5_000)
+    rows = []
+    for name in ("fashion_mnist", "resnet50_224"):
+        if name not in found:
+            continue
+        result = found[name]
+        medians = {
+            variant: statistics.median(run["images_per_s"] for run in runs)
+            for variant, runs in result["rounds"].items()
+        }
+        wall = statistics.median(run["wall_images_per_s"] for run in result["rounds"]["smso-embed"])
+        rows.append(
+            [
+                name,
+                f"{result['images']:,}",
+                f"{medians['smso-embed']:,.0f}",
+                f"{wall:,.0f}",
+                f"{medians['loop']:,.0f}",
+                f"{medians['service']:,.0f}",
+                report.format_ratio(result["ratios"]["embed/loop"]),
+                report.format_ratio(result["ratios"]["embed/service"]),
+            ]
+        )
+    if rows:
+        header = [
+            "model",
+            "images",
+            "smso-embed /s",
+            "incl. Ray start /s",
+            "loop /s",
+            "service /s",
+            "embed / loop",
+            "embed / service",
+        ]
+        print(report.markdown_table(header, rows))
+    report.save(args.out, found)
+    ok = all(result["exactly_once"] for result in found.get("faults", {}).values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

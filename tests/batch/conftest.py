@@ -1,0 +1,61 @@
+"""smso-embed's tests: one local Ray for the whole session (starting one costs seconds), small
+folders of Fashion-MNIST test images as PNG files (seeded random ones without the dataset)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as pads
+import pytest
+
+from batch.cli import main
+from batch.job import connect
+from bench.lib.payloads import pngs
+from service.core.settings import DEFAULT_MODEL
+
+MODEL = str(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray of 2 CPUs (what CI has), started once; smso-embed uses it as it finds it."""
+    with connect(None, cpus=2):
+        yield
+
+
+def write_pngs(folder: Path, count: int, start: int = 0) -> list[Path]:
+    """``count`` Fashion-MNIST test images from ``start`` as ``folder/NNNNN.png``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, data in enumerate(pngs(start + count)[start:], start):
+        path = folder / f"{i:05d}.png"
+        path.write_bytes(data)
+        files.append(path)
+    return files
+
+
+@pytest.fixture(scope="session")
+def png_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """50 PNGs, 40 at the top and 10 in a sub-folder."""
+    root = tmp_path_factory.mktemp("images")
+    write_pngs(root, 40)
+    write_pngs(root / "more", 10, start=40)
+    return root
+
+
+def embed(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
+    """smso-embed in this process (on the session's Ray): its status, its JSON summary (``{}``
+    where it printed none) and what it wrote to stderr."""
+    capsys.readouterr()
+    status = main([*args, "--json", "--no-progress"])
+    out, err = capsys.readouterr()
+    return status, (json.loads(out) if out.strip() else {}), err
+
+
+def read(out: Path, table: str = "embeddings") -> list[dict[str, Any]]:
+    """A table of OUT as rows, sorted by path (as pyarrow's datasets read it back)."""
+    rows = pads.dataset(out / table, format="parquet").to_table().to_pylist()
+    return sorted(rows, key=lambda row: row["path"])

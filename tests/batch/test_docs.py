@@ -1,0 +1,84 @@
+"""The README's "Embed a whole collection" command runs as printed from the repository root (its
+output folder moved to a temporary one), twice: the second run, with --resume, does nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRINTED_OUT = "/tmp/smso-embed-examples"
+
+
+def readme_commands() -> list[str]:
+    section = (ROOT / "README.md").read_text().split("\n## Embed a whole collection\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_section_has_one_command_on_the_examples():
+    (command,) = readme_commands()
+    assert command.startswith("smso-embed models/fashion-mnist-smso/model.onnx examples/ -o ")
+    assert PRINTED_OUT in command
+
+
+@pytest.mark.slow
+def test_the_readme_command_runs_as_printed(tmp_path):
+    (command,) = readme_commands()
+    out = tmp_path / "examples"
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for run in range(2):
+        done = subprocess.run(
+            ["bash", "-c", command.replace(PRINTED_OUT, str(out))],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "every image of INPUT once" in done.stdout
+        assert f"{3 - 3 * run} to do" in done.stdout.splitlines()[0]
+    rows = pads.dataset(out / "embeddings", format="parquet").to_table().to_pylist()
+    labels = {Path(row["path"]).name: row["top_k_labels"][0] for row in rows}
+    assert labels == {"boot.png": "Ankle boot", "shirt.jpg": "Shirt", "bag.webp": "Bag"}
+
+
+def guide_blocks() -> list[tuple[str, str]]:
+    """docs/batch.md's runnable blocks, in order: ("python" or "bash", code); the cluster's
+    commands (they need a cluster) and the install line left out."""
+    text = (ROOT / "docs" / "batch.md").read_text()
+    blocks = re.findall(r"```(python|bash)\n(.*?)```", text, re.DOTALL)
+    return [(kind, code) for kind, code in blocks if "ray start" not in code and "pip " not in code]
+
+
+@pytest.mark.slow
+def test_the_guide_runs_as_printed_on_200_images(tmp_path):
+    """docs/batch.md from the first job to the nearest neighbours, on 200 of the 1,000 images
+    and in a temporary folder; the DuckDB and FAISS examples where those are installed."""
+    pytest.importorskip("duckdb")
+    pytest.importorskip("faiss")
+    if not Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").is_file():
+        pytest.skip("the guide's images are Fashion-MNIST's (make data)")
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    outputs = []
+    for kind, code in guide_blocks():
+        code = code.replace("/tmp/fmnist-", f"{tmp_path}/fmnist-").replace("[:1000]", "[:200]")
+        command = [sys.executable, "-c", code] if kind == "python" else ["bash", "-c", code]
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{code}\n{done.stderr}"
+        outputs.append(done.stdout)
+    assert "200 fixed_size_list<element: float>[64]" in outputs[2]
+    nearest = outputs[-1].splitlines()
+    assert nearest[0].startswith("1.000")
+    assert nearest[0].endswith("00000.png  Ankle boot")
+    assert len(nearest) == 6
