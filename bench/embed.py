@@ -17,6 +17,10 @@ files, with the shipped model:
 Targets (issue 41): smso-embed >= 0.9x the loop and >= 3x the service. ResNet-50 SMSO at 224 px
 (random weights) is measured the same way on ``--resnet-images`` JPEGs (256 x 256).
 
+Parity (``--only parity``): ``--parity-images`` (1,000) Fashion-MNIST test images as PNG files,
+each embedding smso-embed writes against ``/embed``'s answer for the same file (within 1e-5) and
+its top-1 against ``/classify``'s (every image).
+
 Faults (``--only faults``), each on its own folder: a Ray worker (the inference actor) killed
 with SIGKILL mid-run, the job must still write every image once; a run stopped with SIGINT
 halfway and resumed with ``--resume``, every image once; 1 % corrupt files, in the errors
@@ -24,7 +28,7 @@ table, the rest embedded.
 
     python -m bench.embed                  # 10,000 images, 3 rounds, ResNet-50, faults
     python -m bench.embed --quick          # 2,000 images, 1 round, no ResNet-50, faults
-    python -m bench.embed --only faults     # or: --only speed, --only resnet
+    python -m bench.embed --only faults     # or: --only speed, resnet, parity
 
 Results: a table on stdout and ``bench/results/embed.json``.
 """
@@ -168,6 +172,59 @@ def speed(
     return {"images": len(files), "rounds": results, "ratios": ratios}
 
 
+# --- parity -------------------------------------------------------------------------------
+
+
+def parity(model: Path, work: Path, count: int) -> dict[str, Any]:
+    """``count`` Fashion-MNIST test images as PNG files: each embedding smso-embed writes
+    against ``/embed``'s for the same file (max absolute difference, target <= 1e-5), and its
+    top-1 against ``/classify``'s (target: every image)."""
+    files = write_files(work / "parity-in", pngs(count), ".png")
+    out = work / "parity-out"
+    run_embed(model, files[0].parent, out)
+    table = pads.dataset(out / "embeddings", format="parquet").to_table()
+    rows = table.to_pydict()
+    written = {
+        Path(path).name: (np.asarray(vector, np.float64), top[0])
+        for path, vector, top in zip(
+            rows["path"], rows["embedding"], rows["top_k_labels"], strict=True
+        )
+    }
+    import httpx
+
+    served: dict[str, tuple[np.ndarray, str]] = {}
+    settings = {"SMSO_MAX_FILES": str(BATCH)}
+    with (
+        launch.smso_serve("--model-path", str(model), settings=settings) as server,
+        httpx.Client() as client,
+    ):
+        for i in range(0, len(files), BATCH):
+            chunk = files[i : i + BATCH]
+            parts = [("file", (f.name, f.read_bytes(), "image/png")) for f in chunk]
+            embedded = client.post(f"{server.base}/embed", files=parts, timeout=60).json()
+            classified = client.post(
+                f"{server.base}/classify", files=parts, params={"top_k": 1}, timeout=60
+            ).json()
+            for e, c in zip(embedded["results"], classified["results"], strict=True):
+                served[e["filename"]] = (
+                    np.asarray(e["embedding"], np.float64),
+                    c["predictions"][0]["label"],
+                )
+    names = sorted(served)
+    missing = sorted(set(names) ^ set(written))
+    differences = [float(np.abs(written[n][0] - served[n][0]).max()) for n in names if n in written]
+    top1 = sum(written[n][1] == served[n][1] for n in names if n in written)
+    result = {
+        "images": count,
+        "compared": len(differences),
+        "missing_either_side": missing[:20],
+        "max_abs_difference": max(differences) if differences else None,
+        "top1_agree": top1,
+    }
+    print(f"  parity: {json.dumps(result)}")
+    return result
+
+
 # --- faults -------------------------------------------------------------------------------
 
 
@@ -299,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--images", type=int, help="Fashion-MNIST images (10,000)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (3)")
     parser.add_argument("--resnet-images", type=int, default=500)
-    parser.add_argument("--only", choices=["speed", "resnet", "faults"])
+    parser.add_argument("--only", choices=["speed", "resnet", "faults", "parity"])
+    parser.add_argument("--parity-images", type=int, default=1_000)
     parser.add_argument("--out", type=Path, default=RESULTS / "embed.json")
     args = parser.parse_args(argv)
     images = args.images or (2_000 if args.quick else 10_000)
@@ -316,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = resnet_model(work, preset="minc2500", classes=23)
             jpeg = write_files(work / "resnet", jpegs(args.resnet_images, (256, 256)), ".jpg")
             found["resnet50_224"] = speed("resnet", model, jpeg, "image/jpeg", 1, work)
+        if args.only in (None, "parity"):
+            found["parity"] = parity(SHIPPED, work, 200 if args.quick else args.parity_images)
         if args.only in (None, "faults"):
             found["faults"] = faults(SHIPPED, work, 2_000 if args.quick else 5_000)
     rows = []
@@ -354,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report.markdown_table(header, rows))
     report.save(args.out, found)
     ok = all(result["exactly_once"] for result in found.get("faults", {}).values())
+    if "parity" in found:
+        same = found["parity"]
+        ok = ok and not same["missing_either_side"] and same["top1_agree"] == same["compared"]
+        ok = ok and same["max_abs_difference"] is not None and same["max_abs_difference"] <= 1e-5
     return 0 if ok else 1
 
 
