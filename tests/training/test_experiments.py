@@ -254,7 +254,7 @@ def test_fmnist_rows_train_with_the_shipped_models_recipe(tmp_path: Path) -> Non
 def test_the_sweep_gives_every_compared_head_the_same_grid_and_no_test(tmp_path: Path) -> None:
     from training.experiments import SWEEP_HEADS, SWEEP_LRS, SWEEP_WEIGHT_DECAYS
 
-    grids: dict[str, set[tuple[float, float]]] = {}
+    grids: dict[str, set[tuple[float | None, float]]] = {}
     for row in TABLES["fmnist-sweep"]:
         head = next(h for h in SWEEP_HEADS if row.name.startswith(f"{h}-lr"))
         cfg = row_config("fmnist-sweep", row, None, tmp_path)
