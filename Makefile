@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve install data test lint format bench bench-export model onnx fmnist-table \
+.PHONY: serve install data test lint format bench bench-export bench-peers model onnx fmnist-table \
   fmnist-table-records fmnist-fair typicality-confirm clean
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -66,6 +66,28 @@ format: $(VENV)/.installed-dev
 # The head benchmark: prints a markdown table, writes bench/results/heads.json.
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.heads
+
+# smso-serve side by side with LitServe, BentoML, PyTriton and Ray Serve (docs/results/peers.md):
+# the peers in an environment of their own, .venv-peers, from bench/peers/requirements.txt
+# (onnxruntime-gpu in place of onnxruntime where the machine has an NVIDIA driver); then
+# python -m bench.peers, bench/results/peers.json. PEERS_FLAGS adds flags (--quick: a smoke test).
+PEERS_VENV ?= .venv-peers
+PEERS_FLAGS ?=
+PEERS_ORT := $(shell if command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; \
+  then echo onnxruntime-gpu; else echo onnxruntime; fi)
+$(PEERS_VENV)/.installed-$(PEERS_ORT): bench/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	rm -f $(PEERS_VENV)/.installed-*
+	$(PEERS_VENV)/bin/python -m pip install --upgrade --quiet pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers/requirements.txt
+	if [ $(PEERS_ORT) = onnxruntime-gpu ]; then \
+	  $(PEERS_VENV)/bin/python -m pip uninstall --quiet --yes onnxruntime && \
+	  $(PEERS_VENV)/bin/python -m pip install --quiet \
+	    "onnxruntime-gpu==$$(sed -n 's/^onnxruntime==//p' bench/peers/requirements.txt)"; fi
+	touch $@
+
+bench-peers: $(VENV)/.installed-dev $(PEERS_VENV)/.installed-$(PEERS_ORT)
+	$(BIN)/python -m bench.peers $(PEERS_FLAGS)
 
 # The export benchmark: onnxruntime against PyTorch eager, bench/results/export.json.
 bench-export: $(VENV)/.installed-dev
@@ -162,7 +184,7 @@ $(TYPICALITY_RUN)/test.json: | $(VENV)/.installed-dev data
 	  $$([ -f $(TYPICALITY_RUN)/last.pt ] && echo --resume) $(TYPICALITY_TRAIN_FLAGS)
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(SERVE_VENV) $(PEERS_VENV) .pytest_cache .ruff_cache *.egg-info
 
 # CI's check of docker/ without a Docker engine: each image's install script into a fresh venv,
 # smoke-tested (the CPU flavour serves the shipped model), and docker-compose.yml validated by

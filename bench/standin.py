@@ -3,12 +3,15 @@
     python -m bench.standin --port 8000 [--latency-ms 1.3 --per-image-ms 0.19] [--SMSO settings]
 
 Every other flag is ``smso-serve``'s. The backend sleeps ``latency_ms + per_image_ms * N`` per
-batch, as ResNet-50 SMSO p = 2,048 on an H100 takes, with ResNet-50's card at 224 px.
+batch, as ResNet-50 SMSO p = 2,048 on an H100 takes, with ResNet-50's card at 224 px. With
+``--workers N`` (N > 1), N processes serve the one port (``service.http.workers.Workers``, as
+``smso-serve --workers`` runs them), each with a stand-in of its own: N devices, one each.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 
 import uvicorn
 
@@ -16,6 +19,18 @@ from bench.lib.standin import StandinBackend
 from service.app import create_app
 from service.cli import parse_args
 from service.core.settings import Settings
+from service.http.workers import Workers
+
+
+def serve(
+    listener: socket.socket | None, settings: Settings, latency_ms: float, per_image_ms: float
+) -> None:
+    """The app on the stand-in, served on ``listener`` (a worker's) or on the settings' port."""
+    app = create_app(settings, StandinBackend(latency_ms, per_image_ms))
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level
+    )
+    uvicorn.Server(config).run(sockets=None if listener is None else [listener])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,9 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-image-ms", type=float, default=0.19, help="per image in a batch")
     args, rest = parser.parse_known_args(argv)
     settings = Settings(**parse_args(rest))
-    app = create_app(settings, StandinBackend(args.latency_ms, args.per_image_ms))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
-    return 0
+    if settings.workers == 1:
+        serve(None, settings, args.latency_ms, args.per_image_ms)
+        return 0
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((settings.host, settings.port))
+    listener.set_inheritable(True)
+    work = (listener, settings, args.latency_ms, args.per_image_ms)
+    workers = Workers(serve, work, settings.workers, sockets=[listener])
+    try:
+        workers.run()
+    finally:
+        listener.close()
+    return 1 if workers.failed else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""ResNet-50 SMSO (p = 2,048) with random weights, exported to ONNX: a model the size of those a
-GPU serves (speed does not depend on the weights).
+"""ResNet-50 (or another ResNet) SMSO, p = 2,048, with random weights, exported to ONNX: a model
+the size of those a GPU serves (speed does not depend on the weights).
 
 Exporting needs torch and the training code: they are imported by the functions that export,
 so that a serving benchmark imports this module without them.
@@ -27,9 +27,10 @@ def resnet_model(
     classes: int = 47,
     form: str = "conv",
     fp16: bool = False,
+    backbone: str = "resnet50",
 ) -> Path:
-    """ResNet-50 SMSO, seed 0, at ``preset``'s size, exported to ``workdir/<name>.onnx`` in SMSO
-    ``form`` (parity checked)."""
+    """ResNet SMSO (``backbone``: ResNet-50 unless told), p = 2,048, seed 0, at ``preset``'s
+    size, exported to ``workdir/<name>.onnx`` in SMSO ``form`` (parity checked)."""
     import torch
 
     from export.onnx_export import export_checkpoint
@@ -38,7 +39,7 @@ def resnet_model(
     from training.model import ModelConfig, build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(classes, "resnet50", "smso", {"dim": 2048})).eval()
+    model = build_model(ModelConfig(classes, backbone, "smso", {"dim": 2048})).eval()
     checkpoint = save_checkpoint(
         workdir / f"{name}.pt",
         model,

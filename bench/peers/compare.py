@@ -1,0 +1,140 @@
+"""The comparison's logic, apart from any server: parity first, then rounds, ratios and tables.
+
+* :func:`top1_answers` and :func:`check_parity`: every server is sent the same images before
+  anything is timed, and must answer each with the same best class as the first server (ours);
+  :class:`ParityError` names each server and image that differ, or fail;
+* :func:`measure`: interleaved rounds (the machine is shared and noisy: every server is driven
+  in turn within a round, the order reversed every other round), at each number of clients;
+* :func:`ratios_over`: our requests/s over each peer setup's, round by round, and their median;
+* :func:`ratio_table` and :func:`latency_table`: the markdown tables printed.
+
+A server here is a name and a :data:`bench.lib.load.Send`: the tests drive fakes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from bench.lib import report
+from bench.lib.load import Send, drive, interleave, merge, ratios, rps, without_latencies
+
+#: Reads the best class's index from an answer's body.
+Reader = Callable[[bytes], int]
+
+
+class ParityError(RuntimeError):
+    """Servers that do not answer the same best class as the reference, for the same images."""
+
+
+def top1_answers(send: Send, read: Reader, count: int) -> list[int | str]:
+    """Image 0 to ``count - 1`` sent one at a time: each answer's best class index, or what
+    went wrong (``"status 500"``, the exception's name)."""
+    found: list[int | str] = []
+    with httpx.Client(timeout=120) as client:
+        for i in range(count):
+            try:
+                answer = send(client, i)
+            except httpx.HTTPError as error:
+                found.append(type(error).__name__)
+                continue
+            if answer.status_code != 200:
+                found.append(f"status {answer.status_code}")
+                continue
+            try:
+                found.append(read(getattr(answer, "content", b"")))
+            except (ValueError, KeyError, IndexError, TypeError) as error:
+                found.append(f"unreadable answer ({type(error).__name__})")
+    return found
+
+
+def check_parity(answers: Mapping[str, Sequence[int | str]]) -> dict[str, Any]:
+    """Every server's answers against the first's (the reference): all the same best class,
+    every answer a class. Raises :class:`ParityError` naming each server and image that
+    differs; else what was compared."""
+    names = list(answers)
+    reference = answers[names[0]]
+    problems = []
+    for name in names:
+        for i, (theirs, ours) in enumerate(zip(answers[name], reference, strict=True)):
+            if not isinstance(theirs, int):
+                problems.append(f"{name}: image {i}: {theirs}")
+            elif theirs != ours:
+                problems.append(f"{name}: image {i}: class {theirs}, {names[0]} says {ours}")
+    if problems:
+        raise ParityError("servers disagree before timing: " + "; ".join(problems))
+    return {"reference": names[0], "images": len(reference), "top1": list(reference)}
+
+
+def measure(
+    sends: Mapping[str, Send],
+    clients: Sequence[int],
+    requests: Mapping[int, int],
+    rounds: int,
+) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """For each number of ``clients``: ``rounds`` interleaved rounds of a load of
+    ``requests[clients]`` requests on each server (the order reversed every other round).
+    Each server's loads, by number of clients."""
+    out: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for n in clients:
+        loads = {
+            name: functools.partial(drive, send, n, requests[n]) for name, send in sends.items()
+        }
+        out[n] = interleave(loads, rounds, alternate=True)
+    return out
+
+
+def summarise(loads: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Each server's rounds as one load (:func:`bench.lib.load.merge`), without latencies."""
+    return {name: without_latencies(merge(runs)) for name, runs in loads.items()}
+
+
+def ratios_over(
+    loads: Mapping[str, Sequence[dict[str, Any]]], ours: Sequence[str], theirs: Sequence[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{our setup: {their setup: {"ratio": median, "ratio_by_round": [...]}}}``: our
+    requests/s over theirs, round by round. A server with a round that answered nothing has
+    no ratio (None)."""
+
+    def ratio(a: str, b: str) -> dict[str, Any]:
+        try:
+            return ratios(rps(loads[a]), rps(loads[b]))
+        except (KeyError, ZeroDivisionError):
+            return {"ratio": None, "ratio_by_round": []}
+
+    return {a: {b: ratio(a, b) for b in theirs} for a in ours}
+
+
+def ratio_table(lines: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """A markdown table: one line per ``lines`` key (a setup of ours, at some number of
+    clients), one column per peer setup, our requests/s over theirs (median of the rounds)."""
+    theirs = list(next(iter(lines.values())))
+    rows = [
+        [name, *(report.format_ratio(cells[p]["ratio"]) for p in theirs)]
+        for name, cells in lines.items()
+    ]
+    return report.markdown_table(["our req/s over theirs", *theirs], rows)
+
+
+def latency_table(summaries: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> str:
+    """A markdown table: each server's requests/s and p50 latency at each number of clients
+    (``-`` where it answered nothing)."""
+    counts = sorted(summaries)
+    names = list(summaries[counts[0]])
+    header = ["server"]
+    for n in counts:
+        header += [f"{n} client{'s' * (n > 1)}: req/s", "p50 ms"]
+    rows = []
+    for name in names:
+        line = [name]
+        for n in counts:
+            load = summaries[n][name]
+            if "requests_per_second" not in load:
+                line += ["-", "-"]
+                continue
+            line += [f"{load['requests_per_second']:.1f}", report.format_ms(load["p50_ms"])]
+        rows.append(line)
+    return report.markdown_table(header, rows)
