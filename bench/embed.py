@@ -277,15 +277,20 @@ def exactly_once(out: Path, files: Sequence[Path]) -> dict[str, Any]:
     }
 
 
-def fault_kill_worker(model: Path, files: Sequence[Path], out: Path) -> dict[str, Any]:
-    """SIGKILL to the inference actor's process once the first part is written."""
+def start_faulted_job(model: Path, files: Sequence[Path], out: Path) -> subprocess.Popen[str]:
+    """smso-embed over ``files``' folder in small parts (256 rows), for a fault to interrupt."""
     flags = ("--no-progress", "--rows-per-file", "256", "--decode-batch", "128")
-    job = subprocess.Popen(
+    return subprocess.Popen(
         embed_command(model, files[0].parent, out, *flags),
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def fault_kill_worker(model: Path, files: Sequence[Path], out: Path) -> dict[str, Any]:
+    """SIGKILL to the inference actor's process once the first part is written."""
+    job = start_faulted_job(model, files, out)
     killed = None
     if wait_for(lambda: parts_written(out) > 0 or job.poll() is not None, 300):
         actors = [pid for pid, cmd in descendants(job.pid) if "MapWorker" in cmd]
@@ -300,13 +305,7 @@ def fault_kill_worker(model: Path, files: Sequence[Path], out: Path) -> dict[str
 
 def fault_stop_and_resume(model: Path, files: Sequence[Path], out: Path) -> dict[str, Any]:
     """SIGINT once about half the parts are written; then the same command with --resume."""
-    flags = ("--no-progress", "--rows-per-file", "256", "--decode-batch", "128")
-    job = subprocess.Popen(
-        embed_command(model, files[0].parent, out, *flags),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    job = start_faulted_job(model, files, out)
     half = len(files) // 256 // 2
     wait_for(lambda: parts_written(out) >= max(half, 1) or job.poll() is not None, 300)
     stopped_with = parts_written(out)

@@ -273,16 +273,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("seconds", "seconds"),
     ]
 
-    def cell(value: Any) -> str:
-        return (
-            "-" if value is None else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
-        )
-
     print(
         f"Soak: {args.requests} mixed requests, {args.clients} clients, SIG{args.signal} at "
         f"request {args.requests // 2}; clean: {len(valid)} valid ones only, no signal.\n"
     )
-    table = [[name, cell(soak[key]), cell(clean[key])] for name, key in rows]
+    table = [
+        [name, report.format_value(soak[key]), report.format_value(clean[key])]
+        for name, key in rows
+    ]
     print(report.markdown_table(["measure", "soak", "clean"], table))
     if soak["valid_p99_ms"] and clean["valid_p99_ms"]:
         print(f"\nvalid p99 soak / clean = {soak['valid_p99_ms'] / clean['valid_p99_ms']:.2f}")

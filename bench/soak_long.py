@@ -665,17 +665,16 @@ def main(args: argparse.Namespace) -> int:
         ("server exit code", "server_exit_code"), ("server tracebacks", "server_tracebacks"),
     ]  # fmt: skip
 
-    def cell(value: Any) -> str:
-        return (
-            "-" if value is None else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
-        )
-
     print(
         f"Long soak: {args.minutes} min, {args.clients} valid HTTP clients, 1 gRPC client, "
         f"{args.attackers} attackers, bursts every {args.burst_every_s:.0f} s, churn every "
         f"{CHURN_S} s.\n"
     )
-    print(report.markdown_table(["measure", "value"], [[n, cell(summary[k])] for n, k in rows]))
+    print(
+        report.markdown_table(
+            ["measure", "value"], [[n, report.format_value(summary[k])] for n, k in rows]
+        )
+    )
     print(
         "\n"
         + report.markdown_table(

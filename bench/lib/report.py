@@ -38,6 +38,11 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f} %"
 
 
+def format_value(value: Any) -> str:
+    """A table cell: ``-`` for None, floats to one decimal, integers with thousands separators."""
+    return "-" if value is None else f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A markdown table with padded columns (numbers right-aligned)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
