@@ -79,7 +79,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue the job in OUT: images already there are skipped (OUT may not exist yet)",
     )
-    p.add_argument("--address", help="a Ray cluster to run on (default: RAY_ADDRESS, else local)")
+    p.add_argument(
+        "--address",
+        help="a Ray cluster to run on, or auto for the one `ray start` ran here "
+        "(default: RAY_ADDRESS, else a local Ray started for the job)",
+    )
     p.add_argument(
         "--normalize", action="store_true", help="L2-normalise each embedding (as /embed does)"
     )

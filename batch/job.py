@@ -153,7 +153,10 @@ def connect(address: str | None, cpus: int | None = None) -> Iterator[float]:
                     "token set here with the cluster's token (`ray get-auth-token`)?"
                 ) from None
         else:
+            # "local": a Ray of the job's own even where one from `ray start` runs here, which
+            # ray.init() would otherwise join (and then refuse num_cpus); --address auto joins it
             ray.init(
+                address="local",
                 num_cpus=cpus or os.cpu_count() or 1,
                 include_dashboard=False,
                 **quiet,  # type: ignore[arg-type]

@@ -7,6 +7,9 @@ files, with the shipped model:
 * ``smso-embed``: the command as a user runs it (``python -m batch.cli MODEL DIR -o OUT``), in a
   process of its own that starts its local Ray; images/s over the job (the summary's, from the
   pipeline's start to the last file written) and over the whole command (Ray's start included);
+* ``smso-embed, running Ray``: the same command with ``--address``, on a local Ray started once
+  before the rounds (``ray start --head``), as a user who runs many jobs would keep one: the
+  command's time without Ray's start and shutdown (about 9 s here);
 * ``loop``: one process, one loop: read each file, the same decoder
   (``service.imaging.images.Preprocessor``), and the same onnxruntime session
   (``service.runtime.backend.OnnxBackend``, its threads on every core) in batches of 64: the
@@ -94,6 +97,22 @@ def run_embed(model: Path, source: Path, out: Path, *flags: str) -> dict[str, An
     return summary | {"wall_s": wall, "wall_images_per_s": images / wall}
 
 
+@contextlib.contextmanager
+def running_ray(cpus: int) -> Iterator[str]:
+    """A local Ray head (``ray start --head``) for the rounds; yields the address that joins it
+    (``auto``: the one started here; its GCS listens on the node's address, not 127.0.0.1)."""
+    ray = Path(sys.executable).with_name("ray")
+    port = launch.free_port()
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    start = [str(ray), "start", "--head", f"--port={port}", f"--num-cpus={cpus}"]
+    start += ["--include-dashboard=false", "--disable-usage-stats"]
+    subprocess.run(start, env=env, check=True, capture_output=True)
+    try:
+        yield "auto"
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], env=env, check=False, capture_output=True)
+
+
 def loop_rate(model: Path, files: Sequence[Path]) -> dict[str, Any]:
     """The single-process loop: read, decode, run a batch of 64, in turn."""
     backend = OnnxBackend(model, BackendOptions(providers="CPUExecutionProvider"))
@@ -127,6 +146,21 @@ def service_rate(url: str, bodies: Sequence[Body], images: int) -> dict[str, Any
     return {"images_per_s": load["requests_per_second"] * images / len(bodies)}
 
 
+def fixed_and_rate(small: tuple[int, float], large: tuple[int, float]) -> dict[str, float]:
+    """The line ``seconds = fixed + images / rate`` through two runs ``(images, seconds)``:
+    the cost of a job of no images (Ray's start, its workers and actors) and the rate of every
+    image beyond."""
+    (n, t), (big_n, big_t) = small, large
+    rate = (big_n - n) / (big_t - t) if big_t > t else float("inf")
+    return {"fixed_s": big_t - big_n / rate, "rate": rate}
+
+
+def crossover(fixed_s: float, rate: float, target: float) -> float:
+    """The fewest images for which ``images / (fixed_s + images / rate)`` reaches ``target``
+    images/s (infinite where ``rate`` does not exceed it)."""
+    return target * fixed_s / (1 - target / rate) if rate > target else float("inf")
+
+
 def speed(
     name: str,
     model: Path,
@@ -136,19 +170,54 @@ def speed(
     work: Path,
     embed_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The three ways, interleaved, on ``files``; each round's figures and the median ratios."""
+    """The ways, interleaved, on ``files``; each round's figures and the median ratios.
+
+    smso-embed runs on every file and, to separate its fixed cost from its rate, on a fifth of
+    them; the line through the two gives the fixed seconds and the rate beyond (over the job and
+    over the whole command), and the collection size from which the command reaches 0.9x the
+    loop."""
     bodies = [
         multipart_batch(files[i : i + BATCH], content_type) for i in range(0, len(files), BATCH)
     ]
     folder = files[0].parent
-    results: dict[str, list[dict[str, Any]]] = {"smso-embed": [], "loop": [], "service": []}
+    fifth = work / f"{name}-fifth"
+    fifth.mkdir(exist_ok=True)
+    for path in files[: max(1, len(files) // 5)]:
+        if not (fifth / path.name).exists():
+            os.link(path, fifth / path.name)
+    small = len(list(fifth.iterdir()))
+    results: dict[str, list[dict[str, Any]]] = {
+        "smso-embed": [],
+        "smso-embed, a fifth": [],
+        "smso-embed, running Ray": [],
+        "loop": [],
+        "service": [],
+    }
     settings = {"SMSO_MAX_BATCH_SIZE": str(BATCH), "SMSO_MAX_FILES": str(BATCH)}
-    with launch.smso_serve("--model-path", str(model), settings=settings) as server:
+    with (
+        launch.smso_serve("--model-path", str(model), settings=settings) as server,
+        running_ray(os.cpu_count() or 1) as address,
+    ):
         service_rate(server.base, bodies[:2], 2 * BATCH)  # warm-up
         for r in range(rounds):
-            out = work / f"{name}-out-{r}"
+            joined = ("--address", address, *embed_flags)
             order: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-                ("smso-embed", functools.partial(run_embed, model, folder, out, *embed_flags)),
+                (
+                    "smso-embed",
+                    functools.partial(
+                        run_embed, model, folder, work / f"{name}-out-{r}", *embed_flags
+                    ),
+                ),
+                (
+                    "smso-embed, a fifth",
+                    functools.partial(
+                        run_embed, model, fifth, work / f"{name}-fifth-{r}", *embed_flags
+                    ),
+                ),
+                (
+                    "smso-embed, running Ray",
+                    functools.partial(run_embed, model, folder, work / f"{name}-on-{r}", *joined),
+                ),
                 ("loop", functools.partial(loop_rate, model, files)),
                 ("service", functools.partial(service_rate, server.base, bodies, len(files))),
             ]
@@ -156,20 +225,31 @@ def speed(
                 results[variant].append(measure())
                 rate = results[variant][-1]["images_per_s"]
                 print(f"  {name} round {r + 1}: {variant} {rate:,.0f} images/s")
-    embed_rates = [run["images_per_s"] for run in results["smso-embed"]]
+
+    def median_ratio(variant: str, key: str, against: str) -> float:
+        pairs = zip(results[variant], results[against], strict=True)
+        return statistics.median(e[key] / run["images_per_s"] for e, run in pairs)
+
     ratios = {
-        "embed/loop": statistics.median(
-            e / run["images_per_s"] for e, run in zip(embed_rates, results["loop"], strict=True)
-        ),
-        "embed/service": statistics.median(
-            e / run["images_per_s"] for e, run in zip(embed_rates, results["service"], strict=True)
-        ),
-        "embed_with_ray_start/loop": statistics.median(
-            e["wall_images_per_s"] / run["images_per_s"]
-            for e, run in zip(results["smso-embed"], results["loop"], strict=True)
+        "embed/loop": median_ratio("smso-embed", "images_per_s", "loop"),
+        "embed/service": median_ratio("smso-embed", "images_per_s", "service"),
+        "command/loop": median_ratio("smso-embed", "wall_images_per_s", "loop"),
+        "command_on_running_ray/loop": median_ratio(
+            "smso-embed, running Ray", "wall_images_per_s", "loop"
         ),
     }
-    return {"images": len(files), "rounds": results, "ratios": ratios}
+    fits: dict[str, dict[str, float]] = {}
+    loop = statistics.median(run["images_per_s"] for run in results["loop"])
+    for over, key in (("job", "seconds"), ("command", "wall_s")):
+        fit = fixed_and_rate(
+            (small, statistics.median(run[key] for run in results["smso-embed, a fifth"])),
+            (len(files), statistics.median(run[key] for run in results["smso-embed"])),
+        )
+        fits[over] = fit | {
+            "rate/loop": fit["rate"] / loop,
+            "images_for_0.9x_loop": crossover(fit["fixed_s"], fit["rate"], 0.9 * loop),
+        }
+    return {"images": len(files), "fifth": small, "rounds": results, "ratios": ratios, "fit": fits}
 
 
 # --- parity -------------------------------------------------------------------------------
@@ -304,20 +384,28 @@ def fault_kill_worker(model: Path, files: Sequence[Path], out: Path) -> dict[str
 
 
 def fault_stop_and_resume(model: Path, files: Sequence[Path], out: Path) -> dict[str, Any]:
-    """SIGINT once about half the parts are written; then the same command with --resume."""
+    """SIGINT once the first part is written (the parts come out in bursts: waiting for half of
+    them can see the job end first); then the same command with --resume. ``interrupted``: the
+    job did stop (exit 130) with images still to do, which the check requires."""
     job = start_faulted_job(model, files, out)
-    half = len(files) // 256 // 2
-    wait_for(lambda: parts_written(out) >= max(half, 1) or job.poll() is not None, 300)
+    wait_for(lambda: parts_written(out) >= 1 or job.poll() is not None, 300)
     stopped_with = parts_written(out)
     job.send_signal(signal.SIGINT)
     _, err = job.communicate(timeout=120)
     first = {"exit": job.returncode, "parts_at_stop": stopped_with, "stderr": err[-300:]}
     first |= {"rows_after_stop": exactly_once(out, files)["rows"]}
     resumed = run_embed(model, files[0].parent, out, "--resume")
-    return {
-        "stopped": first,
-        "resumed": {k: resumed[k] for k in ("skipped", "todo", "embedded")},
-    } | exactly_once(out, files)
+    once = exactly_once(out, files)
+    interrupted = job.returncode == 130 and first["rows_after_stop"] < len(files)
+    return (
+        {
+            "stopped": first,
+            "resumed": {k: resumed[k] for k in ("skipped", "todo", "embedded")},
+            "interrupted": interrupted,
+        }
+        | once
+        | {"exactly_once": once["exactly_once"] and interrupted}
+    )
 
 
 def fault_corrupt(model: Path, folder: Path, out: Path, count: int) -> dict[str, Any]:
@@ -377,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             found["parity"] = parity(SHIPPED, work, 200 if args.quick else args.parity_images)
         if args.only in (None, "faults"):
             found["faults"] = faults(SHIPPED, work, 2_000 if args.quick else 5_000)
-    rows = []
+    rows, fits = [], []
     for name in ("fashion_mnist", "resnet50_224"):
         if name not in found:
             continue
@@ -386,31 +474,56 @@ def main(argv: Sequence[str] | None = None) -> int:
             variant: statistics.median(run["images_per_s"] for run in runs)
             for variant, runs in result["rounds"].items()
         }
-        wall = statistics.median(run["wall_images_per_s"] for run in result["rounds"]["smso-embed"])
+        runs = result["rounds"]
+        walls = {
+            variant: statistics.median(run["wall_images_per_s"] for run in runs[variant])
+            for variant in ("smso-embed", "smso-embed, running Ray")
+        }
+        ratios = result["ratios"]
         rows.append(
             [
                 name,
                 f"{result['images']:,}",
                 f"{medians['smso-embed']:,.0f}",
-                f"{wall:,.0f}",
+                f"{walls['smso-embed']:,.0f}",
+                f"{walls['smso-embed, running Ray']:,.0f}",
                 f"{medians['loop']:,.0f}",
                 f"{medians['service']:,.0f}",
-                report.format_ratio(result["ratios"]["embed/loop"]),
-                report.format_ratio(result["ratios"]["embed/service"]),
+                report.format_ratio(ratios["embed/loop"]),
+                report.format_ratio(ratios["command/loop"]),
+                report.format_ratio(ratios["command_on_running_ray/loop"]),
+                report.format_ratio(ratios["embed/service"]),
             ]
         )
+        for over, fit in result["fit"].items():
+            fits.append(
+                [
+                    name,
+                    over,
+                    f"{fit['fixed_s']:.1f}",
+                    f"{fit['rate']:,.0f}",
+                    report.format_ratio(fit["rate/loop"]),
+                    f"{fit['images_for_0.9x_loop']:,.0f}",
+                ]
+            )
     if rows:
         header = [
             "model",
             "images",
-            "smso-embed /s",
-            "incl. Ray start /s",
+            "job /s",
+            "command /s",
+            "command, running Ray /s",
             "loop /s",
             "service /s",
-            "embed / loop",
-            "embed / service",
+            "job / loop",
+            "command / loop",
+            "command, running Ray / loop",
+            "job / service",
         ]
         print(report.markdown_table(header, rows))
+        print()
+        header = ["model", "over", "fixed s", "images/s beyond", "that / loop", "0.9x loop from"]
+        print(report.markdown_table(header, fits))
     report.save(args.out, found)
     ok = all(result["exactly_once"] for result in found.get("faults", {}).values())
     if "parity" in found:
