@@ -392,11 +392,12 @@ def fault_stop_and_resume(model: Path, files: Sequence[Path], out: Path) -> dict
     stopped_with = parts_written(out)
     job.send_signal(signal.SIGINT)
     _, err = job.communicate(timeout=120)
+    rows_after_stop: int = exactly_once(out, files)["rows"]
     first = {"exit": job.returncode, "parts_at_stop": stopped_with, "stderr": err[-300:]}
-    first |= {"rows_after_stop": exactly_once(out, files)["rows"]}
+    first |= {"rows_after_stop": rows_after_stop}
     resumed = run_embed(model, files[0].parent, out, "--resume")
     once = exactly_once(out, files)
-    interrupted = job.returncode == 130 and first["rows_after_stop"] < len(files)
+    interrupted = job.returncode == 130 and rows_after_stop < len(files)
     return (
         {
             "stopped": first,
