@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-image-ms", type=float, default=0.19, help="per image in a batch")
     args, rest = parser.parse_known_args(argv)
     settings = Settings(**parse_args(rest))
-    if settings.workers == 1:
+    processes = settings.worker_processes(gpu=False)  # the stand-in runs on the CPU
+    if processes == 1:
         serve(None, settings, args.latency_ms, args.per_image_ms)
         return 0
     listener = socket.socket()
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     listener.bind((settings.host, settings.port))
     listener.set_inheritable(True)
     work = (listener, settings, args.latency_ms, args.per_image_ms)
-    workers = Workers(serve, work, settings.workers, sockets=[listener])
+    workers = Workers(serve, work, processes, sockets=[listener])
     try:
         workers.run()
     finally:

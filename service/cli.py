@@ -7,18 +7,21 @@ where to go (the address, and the API docs at ``/docs`` where they are served). 
 Ctrl-C) stops taking new connections, answers the requests in flight and exits with status 0
 (a second Ctrl-C cuts the drain short: status 1).
 
-With ``--workers N`` (N > 1) N server processes (:mod:`service.http.workers`) serve the one port,
-each loading the model with its own session, batcher and decode threads, and each draining on
-SIGTERM as the single server does; a worker that exits is replaced; ``/metrics`` combines their
-values (prometheus_client's multiprocess mode, in a temporary folder). With
-``--shared-session true`` a session host process loads the model first and the workers hand it
-their batches (:mod:`service.runtime.session_host`): one session and one CUDA context for all.
+With ``--workers N`` (N > 1; the default, ``auto``, is one per usable core on the CPU, at most
+``--max-auto-workers``, and one on a GPU) N server processes (:mod:`service.http.workers`) serve the
+one port, each loading the model with its own session, batcher and decode threads, and each draining
+on SIGTERM as the single server does; a worker that exits is replaced; ``/metrics`` combines their
+values (prometheus_client's multiprocess mode, in a temporary folder). With ``--shared-session
+true`` a session host process loads the model first and the workers hand it their batches
+(:mod:`service.runtime.session_host`): one session and one CUDA context for all.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import gc
 import logging
 import multiprocessing.connection
 import os
@@ -42,7 +45,12 @@ from service.http.drain import DrainingServer
 from service.http.workers import Workers
 from service.runtime.backend import BackendOptions, OnnxBackend, read_card
 from service.runtime.host_process import HostHandle, start_host
-from service.runtime.providers import TENSORRT, check_providers, prepare_engine_cache
+from service.runtime.providers import (
+    TENSORRT,
+    check_providers,
+    prepare_engine_cache,
+    runs_on_gpu,
+)
 from service.telemetry.logs import configure_logging
 from service.telemetry.metrics import MULTIPROC_ENV
 from service.telemetry.tracing import check_tracing
@@ -103,11 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format, process=settings.workers > 1)
+    # workers=auto resolved once, here: the workers are each given the number
+    auto = settings.workers == "auto"
+    processes = settings.worker_processes(gpu=runs_on_gpu(settings.providers))
+    settings = settings.model_copy(update={"workers": processes})
+    configure_logging(settings.log_level, settings.log_format, process=processes > 1)
     for message in unknown_variables(os.environ):
         log.warning(message)
-    if settings.workers > 1:
-        return _serve_workers(settings, overrides)
+    if processes > 1:
+        return _serve_workers(settings, overrides, processes, auto)
     try:
         # bind, load and run the model once here, before the server starts: a taken port, a bad
         # model file or a model that loads but cannot run is one line and exit status 2
@@ -232,6 +244,27 @@ def _try_once(backend: OnnxBackend, path: os.PathLike[str]) -> None:
         raise ModelCannotRunError(f"{path} loaded but cannot run: {reason}") from None
 
 
+def _check_runs(settings: Settings) -> None:
+    """Load the model and run it once, as a single process does before it serves, then let the
+    session go (the workers load their own): a model that loads but cannot run is one line and
+    exit status 2 here rather than workers that stay unready."""
+    backend = OnnxBackend(settings.model_path, BackendOptions.from_settings(settings))
+    try:
+        _try_once(backend, settings.model_path)
+    finally:
+        del backend  # its sessions with it
+        gc.collect()
+        _give_back_freed_memory()
+
+
+def _give_back_freed_memory() -> None:
+    """glibc's ``malloc_trim(0)``: the freed session's memory back to the system, which the
+    parent of the workers would otherwise keep (94 MiB for ResNet-18 at 224 px); nothing
+    elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _check_decoding(settings: Settings) -> None:
     """With ``decode_device=cuda``: a ValueError saying what is missing (nvImageCodec,
     onnxruntime's CUDA provider, a GPU) before the server starts."""
@@ -282,11 +315,13 @@ def _check_default_model(settings: Settings, served: str) -> None:
         )
 
 
-def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
-    """``settings.workers`` processes on one port (:class:`Workers`), each loading the model
-    itself from the ``SMSO_*`` environment (:func:`_serve_worker`); metrics combined through a
-    shared folder. Exit status 1 where the workers were stopped because the session host died
-    or a worker could not start."""
+def _serve_workers(
+    settings: Settings, overrides: dict[str, Any], processes: int, auto: bool = False
+) -> int:
+    """``processes`` server processes (resolved from ``auto`` where ``auto``) on one port
+    (:class:`Workers`), each loading the model itself from the ``SMSO_*`` environment
+    (:func:`_serve_worker`); metrics combined through a shared folder. Exit status 1 where the
+    workers were stopped because the session host died or a worker could not start."""
     try:
         # what every worker would refuse (and only log, staying unready): one line and exit
         # status 2 here, as without --workers
@@ -299,11 +334,16 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
     except (CardError, OSError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
+    if settings.model_repository is None and not settings.shared_session:
+        try:  # (the session host runs its own, before any worker starts)
+            _check_runs(settings)
+        except (CardError, ValueError, ModelCannotRunError) as error:
+            listener.close()
+            print(f"smso-serve: error: {error}", file=sys.stderr)
+            return 2
     host = None
     if settings.shared_session:  # loaded and warmed up before any worker starts
-        log.info(
-            "SMSO session host loading %s for %d workers", settings.model_path, settings.workers
-        )
+        log.info("SMSO session host loading %s for %d workers", settings.model_path, processes)
         try:
             host = start_host(settings.model_path, BackendOptions.from_settings(settings))
         except (TimeoutError, ValueError) as error:
@@ -311,18 +351,20 @@ def _serve_workers(settings: Settings, overrides: dict[str, Any]) -> int:
             print(f"smso-serve: error: session host: {error}", file=sys.stderr)
             return 2
         log.info("SMSO session host ready on %s", ", ".join(host.providers))
-    # flags win over the environment, in the workers too
+    # flags win over the environment, in the workers too; workers=auto as resolved
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
+    flags["SMSO_WORKERS"] = str(processes)
     with (
         tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
         _environment(flags | {MULTIPROC_ENV: folder} | (host.environment if host else {})),
     ):
         log.info(
-            "SMSO service starting %d workers on %s",
-            settings.workers,
+            "SMSO service listening on %s (%d workers%s)",
             where_to_go(settings, listener),
+            processes,
+            ", one per usable core: --workers auto" if auto else "",
         )
-        workers = Workers(_serve_worker, (listener,), settings.workers, sockets=[listener])
+        workers = Workers(_serve_worker, (listener,), processes, sockets=[listener])
         if host is not None:
             hung_after = 2 * settings.request_timeout_s
             watch = (host, workers, hung_after)

@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.cpus import usable_cores
+
 __all__ = ["DEFAULT_MODEL", "OTHER_VARIABLES", "Settings", "unknown_variables"]
 
 #: The model this repository ships (written by ``make onnx`` from the shipped checkpoint).
@@ -148,12 +150,20 @@ class Settings(BaseSettings):
         description="the JSON part of an Open Inference Protocol request (parsing JSON holds the "
         "interpreter); larger tensors go as binary data",
     )
-    workers: int = Field(
-        1,
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="server processes, each with its own model session, batcher and decode "
+        "threads, sharing the port (and the GPU): HTTP, JSON and decoding on more cores. "
+        "auto: on the CPU one per usable core (the process's CPU affinity and its cgroup's "
+        "CPU limit), at most max_auto_workers; on a GPU one process owning it",
+    )
+    max_auto_workers: int = Field(
+        8,
         ge=1,
         le=64,
-        description="server processes, each with its own model session, batcher and decode "
-        "threads, sharing the port (and the GPU): HTTP, JSON and decoding on more cores",
+        description="with workers=auto, at most this many processes: each holds its own "
+        "interpreter and model session (the weights and onnxruntime's buffers): about 70 "
+        "MiB with the shipped model, 320 MiB with ResNet-18 at 224 px (docs/deployment.md)",
     )
     shared_session: bool = Field(
         False,
@@ -166,8 +176,9 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=256,
-        description="threads decoding images, per worker; 0: half the CPU cores over the workers, "
-        "at least 1 (more threads than that contend with onnxruntime and the event loop)",
+        description="threads decoding images, per worker; 0: half the usable CPU cores over "
+        "the workers, at least 1 (more threads than that contend with onnxruntime and the "
+        "event loop)",
     )
     decode_device: Literal["cpu", "cuda"] = Field(
         "cpu",
@@ -281,16 +292,40 @@ class Settings(BaseSettings):
         """``max_inflight``, with 0 resolved to ``queue_size``."""
         return self.max_inflight or self.queue_size
 
+    def worker_processes(self, gpu: bool) -> int:
+        """``workers``, with ``auto`` resolved: on a GPU (``gpu``: the providers run there) one
+        process owning it; on the CPU one per usable core (:func:`usable_cores`), at most
+        ``max_auto_workers``."""
+        if self.workers != "auto":
+            return self.workers
+        return 1 if gpu else min(usable_cores(), self.max_auto_workers)
+
     @property
     def decode_workers(self) -> int:
-        """``decode_threads``, with 0 resolved to half the CPU cores shared among the worker
-        processes (at least 1)."""
-        return self.decode_threads or max(1, (os.cpu_count() or 2) // 2 // self.workers)
+        """``decode_threads``, with 0 resolved to half the usable cores shared among the worker
+        processes (at least 1; ``auto`` not yet resolved counts as this one process)."""
+        processes = self.workers if isinstance(self.workers, int) else 1
+        return self.decode_threads or max(1, usable_cores() // 2 // processes)
 
     @property
     def engine_cache(self) -> Path:
         """``engine_cache_dir``, or the default: ``$XDG_CACHE_HOME/smso/tensorrt``."""
         return self.engine_cache_dir or _default_cache()
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> int | str:
+        """A whole number from 1 to 64, or ``auto`` (one message for both, where pydantic
+        would give one per member of the union)."""
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            number = int(str(value).strip()) if not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None or not 1 <= number <= 64:
+            raise ValueError("workers is a whole number of processes from 1 to 64, or auto")
+        return number
 
     @field_validator("api_key")
     @classmethod

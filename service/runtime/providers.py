@@ -83,6 +83,15 @@ def has_nvidia_gpu() -> bool:
     return any(Path(marker).exists() for marker in NVIDIA_MARKERS)
 
 
+def runs_on_gpu(spec: str) -> bool:
+    """Whether providers ``spec`` (``"auto"`` or a list) would run on an NVIDIA GPU here:
+    ``auto`` where this onnxruntime has the CUDA provider and the machine a GPU, or a list
+    naming TensorRT or CUDA."""
+    if spec == "auto":
+        return CUDA in ort.get_available_providers() and has_nvidia_gpu()
+    return any(name.strip() in ACCELERATED for name in spec.split(","))
+
+
 def _shape(name: str, batch: int, shape: tuple[int, int, int]) -> str:
     return f"{name}:{batch}x{shape[0]}x{shape[1]}x{shape[2]}"
 

@@ -234,3 +234,16 @@ def test_gpu_options_are_harmless_on_the_cpu(shipped_model):
     backend = OnnxBackend(shipped_model, BackendOptions(cuda_graphs=True, io_binding=True))
     if backend.providers[0] == CPU:
         assert backend.mode == "plain"
+
+
+def test_which_providers_run_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.runtime import providers
+
+    assert providers.runs_on_gpu("CUDAExecutionProvider,CPUExecutionProvider")
+    assert providers.runs_on_gpu("TensorrtExecutionProvider")
+    assert not providers.runs_on_gpu("CPUExecutionProvider")
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: False)
+    assert not providers.runs_on_gpu("auto")  # no GPU here
+    monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
+    cuda_build = "CUDAExecutionProvider" in providers.ort.get_available_providers()
+    assert providers.runs_on_gpu("auto") == cuda_build
