@@ -66,11 +66,17 @@ def create_app(
     settings: Settings,
     backend: Backend | None = None,
     tracer_provider: TracerProvider | None = None,
+    serve_when_loaded: bool = False,
 ) -> FastAPI:
     """A new app serving ``settings.model_path`` (or ``backend``, e.g. a test's fake).
 
     Spans go to ``tracer_provider`` (a test's); without one, when the environment names an OTLP
     endpoint, to the app's own (``service.telemetry.tracing.otlp_provider``, shut down with it).
+    With ``serve_when_loaded`` (a worker of several on one socket) the app's start-up waits
+    while its readiness is "loading" (its model, or its repository's first scan, being loaded
+    and warmed up), so that the server takes no connection before it can serve: the
+    connections wait in the socket's queue, or go to a worker that is ready, instead of
+    meeting a 503 "loading" from this one.
     """
     state = ServiceState(settings)
     own_provider = None
@@ -108,6 +114,11 @@ def create_app(
             )
         grpc_server = None
         try:
+            # neither HTTP nor gRPC while /readyz would say "loading"
+            while (
+                serve_when_loaded and state.registry.readiness() == "loading" and not loading.done()
+            ):
+                await asyncio.sleep(0.05)
             if settings.grpc_port:  # the same state, registry and batchers as HTTP
                 # imported here: with --grpc-port 0 neither grpcio nor tritonclient is loaded
                 from service.grpc.server import start_grpc_server
@@ -192,7 +203,8 @@ def _add_routes(app: FastAPI, *routers: APIRouter) -> None:
 
 def app_from_environment() -> FastAPI:
     """The app of one worker process when ``smso-serve`` runs several: settings from the
-    ``SMSO_*`` environment (which ``smso-serve`` set from its flags, and already validated)."""
+    ``SMSO_*`` environment (which ``smso-serve`` set from its flags, and already validated);
+    it takes connections once its model serves."""
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format, process=True)
-    return create_app(settings)
+    return create_app(settings, serve_when_loaded=True)

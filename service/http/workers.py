@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -88,6 +90,26 @@ class Workers:
                 signal.signal(sig, handler)
 
     def _start(self) -> BaseProcess:
-        process = self._spawn.Process(target=self.target, args=self.args, name="smso-worker")
+        process = self._spawn.Process(
+            target=_run_worker, args=(os.getpid(), self.target, self.args), name="smso-worker"
+        )
         process.start()
         return process
+
+
+def _run_worker(parent: int, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """A worker process: ``target(*args)``, with a thread that ends it once ``parent`` is
+    gone."""
+    watch = threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True)
+    watch.start()
+    target(*args)
+
+
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """SIGTERM to this worker (it drains and exits) once its parent has exited: a supervisor
+    killed with SIGKILL (or by the OOM killer) cannot stop its workers, which would otherwise
+    go on serving its port with nobody to stop them."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    log.warning("the supervising process %d is gone: stopping this worker", parent)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -248,6 +248,23 @@ def _children(pid: int) -> dict[int, str]:
     return found
 
 
+def test_workers_stop_when_their_parent_is_killed(shipped_model):
+    """SIGKILL to the supervising process (the OOM killer, a test's kill()): its workers see
+    it gone, drain and exit, instead of serving its port with nobody to stop them."""
+    with real_server(shipped_model, "--workers", "2", "--log-level", "warning") as (base, server):
+        _workers_ready(base)
+        workers = list(_children(server.pid))  # the two workers, and the resource tracker
+        assert len(workers) >= 2
+        server.kill()
+        server.wait()
+        deadline = time.monotonic() + 30
+        while any(process_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(process_running(pid) for pid in workers)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{base}/healthz", timeout=5)
+
+
 @pytest.mark.slow
 def test_several_workers_can_share_one_session_host(shipped_model):
     """--workers 2 --shared-session true: a host process (named smso-host) runs both workers'
