@@ -1,7 +1,7 @@
 """``smso-serve`` against LitServe, BentoML, PyTriton and Ray Serve: requests/s ratios, latency.
 
-For each row (model), every server is started (``smso-serve`` with its defaults and with
-``--workers 2``; each peer as its documentation recommends, and with 2 workers), sent the
+For each row (model), every server is started (``smso-serve`` with its defaults, and with the
+flags of each ``--ours``; each peer as its documentation recommends, and with 2 workers), sent the
 same test images one at a time (every one must answer the same best class as ``smso-serve``
 before anything is timed), then driven in interleaved rounds by 1 and by 16 concurrent
 clients uploading 640x480 JPEGs, ``/classify``-style (a multipart ``file``; PyTriton: the
@@ -36,7 +36,7 @@ from bench.lib import RESULTS, SHIPPED, report
 from bench.lib.load import Send, drive
 from bench.lib.payloads import jpegs
 from bench.peers import compare, setups
-from bench.peers.setups import PEERS, Row, Setup
+from bench.peers.setups import PEERS, Row
 from service.runtime.providers import has_nvidia_gpu
 
 ROWS = ("shipped", "resnet18", "standin")
@@ -51,8 +51,20 @@ RESNET18 = "resnet18-smso-p2048-224"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
-    parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS))
-    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2], help="setups")
+    parser.add_argument(
+        "--peers", nargs="*", choices=list(PEERS), default=list(PEERS), help="none: ours alone"
+    )
+    parser.add_argument(
+        "--workers", nargs="+", type=int, default=[1, 2], help="the peers' setups (1 and 2)"
+    )
+    parser.add_argument(
+        "--ours",
+        nargs="*",
+        default=["--workers 1"],
+        metavar="FLAGS",
+        help="more smso-serve setups, each its flags in one string (default: '--workers 1'; "
+        "'--workers 2 --decode-threads 2')",
+    )
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -101,8 +113,8 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     readers: dict[str, compare.Reader] = {}
     started: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
-        for setup in setups.setups(args.peers, args.workers):
-            path = logs / f"{row.name}-{setup.server}-{setup.workers}.log"
+        for setup in setups.setups(args.peers, args.workers, args.ours):
+            path = logs / f"{row.name}-{setup.slug}.log"
             print(f"[{row.name}] starting {setup.label}", flush=True)
             try:
                 server = stack.enter_context(setups.start(setup, row, args.peers_python, path))
@@ -159,7 +171,7 @@ def print_row(result: dict[str, Any]) -> None:
 def record(args: argparse.Namespace) -> dict[str, Any]:
     """The settings, the machine and the versions of both environments."""
     peers = setups.versions(args.peers_python, setups.PEER_PACKAGES) if args.peers else {}
-    chosen = [Setup(name, n) for name in ("smso-serve", *args.peers) for n in args.workers]
+    chosen = setups.setups(args.peers, args.workers, args.ours)
     return {
         "settings": vars(args),
         "machine": report.machine(gpu=has_nvidia_gpu()),

@@ -1,6 +1,6 @@
 """The servers compared, as each is started, sent an upload and read.
 
-A :class:`Setup` is one server as it is run: ``smso-serve`` (its defaults, or ``--workers 2``) or
+A :class:`Setup` is one server as it is run: ``smso-serve`` (its defaults, or other flags) or
 a peer from :data:`PEERS` (its recommended setup, or its 2-worker one) with one of the
 :class:`Row`'s models. :func:`start` starts it with :mod:`bench.lib.launch` (the peers with the
 peers' interpreter, ``.venv-peers``, from the repository's root, their model in ``PEER_*``
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import struct
 import subprocess
 from collections.abc import Sequence
@@ -132,6 +133,7 @@ class Setup:
 
     server: str
     workers: int = 1
+    flags: tuple[str, ...] = ()  # smso-serve's: more of its flags (``--decode-threads 2``)
 
     @property
     def ours(self) -> bool:
@@ -140,23 +142,39 @@ class Setup:
     @property
     def label(self) -> str:
         name = self.server if self.ours else PEERS[self.server].name
+        if self.flags:
+            name = f"{name} {' '.join(self.flags)}"
         if self.workers == 1:
             return name
         unit = "workers" if self.ours else PEERS[self.server].unit
         return f"{name}, {self.workers} {unit}"
 
+    @property
+    def slug(self) -> str:
+        """The label as a file name's part."""
+        flags = "".join(flag.strip("-").replace("-", "") for flag in self.flags)
+        return f"{self.server}-{self.workers}{'-' + flags if flags else ''}"
+
     def settings(self) -> dict[str, Any]:
         """What the record says of this setup's batching and workers."""
         if self.ours:
             batching = f"defaults: max_batch_size {MAX_BATCH}, max_wait_ms {MAX_WAIT_MS}"
-            return {"batching": batching, "workers": self.workers, "means": "--workers N"}
+            return {
+                "batching": batching,
+                "workers": self.workers,
+                "means": "--workers N",
+                "flags": list(self.flags),
+            }
         found = PEERS[self.server]
         return {"batching": found.batching, "workers": self.workers, "means": found.workers}
 
 
-def setups(peers: Sequence[str], workers: Sequence[int]) -> list[Setup]:
-    """``smso-serve``, then each of ``peers``, each with each of ``workers``."""
-    return [Setup(server, n) for server in ("smso-serve", *peers) for n in workers]
+def setups(peers: Sequence[str], workers: Sequence[int], ours: Sequence[str] = ()) -> list[Setup]:
+    """``smso-serve`` with its defaults (``--workers auto``), then each of ``peers`` with each of
+    ``workers``; then ``smso-serve`` with each of ``ours`` (its flags in one string, as a shell
+    splits them: ``"--workers 1"``)."""
+    found = [Setup("smso-serve")] + [Setup(peer, n) for peer in peers for n in workers]
+    return found + [Setup("smso-serve", 1, tuple(shlex.split(flags))) for flags in ours]
 
 
 def peer_environment(row: Row, workers: int) -> dict[str, str]:
@@ -181,7 +199,8 @@ def start(
     timeout_s: float = 300,
 ) -> launch.Server:
     """``setup`` serving ``row``'s model on a free port, ready (its output to ``log``)."""
-    workers = ("--workers", str(setup.workers)) if setup.workers > 1 else ()
+    workers: tuple[str, ...] = ("--workers", str(setup.workers)) if setup.workers > 1 else ()
+    workers += setup.flags
     if setup.ours and row.model is None:
         per_image = ("--per-image-ms", str(STANDIN_PER_IMAGE_MS))
         latency = ("--latency-ms", str(STANDIN_LATENCY_MS))

@@ -129,19 +129,21 @@ def test_pytriton_is_sent_the_jpeg_as_one_binary_bytes_element() -> None:
 
 
 def test_the_setups_and_their_labels() -> None:
-    found = setups.setups(["litserve", "pytriton", "rayserve"], [1, 2])
+    found = setups.setups(["litserve", "pytriton", "rayserve"], [1, 2], ["--workers 1"])
     assert [s.label for s in found] == [
         "smso-serve",
-        "smso-serve, 2 workers",
         "LitServe",
         "LitServe, 2 workers",
         "PyTriton",
         "PyTriton, 2 instances",
         "Ray Serve",
         "Ray Serve, 2 replicas",
+        "smso-serve --workers 1",
     ]
     assert found[0].settings()["batching"].startswith("defaults")
-    assert "max_batch_size=16" in found[2].settings()["batching"]
+    assert found[-1].flags == ("--workers", "1")
+    assert found[-1].slug == "smso-serve-1-workers1"
+    assert "max_batch_size=16" in found[1].settings()["batching"]
     with pytest.raises(setups.UnknownPeerError, match="valid: litserve, bentoml"):
         setups.peer("triton")
 

@@ -1,0 +1,113 @@
+"""The memory price of ``smso-serve``'s worker processes: what N workers hold, for N in
+``--workers`` (1, 2, 4), on the shipped model and on ResNet-18 SMSO p = 2,048 at 224 px.
+
+Each server is started, sent ``--requests`` 640x480 JPEG uploads from 16 clients (so that every
+worker has run batches and onnxruntime has grown its buffers), then measured: the proportional
+set size (PSS, from ``/proc/PID/smaps_rollup``: shared pages split among the processes sharing
+them, so the sum is what the server costs the machine) and the resident set size (RSS) of every
+process in its group (the parent, the workers, the multiprocessing helper).
+
+    python -m bench.workers_memory                    # both models, 1, 2 and 4 workers
+    python -m bench.workers_memory --rows shipped --workers 1 2
+
+Prints a table and writes ``bench/results/workers_memory.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib.load import drive, multipart
+from bench.lib.payloads import jpegs
+
+RESNET18 = RESULTS / "peers-models" / "resnet18-smso-p2048-224.onnx"
+
+
+def group_members(group: int) -> list[int]:
+    """The processes whose process group is ``group``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group:
+            members.append(int(entry.name))
+    return members
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """``Pss`` and ``Rss`` of one process, in MiB (``smaps_rollup``)."""
+    found = {"Pss": 0.0, "Rss": 0.0}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in found:
+            found[key] = int(rest.split()[0]) / 1024
+    return found
+
+
+def measure(model: Path, workers: int, requests: int) -> dict[str, Any]:
+    """One server with ``workers`` processes: its group's PSS and RSS after a load."""
+    with launch.smso_serve("--model-path", str(model), "--workers", str(workers)) as server:
+        load = drive(multipart(f"{server.base}/classify", jpegs(32)), 16, requests)
+        if load["failures"]:
+            raise RuntimeError(f"the load failed: {load['outcomes']}")
+        processes = {pid: memory_mib(pid) for pid in group_members(os.getpgid(server.pid))}
+    return {
+        "workers": workers,
+        "processes": len(processes),
+        "pss_mib": sum(m["Pss"] for m in processes.values()),
+        "rss_mib": sum(m["Rss"] for m in processes.values()),
+        "by_process": {str(pid): m for pid, m in processes.items()},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", choices=["shipped", "resnet18"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--requests", type=int, default=320)
+    parser.add_argument("--out", type=Path, default=RESULTS / "workers_memory.json")
+    args = parser.parse_args(argv)
+    rows = args.rows or ["shipped", "resnet18"]
+    models = {"shipped": SHIPPED, "resnet18": RESNET18}
+    if "resnet18" in rows and not RESNET18.exists():
+        from bench.peers.__main__ import model_for  # exports it once (torch)
+
+        model_for("resnet18", RESNET18.parent)
+    found: dict[str, Any] = {"machine": report.machine(), "rows": {}}
+    table = []
+    for row in rows:
+        results = [measure(models[row], n, args.requests) for n in args.workers]
+        found["rows"][row] = results
+        base = results[0]
+        for result in results:
+            extra = (result["pss_mib"] - base["pss_mib"]) / max(
+                result["workers"] - base["workers"], 1
+            )
+            table.append(
+                [
+                    row,
+                    str(result["workers"]),
+                    str(result["processes"]),
+                    f"{result['pss_mib']:,.0f}",
+                    f"{result['rss_mib']:,.0f}",
+                    "" if result is base else f"{extra:,.0f}",
+                ]
+            )
+    header = ["model", "workers", "processes", "PSS MiB", "RSS MiB", "PSS per extra worker"]
+    print(report.markdown_table(header, table))
+    report.save(args.out, found)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
