@@ -1,7 +1,8 @@
 """``smso-serve`` against LitServe, BentoML, PyTriton and Ray Serve: requests/s ratios, latency.
 
-For each row (model), every server is started (``smso-serve`` with its defaults, and with the
-flags of each ``--ours``; each peer as its documentation recommends, and with 2 workers), sent the
+For each row (model), and for each peer setup in turn (each peer as its documentation
+recommends, and with 2 workers), that setup and ``smso-serve`` (its defaults, and the flags of
+each ``--ours``) are started alone (``--together``: every server at once), sent the
 same test images one at a time (every one must answer the same best class as ``smso-serve``
 before anything is timed), then driven in interleaved rounds by 1 and by 16 concurrent
 clients uploading 640x480 JPEGs, ``/classify``-style (a multipart ``file``; PyTriton: the
@@ -36,7 +37,7 @@ from bench.lib import RESULTS, SHIPPED, report
 from bench.lib.load import Send, drive
 from bench.lib.payloads import jpegs
 from bench.peers import compare, setups
-from bench.peers.setups import PEERS, Row
+from bench.peers.setups import PEERS, Row, Setup
 from service.runtime.providers import has_nvidia_gpu
 
 ROWS = ("shipped", "resnet18", "standin")
@@ -66,6 +67,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "'--workers 2 --decode-threads 2')",
     )
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 16])
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="every server up at once, driven in turn (default: each peer setup beside "
+        "smso-serve alone, pair by pair)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--requests", type=int, default=800, help="per load of many clients (1 client: 1/8)"
@@ -149,6 +156,46 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     }
 
 
+def run_pairs(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    """Each peer setup beside ``smso-serve``'s setups alone (:func:`run_row` on each pair): on
+    2 cores the servers not being driven still take CPU (Ray's cluster, the peers' idle
+    workers), which with every server up at once halved everyone's figures. ``smso-serve`` is
+    started again for each pair; its figures are shown per pair."""
+    merged: dict[str, Any] = {
+        "title": row.title,
+        "model": str(row.model) if row.model else "stand-in",
+        "not_started": {},
+        "ready_s": {},
+        "parity": {},
+        "loads": {},
+        "ratios": {},
+        "pairs": {},
+    }
+    for peer in args.peers:
+        for n in args.workers:
+            pair = argparse.Namespace(**(vars(args) | {"peers": [peer], "workers": [n]}))
+            label = Setup(peer, n).label
+            print(f"[{row.name}] pair: {label}", flush=True)
+            try:
+                result = run_row(row, pair, logs)
+            except compare.ParityError as error:
+                merged["not_started"][label] = f"parity: {error}"
+                continue
+            merged["pairs"][label] = result
+            merged["not_started"] |= result["not_started"]
+            merged["parity"][label] = result["parity"]
+            for clients_n, by_server in result["loads"].items():
+                loads = merged["loads"].setdefault(clients_n, {})
+                for server, summary in by_server.items():
+                    shown = server if server == label else f"{server} (beside {label})"
+                    loads[shown] = summary
+            for clients_n, by_ours in result["ratios"].items():
+                ratios = merged["ratios"].setdefault(clients_n, {})
+                for ours, cells in by_ours.items():
+                    ratios.setdefault(ours, {}).update(cells)
+    return merged
+
+
 def clients(n: int) -> str:
     return f"{n} client{'s' * (n > 1)}"
 
@@ -204,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.rows:
         row = Row(name, TITLES[name], model_for(name, args.models), files)
         try:
-            result = run_row(row, args, logs)
+            result = run_row(row, args, logs) if args.together else run_pairs(row, args, logs)
         except compare.ParityError as error:
             print(f"\n## {row.title}\n\n{error}", file=sys.stderr)
             payload["rows"][name] = {"title": row.title, "parity_error": str(error)}
