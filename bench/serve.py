@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ from bench.lib.load import (
 )
 from bench.lib.metrics import scrape, split
 from bench.lib.payloads import TOP5, infer_body, jpegs, preprocessed, tensor_bodies
+from bench.lib.procfs import group_memory_mib
 from bench.lib.resnet import resnet_model
 from bench.lib.session import open_backend, raw_session
 from bench.lib.standin import card as standin_card
@@ -128,7 +130,7 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
         before = scrape(f"{server.base}/metrics")
         runs = drive_rounds(sends, args.clients, args.requests // args.rounds, args.rounds)
         after = scrape(f"{server.base}/metrics")
-        memory = server.rss_mib()
+        memory = server.rss_mib() | group_memory_mib(os.getpgid(server.pid))
         protocols = protocol_case(server.base, f"127.0.0.1:{grpc_port}", files, args)
     served = merge(runs["service"])
     backend = open_backend(SHIPPED)
@@ -299,8 +301,9 @@ def print_tables(shipped: dict[str, Any], resnet: dict[str, Any] | None) -> None
     )
     memory = shipped["service"]["memory_mib"]
     print(
-        f"server resident memory with the shipped model: {memory['VmRSS']:.0f} MiB "
-        f"(peak {memory['VmHWM']:.0f} MiB)"
+        f"server memory with the shipped model, its {memory['processes']} processes: PSS "
+        f"{memory['pss_mib']:.0f} MiB, RSS {memory['rss_mib']:.0f} MiB (the first process "
+        f"alone: {memory['VmRSS']:.0f} MiB, peak {memory['VmHWM']:.0f} MiB)"
     )
 
 

@@ -25,33 +25,9 @@ from typing import Any
 from bench.lib import RESULTS, SHIPPED, launch, report
 from bench.lib.load import drive, multipart
 from bench.lib.payloads import jpegs
+from bench.lib.procfs import group_memory_mib
 
 RESNET18 = RESULTS / "peers-models" / "resnet18-smso-p2048-224.onnx"
-
-
-def group_members(group: int) -> list[int]:
-    """The processes whose process group is ``group``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group:
-            members.append(int(entry.name))
-    return members
-
-
-def memory_mib(pid: int) -> dict[str, float]:
-    """``Pss`` and ``Rss`` of one process, in MiB (``smaps_rollup``)."""
-    found = {"Pss": 0.0, "Rss": 0.0}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in found:
-            found[key] = int(rest.split()[0]) / 1024
-    return found
 
 
 def measure(model: Path, workers: int, requests: int) -> dict[str, Any]:
@@ -60,14 +36,8 @@ def measure(model: Path, workers: int, requests: int) -> dict[str, Any]:
         load = drive(multipart(f"{server.base}/classify", jpegs(32)), 16, requests)
         if load["failures"]:
             raise RuntimeError(f"the load failed: {load['outcomes']}")
-        processes = {pid: memory_mib(pid) for pid in group_members(os.getpgid(server.pid))}
-    return {
-        "workers": workers,
-        "processes": len(processes),
-        "pss_mib": sum(m["Pss"] for m in processes.values()),
-        "rss_mib": sum(m["Rss"] for m in processes.values()),
-        "by_process": {str(pid): m for pid, m in processes.items()},
-    }
+        memory = group_memory_mib(os.getpgid(server.pid))
+    return {"workers": workers} | memory
 
 
 def main(argv: Sequence[str] | None = None) -> int:

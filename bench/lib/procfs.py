@@ -7,6 +7,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 
 def rss_mib(pid: int) -> dict[str, float]:
@@ -35,14 +36,49 @@ def children_cpu_seconds(pid: int) -> float:
     return total
 
 
+def group_pids(group: int) -> list[int]:
+    """The live processes of process group ``group`` (a server, its workers and helpers)."""
+    found = []
+    for folder in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):  # gone meanwhile
+            if os.getpgid(int(folder.name)) == group:
+                found.append(int(folder.name))
+    return found
+
+
 def group_cpu_seconds(group: int) -> float:
     """The CPU time of every live process in process group ``group`` (a server's workers)."""
     total = 0.0
-    for folder in Path("/proc").glob("[0-9]*"):
+    for pid in group_pids(group):
         with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile
-            if os.getpgid(int(folder.name)) == group:
-                total += cpu_seconds(int(folder.name))
+            total += cpu_seconds(pid)
     return total
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """``Pss`` (shared pages split among the processes sharing them) and ``Rss`` of one
+    process, in MiB (``/proc/PID/smaps_rollup``)."""
+    found = {"Pss": 0.0, "Rss": 0.0}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in found:
+            found[key] = int(rest.split()[0]) / 1024
+    return found
+
+
+def group_memory_mib(group: int) -> dict[str, Any]:
+    """What process group ``group`` holds: the sum of its processes' PSS (what it costs the
+    machine) and RSS, in MiB, and each process's."""
+    processes = {}
+    for pid in group_pids(group):
+        with contextlib.suppress(OSError, ValueError):
+            processes[pid] = memory_mib(pid)
+    return {
+        "processes": len(processes),
+        "pss_mib": sum(m["Pss"] for m in processes.values()),
+        "rss_mib": sum(m["Rss"] for m in processes.values()),
+        "by_process": {str(pid): m for pid, m in processes.items()},
+    }
 
 
 def machine_busy_seconds() -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib import launch, load, metrics, report, timing
+from bench.lib import launch, load, metrics, procfs, report, timing
 from bench.lib.payloads import Body, infer_body, multipart_body
 
 
@@ -219,6 +219,10 @@ def test_the_launcher_waits_for_ready_and_stops_the_whole_group(tmp_path: Path) 
         assert s.rss_mib()["VmRSS"] > 0
         child = int(log.read_text().split()[0])
         assert not gone(child)
+        group = procfs.group_memory_mib(s.pid)  # the server leads its own group
+        assert group["processes"] == 2  # the server and the child it started
+        assert set(group["by_process"]) == {str(s.pid), str(child)}
+        assert 0 < group["pss_mib"] <= group["rss_mib"]
     deadline = time.monotonic() + 10
     while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -26,7 +26,10 @@ def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     # the CPU: nothing to pad, no device copies; the shipped model's typicality score
     assert set(service["split"]["stage_ms"]) == {"stack", "run", "score"}
     assert report["ratios"]["shipped_rps_over_bare"] > 0
-    assert "resident memory" in proc.stdout
+    assert "server memory with the shipped model" in proc.stdout
+    memory = service["memory_mib"]  # every process of the server (the workers, and more)
+    assert memory["processes"] >= 1
+    assert 0 < memory["pss_mib"] <= memory["rss_mib"]
     protocols = service["protocols"]
     assert len(protocols) == 4
     assert "/v2 infer, preprocessed binary FP32" in protocols
