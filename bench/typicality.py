@@ -59,7 +59,7 @@ from bench.lib import RESULTS, SHIPPED, launch, report
 from bench.lib.load import drive, multipart, post
 from bench.lib.metrics import scrape
 from bench.lib.payloads import Body, encode, fashion_mnist, infer_body
-from bench.lib.procfs import cpu_seconds
+from bench.lib.procfs import group_cpu_seconds
 
 MODEL = SHIPPED
 CONFIG = SHIPPED.parent / "config.json"
@@ -485,11 +485,11 @@ def _compare(
                     rps = {}
                     for n in names if r % 2 == 0 else names[::-1]:
                         count = args.requests if load == LOADS[0] else args.requests // 8
-                        before = cpu_seconds(servers[n].pid)
+                        before = group_cpu_seconds(servers[n].pid)  # its workers too
                         run = drive(sends[n][load], args.clients, count)
                         if run["failures"]:
                             raise RuntimeError(f"{run['failures']} failed requests ({load})")
-                        cpu_ms = (cpu_seconds(servers[n].pid) - before) / count * 1e3
+                        cpu_ms = (group_cpu_seconds(servers[n].pid) - before) / count * 1e3
                         runs[load].setdefault(n, []).append(run["requests_per_second"])
                         runs[load].setdefault(f"{n}_cpu_ms", []).append(cpu_ms)
                         rps[n] = run["requests_per_second"]
