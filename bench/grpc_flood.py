@@ -65,6 +65,7 @@ def case(name: str, calls: int, mib: int, key: str | None, max_request: int) -> 
         "SMSO_GRPC_PORT": str(grpc_port),
         "SMSO_MAX_REQUEST_BYTES": str(max_request),
         "SMSO_MAX_BUFFERED_BYTES": str(max(max_request, 256 * 2**20)),
+        "SMSO_WORKERS": "1",  # one process: its memory is the server's
     }
     with launch.smso_serve("--model-path", str(SHIPPED), settings=settings) as server:
         # the name does not matter: the key and the size are checked before the model

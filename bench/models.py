@@ -102,7 +102,8 @@ class Server:
 
     def __init__(self, root: Path, poll_s: float, log: Path) -> None:
         repository = ("--model-repository", str(root), "--repository-poll-s", str(poll_s))
-        self.server = launch.smso_serve(*repository, ready="/healthz", log=log)
+        # one process: its memory is the server's
+        self.server = launch.smso_serve(*repository, "--workers", "1", ready="/healthz", log=log)
         self.base = self.server.base
         self.http = httpx.Client(base_url=self.base, timeout=30)
 

@@ -70,7 +70,10 @@ class Server:
     def __init__(self) -> None:
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop())
         try:
-            self.server = launch.smso_serve("--model-path", str(SHIPPED), log=self.log)
+            # one process: its peak memory is the server's
+            self.server = launch.smso_serve(
+                "--model-path", str(SHIPPED), "--workers", "1", log=self.log
+            )
         except BaseException:
             self.log.close()
             raise

@@ -410,9 +410,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         make_repository(root)
         log = (Path(tmp) / "server.log").open("w+")
         grpc_port = launch.free_port()
+        # one process, as measured in docs/security.md: its memory is the server's
         server = launch.smso_serve(
             "--model-repository", str(root), "--default-model", MODEL,
-            "--repository-poll-s", "1", "--grpc-port", str(grpc_port), log=log,
+            "--repository-poll-s", "1", "--grpc-port", str(grpc_port), "--workers", "1", log=log,
         )  # fmt: skip
         target = f"{HOST}:{grpc_port}"
         stop = threading.Event()
