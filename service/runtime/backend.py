@@ -29,7 +29,7 @@ from service.runtime.providers import (
     CUDA,
     Accelerator,
     choose_providers,
-    has_nvidia_gpu,
+    runs_on_gpu,
     shaped_session,
 )
 from service.runtime.runner import Batch, BoundRunner, PlainRunner, Runner, buckets
@@ -124,13 +124,6 @@ def warm_up_inputs(spec: InputSpec, sizes: Sequence[int]) -> Iterator[np.ndarray
         yield rng.standard_normal((size, spec.channels, spec.height, spec.width), np.float32)
 
 
-def _may_accelerate(spec: str) -> bool:
-    if spec == "auto":
-        available = ort.get_available_providers()
-        return has_nvidia_gpu() and any(p in available for p in ACCELERATED)
-    return any(p.strip() in ACCELERATED for p in spec.split(","))
-
-
 class OnnxBackend:
     """An ONNX file written by smso-export, run by onnxruntime."""
 
@@ -140,7 +133,7 @@ class OnnxBackend:
         try:
             self._accelerator = None
             probe = None
-            if _may_accelerate(options.providers):  # TensorRT's profile needs the input size
+            if runs_on_gpu(options.providers):  # TensorRT's profile needs the input size
                 spec = read_card(path).input
                 self._accelerator = Accelerator(
                     (spec.channels, spec.height, spec.width),

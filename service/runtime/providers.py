@@ -42,6 +42,7 @@ __all__ = [
     "prepare_engine_cache",
     "provider_options",
     "quiet_native_output",
+    "runs_on_gpu",
     "shaped_session",
 ]
 
@@ -84,12 +85,18 @@ def has_nvidia_gpu() -> bool:
 
 
 def runs_on_gpu(spec: str) -> bool:
-    """Whether providers ``spec`` (``"auto"`` or a list) would run on an NVIDIA GPU here:
-    ``auto`` where this onnxruntime has the CUDA provider and the machine a GPU, or a list
-    naming TensorRT or CUDA."""
+    """Whether providers ``spec`` (``"auto"`` or a list) may run on an NVIDIA GPU here:
+    ``auto`` where this onnxruntime has TensorRT or CUDA and the machine a GPU, or a list
+    naming either."""
     if spec == "auto":
-        return CUDA in ort.get_available_providers() and has_nvidia_gpu()
-    return any(name.strip() in ACCELERATED for name in spec.split(","))
+        available = ort.get_available_providers()
+        return has_nvidia_gpu() and any(p in available for p in ACCELERATED)
+    return any(name in ACCELERATED for name in _named(spec))
+
+
+def _named(spec: str) -> list[str]:
+    """The providers a comma-separated ``spec`` names, in its order."""
+    return [name.strip() for name in spec.split(",") if name.strip()]
 
 
 def _shape(name: str, batch: int, shape: tuple[int, int, int]) -> str:
@@ -155,7 +162,7 @@ def check_providers(spec: str) -> list[str]:
     if spec == "auto":
         return []
     available = ort.get_available_providers()
-    wanted = [p.strip() for p in spec.split(",") if p.strip()]
+    wanted = _named(spec)
     missing = [p for p in wanted if p not in available]
     if missing:
         raise ValueError(
