@@ -22,12 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib import RESULTS, launch, report
 from bench.lib.load import drive, multipart
 from bench.lib.payloads import jpegs
 from bench.lib.procfs import group_memory_mib
-
-RESNET18 = RESULTS / "peers-models" / "resnet18-smso-p2048-224.onnx"
+from bench.peers.__main__ import model_for
 
 
 def measure(model: Path, workers: int, requests: int) -> dict[str, Any]:
@@ -48,15 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "workers_memory.json")
     args = parser.parse_args(argv)
     rows = args.rows or ["shipped", "resnet18"]
-    models = {"shipped": SHIPPED, "resnet18": RESNET18}
-    if "resnet18" in rows and not RESNET18.exists():
-        from bench.peers.__main__ import model_for  # exports it once (torch)
-
-        model_for("resnet18", RESNET18.parent)
+    # bench.peers' models: ResNet-18 exported there once (torch, only then)
+    models = {row: model_for(row, RESULTS / "peers-models") for row in rows}
     found: dict[str, Any] = {"machine": report.machine(), "rows": {}}
     table = []
     for row in rows:
-        results = [measure(models[row], n, args.requests) for n in args.workers]
+        model = models[row]
+        assert model is not None  # not the stand-in
+        results = [measure(model, n, args.requests) for n in args.workers]
         found["rows"][row] = results
         base = results[0]
         for result in results:

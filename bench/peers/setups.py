@@ -199,18 +199,17 @@ def start(
     timeout_s: float = 300,
 ) -> launch.Server:
     """``setup`` serving ``row``'s model on a free port, ready (its output to ``log``)."""
-    workers: tuple[str, ...] = ("--workers", str(setup.workers)) if setup.workers > 1 else ()
-    workers += setup.flags
+    flags = (("--workers", str(setup.workers)) if setup.workers > 1 else ()) + setup.flags
     if setup.ours and row.model is None:
         per_image = ("--per-image-ms", str(STANDIN_PER_IMAGE_MS))
         latency = ("--latency-ms", str(STANDIN_LATENCY_MS))
         module = "bench.standin"
         return launch.smso_serve(
-            *latency, *per_image, *workers, log=log, timeout_s=timeout_s, module=module
+            *latency, *per_image, *flags, log=log, timeout_s=timeout_s, module=module
         )
     if setup.ours:
         model = ("--model-path", str(row.model))
-        return launch.smso_serve(*model, *workers, log=log, timeout_s=timeout_s)
+        return launch.smso_serve(*model, *flags, log=log, timeout_s=timeout_s)
     found = PEERS[setup.server]
     command = [str(peers_python), *found.command]
     env = peer_environment(row, setup.workers)
