@@ -183,7 +183,9 @@ def run_pairs(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 continue
             merged["pairs"][label] = result
             merged["not_started"] |= result["not_started"]
-            merged["parity"][label] = result["parity"]
+            # every pair checks the same images against smso-serve's answers: the first's
+            # check stands for the row (each pair's is in its own result)
+            merged["parity"] = merged["parity"] or result["parity"]
             for clients_n, by_server in result["loads"].items():
                 loads = merged["loads"].setdefault(clients_n, {})
                 for server, summary in by_server.items():
