@@ -1,7 +1,8 @@
 """The one server launcher: a server in a subprocess on a free loopback port, ready, then stopped.
 
 :class:`Server` runs a command (``{port}`` in it replaced by a free port) in a process group of
-its own, from the repository's root, waits until ``ready`` answers 200 and, on :meth:`~Server.stop`
+its own, from the repository's root, waits until ``ready`` answers 200 (:meth:`~Server.pause`
+and :meth:`~Server.resume` stop and continue the whole group) and, on :meth:`~Server.stop`
 (or at the end of its ``with``), sends SIGTERM to the group, then SIGKILL to whatever outlived
 the leader (a worker left running would keep the port, and the GPU, from the next server).
 Its output goes to ``log`` (a file) or to this process's. The servers:
@@ -92,6 +93,15 @@ class Server:
     def pid(self) -> int:
         return self.process.pid
 
+    def pause(self) -> None:
+        """SIGSTOP to the server's process group: none of its processes runs (nor takes the
+        cores) until :meth:`resume`. Its sockets stay open; connections wait."""
+        os.killpg(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT to the server's process group, after :meth:`pause`."""
+        os.killpg(self.pid, signal.SIGCONT)
+
     def rss_mib(self) -> dict[str, float]:
         """The server process's ``VmRSS`` and ``VmHWM`` (its peak) in MiB."""
         return rss_mib(self.pid)
@@ -99,6 +109,8 @@ class Server:
     def stop(self) -> int:
         """SIGTERM to the group (unless the server has exited already); once the server has
         exited, or after ``stop_s``, SIGKILL to what is left of the group. Its exit status."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGCONT)  # a paused server would not see the SIGTERM
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGTERM)

@@ -4,7 +4,8 @@ For each row (model), and for each peer setup in turn (each peer as its document
 recommends, and with 2 workers), that setup and ``smso-serve`` (its defaults, and the flags of
 each ``--ours``) are started alone (``--together``: every server at once), sent the
 same test images one at a time (every one must answer the same best class as ``smso-serve``
-before anything is timed), then driven in interleaved rounds by 1 and by 16 concurrent
+before anything is timed), then driven in interleaved rounds (each server with the others
+paused: SIGSTOP to their process groups; ``--no-pause`` leaves them) by 1 and by 16 concurrent
 clients uploading 640x480 JPEGs, ``/classify``-style (a multipart ``file``; PyTriton: the
 Open Inference Protocol's binary ``BYTES``, what Triton takes). Printed: our requests/s over
 each peer setup's (median of the rounds) and every server's requests/s and p50 latency.
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.lib import RESULTS, SHIPPED, report
+from bench.lib import RESULTS, SHIPPED, launch, report
 from bench.lib.load import Send, drive
 from bench.lib.payloads import jpegs
 from bench.peers import compare, setups
@@ -72,6 +73,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="every server up at once, driven in turn (default: each peer setup beside "
         "smso-serve alone, pair by pair)",
+    )
+    parser.add_argument(
+        "--no-pause",
+        action="store_true",
+        help="leave the other servers running while one is driven (default: SIGSTOP to "
+        "their process groups, so that their idle work does not take the cores)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -119,6 +126,7 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     sends: dict[str, Send] = {}
     readers: dict[str, compare.Reader] = {}
     started: dict[str, float] = {}
+    servers: dict[str, launch.Server] = {}
     with contextlib.ExitStack() as stack:
         for setup in setups.setups(args.peers, args.workers, args.ours):
             path = logs / f"{row.name}-{setup.slug}.log"
@@ -132,6 +140,7 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 print(f"[{row.name}] {setup.label} did not start: {failed[setup.label]}")
                 continue
             started[setup.label] = server.ready_s
+            servers[setup.label] = server
             sends[setup.label] = setups.sender(setup, server.base, row.files)
             readers[setup.label] = functools.partial(setups.top1, setup)
         answers = {
@@ -142,7 +151,9 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         print(f"[{row.name}] parity: {len(sends)} servers, {parity['images']} images", flush=True)
         for send in sends.values():  # warm-up: first batches, connections, lazy imports
             drive(send, max(args.clients), 2 * max(args.clients))
-        loads = compare.measure(sends, args.clients, requests_per_load(args, row.name), args.rounds)
+        paused = None if args.no_pause else servers
+        requests = requests_per_load(args, row.name)
+        loads = compare.measure(sends, args.clients, requests, args.rounds, paused)
     ours = [label for label in sends if label.startswith("smso-serve")]
     theirs = [label for label in sends if label not in ours]
     return {

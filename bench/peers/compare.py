@@ -5,6 +5,8 @@
   :class:`ParityError` names each server and image that differ, or fail;
 * :func:`measure`: interleaved rounds (the machine is shared and noisy: every server is driven
   in turn within a round, the order reversed every other round), at each number of clients;
+  given the servers, each is driven with every other one paused (:func:`alone`), so that an
+  idle server's own work (a cluster's heartbeats, spare workers) does not take the cores;
 * :func:`ratios_over`: our requests/s over each peer setup's, round by round, and their median;
 * :func:`ratio_table` and :func:`latency_table`: the markdown tables printed.
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -24,6 +26,31 @@ from bench.lib.load import Send, drive, interleave, merge, ratios, rps, without_
 
 #: Reads the best class's index from an answer's body.
 Reader = Callable[[bytes], int]
+T = TypeVar("T")
+
+
+class Pausable(Protocol):
+    """A server that can be stopped and continued whole (:class:`bench.lib.launch.Server`)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+def alone(name: str, servers: Mapping[str, Pausable], load: Callable[[], T]) -> Callable[[], T]:
+    """``load`` run with every server of ``servers`` but ``name`` paused, then resumed."""
+
+    def run() -> T:
+        others = [server for other, server in servers.items() if other != name]
+        for server in others:
+            server.pause()
+        try:
+            return load()
+        finally:
+            for server in others:
+                server.resume()
+
+    return run
 
 
 class ParityError(RuntimeError):
@@ -74,15 +101,19 @@ def measure(
     clients: Sequence[int],
     requests: Mapping[int, int],
     rounds: int,
+    servers: Mapping[str, Pausable] | None = None,
 ) -> dict[int, dict[str, list[dict[str, Any]]]]:
     """For each number of ``clients``: ``rounds`` interleaved rounds of a load of
-    ``requests[clients]`` requests on each server (the order reversed every other round).
-    Each server's loads, by number of clients."""
+    ``requests[clients]`` requests on each server (the order reversed every other round),
+    each with the other ``servers`` paused where they are given (:func:`alone`). Each server's
+    loads, by number of clients."""
     out: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for n in clients:
-        loads = {
+        loads: dict[str, Callable[[], dict[str, Any]]] = {
             name: functools.partial(drive, send, n, requests[n]) for name, send in sends.items()
         }
+        if servers is not None:
+            loads = {name: alone(name, servers, load) for name, load in loads.items()}
         out[n] = interleave(loads, rounds, alternate=True)
     return out
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.lib import launch, load, metrics, procfs, report, timing
@@ -226,6 +227,44 @@ def test_the_launcher_waits_for_ready_and_stops_the_whole_group(tmp_path: Path) 
     deadline = time.monotonic() + 10
     while not gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert gone(child)
+
+
+def stopped(*pids: int, want: bool = True) -> bool:
+    """Whether the processes are all stopped (state ``T``; with ``want=False``: all running),
+    waiting up to 5 s for it (a signal is delivered asynchronously)."""
+
+    def is_stopped(pid: int) -> bool:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return next(x for x in status.splitlines() if x.startswith("State:")).split()[1] == "T"
+
+    deadline = time.monotonic() + 5
+    while any(is_stopped(pid) != want for pid in pids):
+        if time.monotonic() > deadline:
+            return not want
+        time.sleep(0.05)
+    return want
+
+
+def test_a_paused_server_and_its_children_stop_until_resumed_and_a_paused_one_still_stops(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    with launch.Server([sys.executable, "-c", LEADER, "{port}"], "/", log=log, stop_s=5) as s:
+        child = int(log.read_text().split()[0])
+        s.pause()
+        assert stopped(s.pid, child)
+        with pytest.raises(httpx.TimeoutException):
+            httpx.get(s.base, timeout=0.5)  # the connection waits: nobody accepts it
+        s.resume()
+        assert not stopped(s.pid, child, want=False)
+        assert httpx.get(s.base, timeout=10).status_code == 200
+        s.pause()
+    # stopped while paused: continued first, so that the SIGTERM is seen, and the child killed
+    deadline = time.monotonic() + 10
+    while not gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(s.pid)
     assert gone(child)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench.lib import ROOT, SHIPPED
-from bench.lib.load import Answered
+from bench.lib.load import Answered, Send
 from bench.lib.payloads import jpegs
 from bench.peers import compare, model, setups
 from bench.peers.setups import PEERS, Setup
@@ -89,6 +89,41 @@ def test_measure_interleaves_rounds_and_the_ratios_are_ours_over_theirs() -> Non
     assert summary["Peer"]["requests"] == 32
     assert "latencies_ms" not in summary["Peer"]
     assert summary["Peer"]["rounds_rps"] == [r["requests_per_second"] for r in loads[4]["Peer"]]
+
+
+class Pauser:
+    """A fake server that records when it is paused and resumed."""
+
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name, self.events = name, events
+
+    def pause(self) -> None:
+        self.events.append(f"pause {self.name}")
+
+    def resume(self) -> None:
+        self.events.append(f"resume {self.name}")
+
+
+def test_measure_pauses_every_other_server_during_each_load() -> None:
+    events: list[str] = []
+
+    def send(name: str) -> Send:
+        inner = fake([0])
+
+        def run(client: httpx.Client, i: int) -> httpx.Response:
+            events.append(f"drive {name}")
+            return inner(client, i)
+
+        return run
+
+    names = ("smso-serve", "A", "B")
+    servers = {name: Pauser(name, events) for name in names}
+    compare.measure({name: send(name) for name in names}, [1], {1: 1}, 1, servers)
+    assert events == [
+        *("pause A", "pause B", "drive smso-serve", "resume A", "resume B"),
+        *("pause smso-serve", "pause B", "drive A", "resume smso-serve", "resume B"),
+        *("pause smso-serve", "pause A", "drive B", "resume smso-serve", "resume A"),
+    ]
 
 
 def test_a_server_that_answered_nothing_has_no_ratio_and_dashes_in_the_tables() -> None:
