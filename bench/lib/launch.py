@@ -30,7 +30,7 @@ from typing import IO, Any
 import httpx
 
 from bench.lib import ROOT
-from bench.lib.procfs import rss_mib
+from bench.lib.procfs import CpuMeter, rss_mib
 
 HOST = "127.0.0.1"
 
@@ -101,6 +101,11 @@ class Server:
     def resume(self) -> None:
         """SIGCONT to the server's process group, after :meth:`pause`."""
         os.killpg(self.pid, signal.SIGCONT)
+
+    def meter(self) -> CpuMeter:
+        """A :class:`~bench.lib.procfs.CpuMeter` of the server's process group: its CPU (every
+        process's) and the machine's busy cores while its ``with`` block runs."""
+        return CpuMeter(self.pid)
 
     def rss_mib(self) -> dict[str, float]:
         """The server process's ``VmRSS`` and ``VmHWM`` (its peak) in MiB."""

@@ -6,7 +6,8 @@
 * :func:`measure`: interleaved rounds (the machine is shared and noisy: every server is driven
   in turn within a round, the order reversed every other round), at each number of clients;
   given the servers, each is driven with every other one paused (:func:`alone`), so that an
-  idle server's own work (a cluster's heartbeats, spare workers) does not take the cores;
+  idle server's own work (a cluster's heartbeats, spare workers) does not take the cores, and
+  its CPU (every process of it) is metered per request;
 * :func:`ratios_over`: our requests/s over each peer setup's, round by round, and their median;
 * :func:`ratio_table` and :func:`latency_table`: the markdown tables printed.
 
@@ -16,8 +17,9 @@ A server here is a name and a :data:`bench.lib.load.Send`: the tests drive fakes
 from __future__ import annotations
 
 import functools
+import statistics
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import httpx
 
@@ -26,29 +28,54 @@ from bench.lib.load import Send, drive, interleave, merge, ratios, rps, without_
 
 #: Reads the best class's index from an answer's body.
 Reader = Callable[[bytes], int]
-T = TypeVar("T")
 
 
-class Pausable(Protocol):
-    """A server that can be stopped and continued whole (:class:`bench.lib.launch.Server`)."""
+class Meter(Protocol):
+    """Where the cores went during a ``with`` block (:class:`bench.lib.procfs.CpuMeter`):
+    ``result`` holds ``server_cores`` and ``machine_cores_busy`` (core-seconds a second), or
+    None where they could not be read."""
+
+    result: dict[str, float] | None
+
+    def __enter__(self) -> Meter: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Driven(Protocol):
+    """A server that can be stopped and continued whole, and whose CPU can be metered
+    (:class:`bench.lib.launch.Server`)."""
 
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...
 
+    def meter(self) -> Meter: ...
 
-def alone(name: str, servers: Mapping[str, Pausable], load: Callable[[], T]) -> Callable[[], T]:
-    """``load`` run with every server of ``servers`` but ``name`` paused, then resumed."""
 
-    def run() -> T:
+def alone(
+    name: str, servers: Mapping[str, Driven], load: Callable[[], dict[str, Any]]
+) -> Callable[[], dict[str, Any]]:
+    """``load`` run with every server of ``servers`` but ``name`` paused, then resumed; its
+    result with the server's CPU per request (``server_cpu_ms_per_request``: every process
+    of the server, ms of CPU per answered request) and the machine's busy cores
+    (``machine_cores_busy``) while it ran, where they could be read."""
+
+    def run() -> dict[str, Any]:
         others = [server for other, server in servers.items() if other != name]
         for server in others:
             server.pause()
         try:
-            return load()
+            with servers[name].meter() as cpu:
+                result = load()
         finally:
             for server in others:
                 server.resume()
+        answered = result.get("requests_per_second")
+        if cpu.result is not None and answered:
+            result["server_cpu_ms_per_request"] = 1e3 * cpu.result["server_cores"] / answered
+            result["machine_cores_busy"] = cpu.result["machine_cores_busy"]
+        return result
 
     return run
 
@@ -101,7 +128,7 @@ def measure(
     clients: Sequence[int],
     requests: Mapping[int, int],
     rounds: int,
-    servers: Mapping[str, Pausable] | None = None,
+    servers: Mapping[str, Driven] | None = None,
 ) -> dict[int, dict[str, list[dict[str, Any]]]]:
     """For each number of ``clients``: ``rounds`` interleaved rounds of a load of
     ``requests[clients]`` requests on each server (the order reversed every other round),
@@ -118,9 +145,22 @@ def measure(
     return out
 
 
+#: What :func:`alone` adds to a load, summarised as the median of the rounds.
+METERED = ("server_cpu_ms_per_request", "machine_cores_busy")
+
+
 def summarise(loads: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Each server's rounds as one load (:func:`bench.lib.load.merge`), without latencies."""
-    return {name: without_latencies(merge(runs)) for name, runs in loads.items()}
+    """Each server's rounds as one load (:func:`bench.lib.load.merge`), without latencies;
+    with the median of the rounds' :data:`METERED` figures, where they were measured."""
+    out = {}
+    for name, runs in loads.items():
+        merged = without_latencies(merge(runs))
+        for key in METERED:
+            values = [run[key] for run in runs if key in run]
+            if values:
+                merged[key] = statistics.median(values)
+        out[name] = merged
+    return out
 
 
 def ratios_over(
@@ -151,21 +191,28 @@ def ratio_table(lines: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
 
 
 def latency_table(summaries: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> str:
-    """A markdown table: each server's requests/s and p50 latency at each number of clients
-    (``-`` where it answered nothing)."""
+    """A markdown table: each server's requests/s and p50 latency at each number of clients,
+    and its CPU per request where it was metered (``-`` where it answered nothing)."""
     counts = sorted(summaries)
     names = list(summaries[counts[0]])
+    metered = any(
+        "server_cpu_ms_per_request" in load for by in summaries.values() for load in by.values()
+    )
     header = ["server"]
     for n in counts:
         header += [f"{n} client{'s' * (n > 1)}: req/s", "p50 ms"]
+        header += ["CPU ms/req"] if metered else []
     rows = []
     for name in names:
         line = [name]
         for n in counts:
             load = summaries[n][name]
             if "requests_per_second" not in load:
-                line += ["-", "-"]
+                line += ["-", "-"] + ["-"] * metered
                 continue
             line += [f"{load['requests_per_second']:.1f}", report.format_ms(load["p50_ms"])]
+            if metered:
+                cpu = load.get("server_cpu_ms_per_request")
+                line.append("-" if cpu is None else f"{cpu:.2f}")
         rows.append(line)
     return report.markdown_table(header, rows)

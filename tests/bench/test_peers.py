@@ -92,16 +92,27 @@ def test_measure_interleaves_rounds_and_the_ratios_are_ours_over_theirs() -> Non
 
 
 class Pauser:
-    """A fake server that records when it is paused and resumed."""
+    """A fake server that records when it is paused and resumed, and whose meter says it
+    used half a core while the machine had 1.5 busy."""
 
     def __init__(self, name: str, events: list[str]) -> None:
         self.name, self.events = name, events
+        self.result: dict[str, float] | None = None
 
     def pause(self) -> None:
         self.events.append(f"pause {self.name}")
 
     def resume(self) -> None:
         self.events.append(f"resume {self.name}")
+
+    def meter(self) -> Pauser:
+        return self
+
+    def __enter__(self) -> Pauser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.result = {"server_cores": 0.5, "machine_cores_busy": 1.5}
 
 
 def test_measure_pauses_every_other_server_during_each_load() -> None:
@@ -118,7 +129,13 @@ def test_measure_pauses_every_other_server_during_each_load() -> None:
 
     names = ("smso-serve", "A", "B")
     servers = {name: Pauser(name, events) for name in names}
-    compare.measure({name: send(name) for name in names}, [1], {1: 1}, 1, servers)
+    loads = compare.measure({name: send(name) for name in names}, [1], {1: 1}, 1, servers)
+    load = loads[1]["A"][0]
+    assert load["server_cpu_ms_per_request"] == pytest.approx(500 / load["requests_per_second"])
+    assert load["machine_cores_busy"] == 1.5
+    summary = compare.summarise(loads[1])["A"]
+    assert summary["server_cpu_ms_per_request"] == load["server_cpu_ms_per_request"]
+    assert "CPU ms/req" in compare.latency_table({1: compare.summarise(loads[1])})
     assert events == [
         *("pause A", "pause B", "drive smso-serve", "resume A", "resume B"),
         *("pause smso-serve", "pause B", "drive A", "resume smso-serve", "resume B"),
