@@ -30,7 +30,7 @@ from typing import IO, Any
 import httpx
 
 from bench.lib import ROOT
-from bench.lib.procfs import CpuMeter, rss_mib
+from bench.lib.procfs import CpuMeter, group_pids, rss_mib
 
 HOST = "127.0.0.1"
 
@@ -94,13 +94,19 @@ class Server:
         return self.process.pid
 
     def pause(self) -> None:
-        """SIGSTOP to the server's process group: none of its processes runs (nor takes the
+        """SIGSTOP to every process of the server (:func:`~bench.lib.procfs.group_pids`: its
+        group, and descendants that lead groups of their own): none runs (nor takes the
         cores) until :meth:`resume`. Its sockets stay open; connections wait."""
-        os.killpg(self.pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        """SIGCONT to the server's process group, after :meth:`pause`."""
-        os.killpg(self.pid, signal.SIGCONT)
+        """SIGCONT to every process of the server, after :meth:`pause`."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals, pids: Sequence[int] | None = None) -> None:
+        for pid in group_pids(self.pid) if pids is None else pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
     def meter(self) -> CpuMeter:
         """A :class:`~bench.lib.procfs.CpuMeter` of the server's process group: its CPU (every
@@ -113,9 +119,10 @@ class Server:
 
     def stop(self) -> int:
         """SIGTERM to the group (unless the server has exited already); once the server has
-        exited, or after ``stop_s``, SIGKILL to what is left of the group. Its exit status."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGCONT)  # a paused server would not see the SIGTERM
+        exited, or after ``stop_s``, SIGKILL to what is left of the group, and of the
+        processes the server had started outside it. Its exit status."""
+        processes = group_pids(self.pid)
+        self._signal(signal.SIGCONT, processes)  # a paused server would not see the SIGTERM
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGTERM)
@@ -123,6 +130,7 @@ class Server:
             self.process.wait(timeout=self.stop_s)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
+        self._signal(signal.SIGKILL, [pid for pid in processes if pid != self.pid])
         code = self.process.wait(timeout=20)
         if self._log is not None:
             self._log.close()

@@ -26,28 +26,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def children_cpu_seconds(pid: int) -> float:
-    """The CPU time the live child processes of ``pid`` have used so far."""
-    total = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += cpu_seconds(int(child))
-    return total
-
-
-def group_pids(group: int) -> list[int]:
-    """The live processes of process group ``group`` (a server, its workers and helpers)."""
-    found = []
-    for folder in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, ValueError):  # gone meanwhile
-            if os.getpgid(int(folder.name)) == group:
-                found.append(int(folder.name))
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (of every thread of it); none once it is gone."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(child) for child in (task / "children").read_text().split()]
     return found
 
 
+def group_pids(group: int) -> list[int]:
+    """The live processes of the server that leads process group ``group``: the group's
+    members and every descendant of its leader, also those that went on to lead a group of
+    their own (Ray starts its actors so: its Serve replicas, proxy and controller)."""
+    found: dict[int, None] = {}
+    for folder in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):  # gone meanwhile
+            if os.getpgid(int(folder.name)) == group:
+                found[int(folder.name)] = None
+    queue = [group] if group in found or Path(f"/proc/{group}").exists() else []
+    while queue:
+        pid = queue.pop(0)
+        found[pid] = None
+        queue += [child for child in children(pid) if child not in found]
+    return list(found)
+
+
 def group_cpu_seconds(group: int) -> float:
-    """The CPU time of every live process in process group ``group`` (a server's workers)."""
+    """The CPU time of every live process of the server leading process group ``group``
+    (:func:`group_pids`: its workers, and its descendants that left the group)."""
     total = 0.0
     for pid in group_pids(group):
         with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile

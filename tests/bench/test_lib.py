@@ -196,9 +196,11 @@ def test_client_processes_post_the_payloads_and_count_answers(client: str, echo)
 
 LEADER = """
 import http.server, subprocess, sys
-child = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-print(child.pid, flush=True)
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+child = subprocess.Popen([sys.executable, "-c", stubborn])
+# one that leads a group of its own, as Ray's actors do
+apart = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+print(child.pid, apart.pid, flush=True)
 handler = http.server.SimpleHTTPRequestHandler
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
 """
@@ -218,16 +220,17 @@ def test_the_launcher_waits_for_ready_and_stops_the_whole_group(tmp_path: Path) 
     with launch.Server([sys.executable, "-c", LEADER, "{port}"], "/", log=log, stop_s=5) as s:
         assert s.base == f"http://127.0.0.1:{s.port}"
         assert s.rss_mib()["VmRSS"] > 0
-        child = int(log.read_text().split()[0])
+        child, apart = map(int, log.read_text().split()[:2])
         assert not gone(child)
         group = procfs.group_memory_mib(s.pid)  # the server leads its own group
-        assert group["processes"] == 2  # the server and the child it started
-        assert set(group["by_process"]) == {str(s.pid), str(child)}
+        assert group["processes"] == 3  # the server and the children it started
+        assert set(group["by_process"]) == {str(s.pid), str(child), str(apart)}
         assert 0 < group["pss_mib"] <= group["rss_mib"]
     deadline = time.monotonic() + 10
-    while not gone(child) and time.monotonic() < deadline:
+    while not (gone(child) and gone(apart)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(child)
+    assert gone(apart)
 
 
 def stopped(*pids: int, want: bool = True) -> bool:
@@ -251,21 +254,22 @@ def test_a_paused_server_and_its_children_stop_until_resumed_and_a_paused_one_st
 ) -> None:
     log = tmp_path / "server.log"
     with launch.Server([sys.executable, "-c", LEADER, "{port}"], "/", log=log, stop_s=5) as s:
-        child = int(log.read_text().split()[0])
+        child, apart = map(int, log.read_text().split()[:2])
         s.pause()
-        assert stopped(s.pid, child)
+        assert stopped(s.pid, child, apart)
         with pytest.raises(httpx.TimeoutException):
             httpx.get(s.base, timeout=0.5)  # the connection waits: nobody accepts it
         s.resume()
-        assert not stopped(s.pid, child, want=False)
+        assert not stopped(s.pid, child, apart, want=False)
         assert httpx.get(s.base, timeout=10).status_code == 200
         s.pause()
     # stopped while paused: continued first, so that the SIGTERM is seen, and the child killed
     deadline = time.monotonic() + 10
-    while not gone(child) and time.monotonic() < deadline:
+    while not (gone(child) and gone(apart)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(s.pid)
     assert gone(child)
+    assert gone(apart)
 
 
 def test_a_server_that_exits_is_reported_at_once() -> None:
