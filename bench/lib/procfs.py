@@ -26,13 +26,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def children(pid: int) -> list[int]:
-    """The live child processes of ``pid`` (of every thread of it); none once it is gone."""
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                found += [int(child) for child in (task / "children").read_text().split()]
+def processes() -> dict[int, tuple[int, int]]:
+    """Every live process: ``{pid: (parent pid, process group)}`` (``/proc/PID/stat``)."""
+    found = {}
+    for folder in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
+            fields = (folder / "stat").read_text().rsplit(")", 1)[1].split()
+            found[int(folder.name)] = (int(fields[1]), int(fields[2]))  # ppid, pgrp
     return found
 
 
@@ -40,16 +40,19 @@ def group_pids(group: int) -> list[int]:
     """The live processes of the server that leads process group ``group``: the group's
     members and every descendant of its leader, also those that went on to lead a group of
     their own (Ray starts its actors so: its Serve replicas, proxy and controller)."""
-    found: dict[int, None] = {}
-    for folder in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, ValueError):  # gone meanwhile
-            if os.getpgid(int(folder.name)) == group:
-                found[int(folder.name)] = None
-    queue = [group] if group in found or Path(f"/proc/{group}").exists() else []
-    while queue:
-        pid = queue.pop(0)
+    table = processes()
+    found = {pid: None for pid, (_, pgrp) in table.items() if pgrp == group}
+    by_parent: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        by_parent.setdefault(parent, []).append(pid)
+    queue, seen = ([group] if group in table else []), {group}
+    while queue:  # the leader's descendants, through members of the group too
+        pid = queue.pop()
         found[pid] = None
-        queue += [child for child in children(pid) if child not in found]
+        for child in by_parent.get(pid, []):
+            if child not in seen:
+                seen.add(child)
+                queue.append(child)
     return list(found)
 
 

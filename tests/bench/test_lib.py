@@ -197,10 +197,17 @@ def test_client_processes_post_the_payloads_and_count_answers(client: str, echo)
 LEADER = """
 import http.server, subprocess, sys
 stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-child = subprocess.Popen([sys.executable, "-c", stubborn])
-# one that leads a group of its own, as Ray's actors do
+# a child in the group that starts one leading a group of its own, as Ray's raylet starts
+# its actors; and one of the server's own children that does so
+parent = (
+    "import subprocess, sys; "
+    f"apart = subprocess.Popen([sys.executable, '-c', {stubborn!r}], start_new_session=True); "
+    f"print(apart.pid, flush=True); {stubborn}"
+)
+child = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+grandchild = int(child.stdout.readline())
 apart = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
-print(child.pid, apart.pid, flush=True)
+print(child.pid, apart.pid, grandchild, flush=True)
 handler = http.server.SimpleHTTPRequestHandler
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
 """
@@ -220,17 +227,18 @@ def test_the_launcher_waits_for_ready_and_stops_the_whole_group(tmp_path: Path) 
     with launch.Server([sys.executable, "-c", LEADER, "{port}"], "/", log=log, stop_s=5) as s:
         assert s.base == f"http://127.0.0.1:{s.port}"
         assert s.rss_mib()["VmRSS"] > 0
-        child, apart = map(int, log.read_text().split()[:2])
+        child, apart, grandchild = map(int, log.read_text().split()[:3])
         assert not gone(child)
         group = procfs.group_memory_mib(s.pid)  # the server leads its own group
-        assert group["processes"] == 3  # the server and the children it started
-        assert set(group["by_process"]) == {str(s.pid), str(child), str(apart)}
+        assert group["processes"] == 4  # the server and the processes it started
+        assert set(group["by_process"]) == {str(p) for p in (s.pid, child, apart, grandchild)}
         assert 0 < group["pss_mib"] <= group["rss_mib"]
     deadline = time.monotonic() + 10
-    while not (gone(child) and gone(apart)) and time.monotonic() < deadline:
+    while not all(map(gone, (child, apart, grandchild))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(child)
     assert gone(apart)
+    assert gone(grandchild)
 
 
 def stopped(*pids: int, want: bool = True) -> bool:
@@ -254,22 +262,23 @@ def test_a_paused_server_and_its_children_stop_until_resumed_and_a_paused_one_st
 ) -> None:
     log = tmp_path / "server.log"
     with launch.Server([sys.executable, "-c", LEADER, "{port}"], "/", log=log, stop_s=5) as s:
-        child, apart = map(int, log.read_text().split()[:2])
+        child, apart, grandchild = map(int, log.read_text().split()[:3])
         s.pause()
-        assert stopped(s.pid, child, apart)
+        assert stopped(s.pid, child, apart, grandchild)
         with pytest.raises(httpx.TimeoutException):
             httpx.get(s.base, timeout=0.5)  # the connection waits: nobody accepts it
         s.resume()
-        assert not stopped(s.pid, child, apart, want=False)
+        assert not stopped(s.pid, child, apart, grandchild, want=False)
         assert httpx.get(s.base, timeout=10).status_code == 200
         s.pause()
     # stopped while paused: continued first, so that the SIGTERM is seen, and the child killed
     deadline = time.monotonic() + 10
-    while not (gone(child) and gone(apart)) and time.monotonic() < deadline:
+    while not all(map(gone, (child, apart, grandchild))) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(s.pid)
     assert gone(child)
     assert gone(apart)
+    assert gone(grandchild)
 
 
 def test_a_server_that_exits_is_reported_at_once() -> None:
