@@ -252,18 +252,24 @@ def test_the_peers_model_classifies_as_the_service_preprocesses() -> None:
     assert [answer[0]["index"] for answer in standin.classify(files[:2])] == [0, 0]
 
 
-def test_the_standin_serves_with_two_workers() -> None:
+def test_the_standin_serves_with_two_workers_and_its_metrics_combine_theirs() -> None:
+    """Each request on a new connection (they fall on either worker): ``/metrics``, from
+    whichever worker answers it, counts every one, as smso-serve's workers do."""
     from bench.lib import launch
     from bench.lib.load import multipart
+    from bench.lib.metrics import scrape
 
-    with (
-        launch.standin("--workers", "2", "--per-image-ms", "0.03") as server,
-        httpx.Client(timeout=60) as client,
-    ):
-        answer = multipart(f"{server.base}/classify", jpegs(1))(client, 0)
-    assert isinstance(answer, httpx.Response)
-    assert answer.status_code == 200
-    assert setups.top1(Setup("smso-serve"), answer.content) == 0
+    requests = 12
+    with launch.standin("--workers", "2", "--per-image-ms", "0.03") as server:
+        send = multipart(f"{server.base}/classify", jpegs(1))
+        for i in range(requests):
+            with httpx.Client(timeout=60) as client:
+                answer = send(client, i)
+            assert isinstance(answer, httpx.Response)
+            assert answer.status_code == 200
+            assert setups.top1(Setup("smso-serve"), answer.content) == 0
+        counts = {scrape(f"{server.base}/metrics")["smso_decode_seconds_count"] for _ in range(4)}
+    assert counts == {requests}
 
 
 @pytest.mark.slow
