@@ -5,16 +5,14 @@
 Every other flag is ``smso-serve``'s. The backend sleeps ``latency_ms + per_image_ms * N`` per
 batch, as ResNet-50 SMSO p = 2,048 on an H100 takes, with ResNet-50's card at 224 px. With
 ``--workers N`` (N > 1), N processes serve the one port (``service.http.workers.Workers``, as
-``smso-serve --workers`` runs them), each with a stand-in of its own: N devices, one each; and,
-as there, ``/metrics`` combines their values (prometheus_client's multiprocess mode).
+``smso-serve --workers`` runs them, ``/metrics`` combining their values), each with a stand-in
+of its own: N devices, one each.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
-import tempfile
 
 import uvicorn
 
@@ -23,7 +21,6 @@ from service.app import create_app
 from service.cli import parse_args
 from service.core.settings import Settings
 from service.http.workers import Workers
-from service.telemetry.metrics import MULTIPROC_ENV
 
 
 def serve(
@@ -53,13 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     listener.set_inheritable(True)
     work = (listener, settings, args.latency_ms, args.per_image_ms)
     workers = Workers(serve, work, processes, sockets=[listener])
-    with tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder:
-        os.environ[MULTIPROC_ENV] = folder  # the workers inherit it
-        try:
-            workers.run()
-        finally:
-            listener.close()
-            del os.environ[MULTIPROC_ENV]
+    try:
+        workers.run()
+    finally:
+        listener.close()
     return 1 if workers.failed else 0
 
 

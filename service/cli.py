@@ -28,10 +28,9 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import typing
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,7 @@ from service.core.card import CardError
 from service.core.settings import Settings, unknown_variables
 from service.http.connections import ServerConfig
 from service.http.drain import DrainingServer
-from service.http.workers import Workers
+from service.http.workers import Workers, inherited
 from service.runtime.backend import BackendOptions, OnnxBackend, read_card
 from service.runtime.host_process import HostHandle, start_host
 from service.runtime.providers import (
@@ -52,7 +51,6 @@ from service.runtime.providers import (
     runs_on_gpu,
 )
 from service.telemetry.logs import configure_logging
-from service.telemetry.metrics import MULTIPROC_ENV
 from service.telemetry.tracing import check_tracing
 
 __all__ = ["main"]
@@ -354,10 +352,7 @@ def _serve_workers(
     # flags win over the environment, in the workers too; workers=auto as resolved
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     flags["SMSO_WORKERS"] = str(processes)
-    with (
-        tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
-        _environment(flags | {MULTIPROC_ENV: folder} | (host.environment if host else {})),
-    ):
+    with inherited(flags | (host.environment if host else {})):
         log.info(
             "SMSO service listening on %s (%d workers%s)",
             where_to_go(settings, listener),
@@ -425,22 +420,6 @@ def _watch_host(host: HostHandle, workers: _Stoppable, hung_after: float) -> Non
         host.died = True
         log.error("the session host exited while serving: stopping the workers")
         workers.stop()
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` (which the worker processes inherit) for the duration, then
-    the environment as it was: no metrics folder that no longer exists left behind."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 if __name__ == "__main__":

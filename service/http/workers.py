@@ -4,26 +4,32 @@ uvicorn's own supervisor (``uvicorn.run(..., workers=N)``) runs a plain ``uvicor
 each worker and has no setting for another server class, so its workers could not drain as
 :class:`service.http.drain.DrainingServer` does. :class:`Workers` is the part of a supervisor
 the service needs, on :mod:`multiprocessing` alone: it starts the workers (spawned: each
-builds its own app and server, as the single process does), starts another in place of one
-that exits, and on SIGTERM or SIGINT (or :meth:`Workers.stop`) closes its own copy of the
-listening socket, so that the port refuses new connections once the workers stop accepting
-instead of queueing them for nobody, sends every worker SIGTERM and waits for each to drain.
+builds its own app and server, as the single process does) with a metrics folder they share,
+so that ``/metrics`` from any of them combines every worker's values (prometheus_client's
+multiprocess mode), starts another in place of one that exits, and on SIGTERM or SIGINT (or
+:meth:`Workers.stop`) closes its own copy of the listening socket, so that the port refuses new
+connections once the workers stop accepting instead of queueing them for nobody, sends every
+worker SIGTERM and waits for each to drain.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-__all__ = ["STARTUP_FAILURE", "Workers"]
+from service.telemetry.metrics import MULTIPROC_ENV
+
+__all__ = ["STARTUP_FAILURE", "Workers", "inherited"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +61,15 @@ class Workers:
     def run(self) -> None:
         """Start the workers and keep ``count`` of them running until stopped; then stop
         listening, send each SIGTERM and wait until all have exited. SIGTERM and SIGINT stop
-        them while this runs (in the main thread)."""
+        them while this runs (in the main thread). Their metrics folder (a temporary one,
+        in :data:`~service.telemetry.metrics.MULTIPROC_ENV`) is gone afterwards."""
+        with (
+            tempfile.TemporaryDirectory(prefix="smso-metrics-") as folder,
+            inherited({MULTIPROC_ENV: folder}),
+        ):
+            self._supervise()
+
+    def _supervise(self) -> None:
         handlers = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -95,6 +109,22 @@ class Workers:
         )
         process.start()
         return process
+
+
+@contextlib.contextmanager
+def inherited(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` (which the worker processes inherit) for the duration, then
+    the environment as it was: no metrics folder that no longer exists left behind."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _run_worker(parent: int, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
