@@ -2,7 +2,8 @@
 
 :class:`Server` runs a command (``{port}`` in it replaced by a free port) in a process group of
 its own, from the repository's root, waits until ``ready`` answers 200 (:meth:`~Server.pause`
-and :meth:`~Server.resume` stop and continue the whole group) and, on :meth:`~Server.stop`
+and :meth:`~Server.resume` stop and continue all its processes: the group, and descendants that
+left it) and, on :meth:`~Server.stop`
 (or at the end of its ``with``), sends SIGTERM to the group, then SIGKILL to whatever outlived
 the leader (a worker left running would keep the port, and the GPU, from the next server).
 Its output goes to ``log`` (a file) or to this process's. The servers:
@@ -109,8 +110,8 @@ class Server:
                 os.kill(pid, sig)
 
     def meter(self) -> CpuMeter:
-        """A :class:`~bench.lib.procfs.CpuMeter` of the server's process group: its CPU (every
-        process's) and the machine's busy cores while its ``with`` block runs."""
+        """A :class:`~bench.lib.procfs.CpuMeter` of the server's processes (its group and
+        descendants): their CPU and the machine's busy cores while its ``with`` block runs."""
         return CpuMeter(self.pid)
 
     def rss_mib(self) -> dict[str, float]:

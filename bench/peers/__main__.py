@@ -5,7 +5,7 @@ recommends, and with 2 workers), that setup and ``smso-serve`` (its defaults, an
 each ``--ours``) are started alone (``--together``: every server at once), sent the
 same test images one at a time (every one must answer the same best class as ``smso-serve``
 before anything is timed), then driven in interleaved rounds (each server with the others
-paused: SIGSTOP to their process groups; ``--no-pause`` leaves them) by 1 and by 16 concurrent
+paused: SIGSTOP to all their processes; ``--no-pause`` leaves them) by 1 and by 16 concurrent
 clients uploading 640x480 JPEGs, ``/classify``-style (a multipart ``file``; PyTriton: the
 Open Inference Protocol's binary ``BYTES``, what Triton takes). Printed: our requests/s over
 each peer setup's (median of the rounds) and every server's requests/s and p50 latency.
@@ -78,7 +78,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-pause",
         action="store_true",
         help="leave the other servers running while one is driven (default: SIGSTOP to "
-        "their process groups, so that their idle work does not take the cores)",
+        "all their processes, so that their idle work does not take the cores)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
