@@ -61,6 +61,7 @@ from bench.lib import ROOT, launch
 from bench.lib.load import drive, multipart
 from bench.lib.metrics import scrape
 from bench.lib.procfs import group_cpu_seconds
+from service.http.workers import inherited
 from service.telemetry.tracing import DEFAULT_SAMPLING_RATIO, Spans, otlp_provider, tracer
 
 MODEL = ROOT / "models" / "fashion-mnist-smso" / "model.onnx"
@@ -204,21 +205,6 @@ def _one_request(spans: Spans) -> None:
         spans.end_request(request, scope, "/classify", 200)
 
 
-@contextlib.contextmanager
-def _variables(**values: str) -> Iterator[None]:
-    """The environment with ``values`` set, for the ``with`` block."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
-
-
 def span_costs(requests: int) -> dict[str, Any]:
     """Tracing's CPU per request in the serving process, without the servers' noise: the spans
     of ``requests`` requests made in this thread (``time.thread_time``: other processes and
@@ -231,7 +217,7 @@ def span_costs(requests: int) -> dict[str, Any]:
 
     def provider(ratio: float, exporter: SpanExporter) -> SdkTracerProvider:
         queue = str(4 * requests + 1000)
-        with _variables(OTEL_TRACES_SAMPLER_ARG=str(ratio), OTEL_BSP_MAX_QUEUE_SIZE=queue):
+        with inherited({"OTEL_TRACES_SAMPLER_ARG": str(ratio), "OTEL_BSP_MAX_QUEUE_SIZE": queue}):
             return otlp_provider(exporter=exporter)
 
     def per_request_us(spans: Spans, count: int) -> float:
