@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -81,9 +82,17 @@ def non_negative_int(text: str) -> int:
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:
     """Run ``body``; on a user error, or memory the settings ask for and the machine does not
-    have, print ``prog: error: message`` to stderr and return 2."""
+    have, print ``prog: error: message`` to stderr and return 2. A reader that stops reading
+    standard output (``| head``) ends the run quietly with status 1."""
     try:
-        return body()
+        status = body()
+        sys.stdout.flush()  # a closed pipe raises here, not in the interpreter's flush at exit
+        return status
+    except BrokenPipeError:
+        # the reader stopped reading (``| head``): Python's docs' recipe for SIGPIPE. Whatever
+        # is still buffered goes to /dev/null, so that the flush at exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except USER_ERRORS as exc:
         print(f"{prog}: error: {_message(exc)}", file=sys.stderr)
         return 2

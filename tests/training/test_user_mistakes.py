@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -526,6 +528,29 @@ def test_a_write_error_no_check_foresaw_is_one_line(tmp_path, capsys):
     assert run_cli("smso-train", read_only_file_system) == 2
     err = one_error_line(capsys, "smso-train")
     assert err == f"smso-train: error: cannot write {tmp_path / 'test.json'}: Read-only file system"
+
+
+def test_a_reader_that_stops_reading_is_not_a_traceback():
+    """``smso-experiment report | head -1``: the reader closes the pipe while the script still
+    writes; the script stops quietly (status 1, as Python's docs advise), with no traceback
+    from the write or from the interpreter's flush at exit."""
+    script = (
+        "import sys\n"
+        "from training.cli import run_cli\n"
+        "def body():\n"
+        "    for i in range(200_000):\n"
+        "        print('row', i)\n"
+        "    return 0\n"
+        "sys.exit(run_cli('smso-eval', body))\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"row 0\n"
+    child.stdout.close()  # what head does after its first line
+    _, err = child.communicate(timeout=60)
+    assert (child.returncode, err.decode()) == (1, "")
 
 
 # --- smso-experiment ----------------------------------------------------------------------------
