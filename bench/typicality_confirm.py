@@ -18,6 +18,10 @@ In-distribution: the test images of the classes the model was trained on. The se
   severity of :func:`bench.lib.confirm_sets.shift_sets`. Whether a score should flag these is
   not settled, so their comparisons say which score flags them more, not which wins.
 
+Beside them, ``held_out_classes: NAME`` (kind ``by_class``) gives the near-OOD set one held-out
+class at a time. It was added after the pre-registered run, as an exploratory reading of it:
+it is not counted in the wins and losses.
+
 Scores (higher = less typical), for each set against the in-distribution images::
 
     typicality            the served score (modelcard.typicality, 4 terms)
@@ -120,18 +124,24 @@ def image_sets(
     model: Model, test: np.ndarray, labels: np.ndarray, args: argparse.Namespace
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``({"test": ...}, OOD sets, shift sets)`` of uint8 images, and in the first the
-    in-distribution labels as the model numbers them (``test_labels``)."""
+    in-distribution labels as the model numbers them (``test_labels``) and the Fashion-MNIST
+    labels of the ``held_out_classes`` images (``held_out_labels``)."""
     kept = np.isin(labels, model.classes)
     test_id = test[kept]
     ids = {"test": test_id, "test_labels": np.searchsorted(model.classes, labels[kept])}
     ood = {"glyphs": glyphs(args.glyphs_per_letter, seed=0)}
     if not kept.all():
         ood = {"held_out_classes": test[~kept]} | ood
+        ids["held_out_labels"] = labels[~kept]
     if args.quick:  # a few hundred of each, drawn at random
         rng = np.random.default_rng(0)
         pick = np.sort(rng.permutation(len(test_id))[: args.set_size])
-        ids = {k: v[pick] for k, v in ids.items()}
-        ood = {k: v[np.sort(rng.permutation(len(v))[: args.set_size])] for k, v in ood.items()}
+        ids |= {"test": test_id[pick], "test_labels": ids["test_labels"][pick]}
+        for name, images in ood.items():
+            pick = np.sort(rng.permutation(len(images))[: args.set_size])
+            ood[name] = images[pick]
+            if name == "held_out_classes":
+                ids["held_out_labels"] = ids["held_out_labels"][pick]
     shift = shift_sets(ids["test"], seed=0)
     return ids, ood, shift
 
@@ -192,6 +202,26 @@ def set_result(id_scores: dict[str, np.ndarray], scores: dict[str, np.ndarray]) 
     return {"methods": methods, "versus": versus}
 
 
+def by_class(
+    id_scores: dict[str, np.ndarray],
+    scores: dict[str, np.ndarray],
+    out: dict[str, np.ndarray],
+    labels: np.ndarray,
+    names: list[str],
+) -> dict[str, dict[str, Any]]:
+    """The near-OOD set one held-out class at a time (kind ``by_class``, exploratory: added
+    after the pre-registered run): ``{"held_out_classes: NAME": result}``."""
+    parts = {}
+    for label in np.unique(labels):
+        mask = labels == label
+        parts[f"held_out_classes: {names[label]}"] = {
+            "kind": "by_class",
+            "images": int(mask.sum()),
+            "share_p_below_0.01": float((out["typicality_p_value"][mask] < ALPHA).mean()),
+        } | set_result(id_scores, {m: s[mask] for m, s in scores.items()})
+    return parts
+
+
 def evaluate(model: Model, args: argparse.Namespace) -> dict[str, Any]:
     """Every set's result for one model (see the module docstring)."""
     test, labels = labelled_test_images(args.data_root)
@@ -226,14 +256,17 @@ def evaluate(model: Model, args: argparse.Namespace) -> dict[str, Any]:
         for kind, group in (("ood", ood), ("shift", shift)):
             for name, images in group.items():
                 out = scorer.outputs(images)
+                scores = scorer.scores(out, maha)
                 sets[name] = {
                     "kind": kind,
                     "images": len(images),
                     "share_p_below_0.01": float((out["typicality_p_value"] < ALPHA).mean()),
-                } | set_result(id_scores, scorer.scores(out, maha))
+                } | set_result(id_scores, scores)
                 if kind == "shift":  # the same images, corrupted: their labels still hold
                     correct = out["logits"].argmax(1) == ids["test_labels"]
                     sets[name]["accuracy"] = float(correct.mean())
+                if name == "held_out_classes":
+                    sets |= by_class(id_scores, scores, out, ids["held_out_labels"], every)
         logit_gap = scorer.logit_gap
     return {
         "model": str(model.path),
@@ -265,11 +298,12 @@ def tally(result: dict[str, Any], kind: str = "ood") -> dict[str, dict[str, int]
 
 
 SHORT = {"win": "W", "loss": "L", "tie": "T"}
+SUFFIX = {"shift": " (shift)", "by_class": " (exploratory)"}
 
 
 def table(results: dict[str, Any]) -> str:
     """Markdown: per model, a row per set, each method's AUROC (FPR95), then the served score's
-    verdict against each baseline (OOD: W/L/T; shift: which flags more, +/-/=)."""
+    verdict against each baseline (OOD and by class: W/L/T; shift: which flags more, +/-/=)."""
     lines = []
     for role, result in results["models"].items():
         lines.append(
@@ -282,11 +316,11 @@ def table(results: dict[str, Any]) -> str:
         rows = []
         for name, entry in result["sets"].items():
             methods = entry["methods"]
-            marks = SHORT if entry["kind"] == "ood" else {"win": "+", "loss": "-", "tie": "="}
+            marks = SHORT if entry["kind"] != "shift" else {"win": "+", "loss": "-", "tie": "="}
             mark = "**" if (role, name) in PRIMARY else ""
             rows.append(
                 [
-                    f"{mark}{name}{mark}" + (" (shift)" if entry["kind"] == "shift" else ""),
+                    f"{mark}{name}{mark}" + SUFFIX.get(entry["kind"], ""),
                     f"{entry['images']:,}",
                     *(
                         f"{methods[m]['auroc']:.3f} ({methods[m]['fpr_at_95_tpr']:.3f})"

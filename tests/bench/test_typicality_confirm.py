@@ -170,6 +170,7 @@ def test_the_sets_of_a_model_trained_on_some_classes() -> None:
     ids, ood, shift = image_sets(held_out, test, labels, args)
     assert list(ood) == ["held_out_classes", "glyphs"]
     np.testing.assert_array_equal(ood["held_out_classes"][:, 0, 0], [6, 7, 16, 17, 26, 27, 36, 37])
+    np.testing.assert_array_equal(ids["held_out_labels"], [6, 7, 6, 7, 6, 7, 6, 7])
     assert len(ids["test"]) == 32
     kept = ids["test"][:, 0, 0] % 10
     np.testing.assert_array_equal(
@@ -179,7 +180,14 @@ def test_the_sets_of_a_model_trained_on_some_classes() -> None:
     shipped = Model("shipped", Path("m.onnx"), {"classes": None})
     ids, ood, _ = image_sets(shipped, test, labels, args)
     assert list(ood) == ["glyphs"]
+    assert "held_out_labels" not in ids
     np.testing.assert_array_equal(ids["test_labels"], labels)
+    quick = argparse.Namespace(quick=True, glyphs_per_letter=1, set_size=5)
+    ids, ood, _ = image_sets(held_out, test, labels, quick)  # the labels drawn with the images
+    np.testing.assert_array_equal(ood["held_out_classes"][:, 0, 0] % 10, ids["held_out_labels"])
+    np.testing.assert_array_equal(
+        np.searchsorted([0, 1, 2, 3, 4, 5, 8, 9], ids["test"][:, 0, 0] % 10), ids["test_labels"]
+    )
 
 
 # --- end to end ---------------------------------------------------------------------------------
@@ -225,6 +233,11 @@ def test_a_quick_run_on_a_tiny_held_out_model(tmp_path: Path, capsys: pytest.Cap
     sets = model["sets"]
     assert [k for k, v in sets.items() if v["kind"] == "ood"] == ["held_out_classes", "glyphs"]
     assert sets["held_out_classes"]["images"] == 40  # the 20 Shirt and 20 Sneaker test images
+    parts = {k: v["images"] for k, v in sets.items() if v["kind"] == "by_class"}
+    assert list(parts) == ["held_out_classes: Shirt", "held_out_classes: Sneaker"]
+    assert sum(parts.values()) == 40
+    assert result["wins_losses_ties"]["held_out"]["msp"] == tally(model)["msp"]
+    assert sum(tally(model)["msp"].values()) == 2  # the two OOD sets, not the classes
     assert len([k for k, v in sets.items() if v["kind"] == "shift"]) == 12
     for name, entry in sets.items():
         assert list(entry["methods"]) == list(METHODS), name
