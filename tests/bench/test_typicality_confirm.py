@@ -24,6 +24,7 @@ from bench.typicality_confirm import (
     image_sets,
     labelled_test_images,
     main,
+    table,
     tally,
 )
 from modelcard.typicality import Typicality
@@ -283,3 +284,32 @@ def test_a_quick_run_on_a_tiny_held_out_model(tmp_path: Path, capsys: pytest.Cap
     assert "gaussian_blur-5 (shift)" in printed
     tables = printed.split("\nResults written to ")[0]  # the JSON's path comes last
     assert markdown.read_text().strip() == tables.strip()
+
+
+# --- the published results ----------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def test_the_published_tables_are_the_records() -> None:
+    """typicality-confirmation.md prints the tables of its JSON record verbatim, and the AUROCs
+    quoted in its summaries and in typicality.md are the record's."""
+    record = json.loads((DOCS / "typicality-confirmation.json").read_text())
+    page = (DOCS / "typicality-confirmation.md").read_text()
+    assert table(record).strip() in page
+    sets = {role: model["sets"] for role, model in record["models"].items()}
+    quoted = [
+        ("held_out", "held_out_classes", "unseen classes: Shirt and Sneaker"),
+        ("shipped", "glyphs", "typeset letters (shipped model)"),
+    ]
+    summary = (DOCS / "typicality.md").read_text()
+    for role, name, label in quoted:
+        methods, versus = sets[role][name]["methods"], sets[role][name]["versus"]
+        row = next(line for line in summary.splitlines() if line.startswith(f"| {label}"))
+        cells = [cell.strip("* ") for cell in row.split("|")[2:-1]]
+        assert cells[0] == f"{methods['typicality']['auroc']:.3f}"
+        for cell, baseline in zip(cells[1:], BASELINES, strict=True):
+            verdict = versus[baseline]["verdict"]
+            assert cell.replace("*", "") == f"{methods[baseline]['auroc']:.3f} ({verdict})"
+    assert record["primary"] == [["held_out", "held_out_classes"], ["shipped", "glyphs"]]
+    assert not record["quick"]
