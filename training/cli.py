@@ -7,6 +7,7 @@ import argparse
 import errno
 import os
 import re
+import select
 import sys
 from collections.abc import Callable
 
@@ -86,12 +87,17 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
     standard output (``| head``) ends the run quietly with status 1."""
     try:
         status = body()
-        sys.stdout.flush()  # a closed pipe raises here, not in the interpreter's flush at exit
+        if sys.stdout is not None:  # a closed pipe raises here, not in the flush at exit
+            sys.stdout.flush()
         return status
     except BrokenPipeError:
-        # the reader stopped reading (``| head``): Python's docs' recipe for SIGPIPE. Whatever
-        # is still buffered goes to /dev/null, so that the flush at exit cannot raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not _reader_gone():  # another pipe or socket of the run's: not the user's doing
+            raise
+        # Python's docs' recipe for SIGPIPE: what is still buffered goes to /dev/null, so that
+        # the interpreter's flush at exit cannot raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 1
     except USER_ERRORS as exc:
         print(f"{prog}: error: {_message(exc)}", file=sys.stderr)
@@ -107,6 +113,19 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
             raise
         print(f"{prog}: error: {_out_of_memory_message(exc)}", file=sys.stderr)
         return 2
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (``| head`` has read
+    enough): ``poll`` reports ``POLLERR`` on the write end of such a pipe, and on nothing else
+    that standard output may be (a terminal, a file, an open pipe)."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # None, or a StringIO (capsys, redirect)
+        return False
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 #: An ``OSError`` that only a write raises and no check before the work can foresee: a file

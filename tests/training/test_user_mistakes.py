@@ -553,6 +553,18 @@ def test_a_reader_that_stops_reading_is_not_a_traceback():
     assert (child.returncode, err.decode()) == (1, "")
 
 
+def test_a_broken_pipe_that_is_not_standard_output_is_not_hidden(capsys):
+    from training.cli import run_cli
+
+    def worker_pipe_broke() -> int:  # a data loader's pipe, a socket: a bug to show
+        print("half a report")
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        run_cli("smso-train", worker_pipe_broke)
+    assert capsys.readouterr().out == "half a report\n"
+
+
 # --- smso-experiment ----------------------------------------------------------------------------
 
 RESULT = {
