@@ -292,8 +292,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 def test_the_published_tables_are_the_records() -> None:
-    """typicality-confirmation.md prints the tables of its JSON record verbatim, and the AUROCs
-    quoted in its summaries and in typicality.md are the record's."""
+    """typicality-confirmation.md prints the tables of its JSON record verbatim, and
+    typicality.md's summary rows (AUROCs and verdicts) and the README's AUROCs are the
+    record's."""
     record = json.loads((DOCS / "typicality-confirmation.json").read_text())
     page = (DOCS / "typicality-confirmation.md").read_text()
     assert table(record).strip() in page
@@ -311,5 +312,30 @@ def test_the_published_tables_are_the_records() -> None:
         for cell, baseline in zip(cells[1:], BASELINES, strict=True):
             verdict = versus[baseline]["verdict"]
             assert cell.replace("*", "") == f"{methods[baseline]['auroc']:.3f} ({verdict})"
+    readme = (DOCS.parents[1] / "README.md").read_text()
+    for role, name, method in [
+        ("shipped", "glyphs", "typicality"),
+        ("held_out", "held_out_classes", "typicality"),
+        ("held_out", "held_out_classes", "msp"),
+    ]:
+        assert f"{sets[role][name]['methods'][method]['auroc']:.3f}" in readme
     assert record["primary"] == [["held_out", "held_out_classes"], ["shipped", "glyphs"]]
     assert not record["quick"]
+
+
+def test_the_second_run_repeats_every_entry_of_the_first() -> None:
+    """The pre-registered run (first record) and the run that added the exploratory classes
+    (second record, the one quoted) agree on every entry the first has."""
+    first = json.loads((DOCS / "typicality-confirmation-first-run.json").read_text())
+    second = json.loads((DOCS / "typicality-confirmation.json").read_text())
+    assert first["commit"] != second["commit"]
+    assert first["wins_losses_ties"] == second["wins_losses_ties"]
+    for role, model in first["models"].items():
+        again = second["models"][role]
+        assert {k: v for k, v in again.items() if k != "sets"} == {
+            k: v for k, v in model.items() if k != "sets"
+        }
+        added = {k for k, v in again["sets"].items() if v["kind"] == "by_class"}
+        assert set(again["sets"]) - added == set(model["sets"])
+        for name, entry in model["sets"].items():
+            assert again["sets"][name] == entry, (role, name)
