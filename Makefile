@@ -136,9 +136,13 @@ fmnist-table: $(VENV)/.installed-dev data
 	$(BIN)/smso-experiment report fmnist --out $(FMNIST_TABLE) | tee $(FMNIST_TABLE)/table.md
 
 fmnist-table-records:
-	for result in $(FMNIST_TABLE)/*/seed*/result.json; do \
+	$(call keep-records,$(FMNIST_TABLE),$(FMNIST_RECORDS))
+
+# $(call keep-records,RUNS,RECORDS): each finished run under RUNS (a result.json) copied to the
+# same folder under RECORDS, without its checkpoints
+keep-records = for result in $(1)/*/seed*/result.json; do \
 	  [ -f "$$result" ] || continue; run=$$(dirname "$$result"); \
-	  keep=$(FMNIST_RECORDS)/$${run#$(FMNIST_TABLE)/}; mkdir -p "$$keep"; \
+	  keep=$(2)/$${run\#$(1)/}; mkdir -p "$$keep"; \
 	  for name in config.json metrics.jsonl result.json splits.json test.json; do \
 	    [ ! -f "$$run/$$name" ] || cp "$$run/$$name" "$$keep/"; done; \
 	done
@@ -147,16 +151,22 @@ fmnist-table-records:
 # p = 64, each lr {0.005, 0.01, 0.02} x weight decay {5e-4, 2e-3}, 18 epochs, seed 0; about 24
 # runs x 20 minutes, two at a time, on 2 free cores), each head's recipe chosen on validation,
 # the chosen recipes that are not the shipped one at 45 epochs on seeds 0-2, then the grid and the
-# fair table (paired verdicts) in $(FAIR)/report.md. Resumable: run it again after a stop.
+# fair table (paired verdicts) in $(FAIR)/report.md. Resumable: run it again after a stop. The
+# finished runs' records are kept in docs/results/fmnist-sweep and docs/results/fmnist-fair, as
+# the table's are, so that a fresh checkout skips them.
 SWEEP := runs/fmnist-sweep
 FAIR := runs/fmnist-fair
+SWEEP_RECORDS := docs/results/fmnist-sweep
+FAIR_RECORDS := docs/results/fmnist-fair
 fmnist-fair: $(VENV)/.installed-dev data
+	mkdir -p $(SWEEP) $(FAIR) $(SWEEP_RECORDS) $(FAIR_RECORDS)
+	cp -Rn $(SWEEP_RECORDS)/. $(SWEEP)/ && cp -Rn $(FAIR_RECORDS)/. $(FAIR)/
 	$(BIN)/smso-experiment run fmnist-sweep --seeds 0 --resume --device cpu --jobs $(FMNIST_JOBS) \
-	  --out $(SWEEP)
+	  --out $(SWEEP); status=$$?; $(call keep-records,$(SWEEP),$(SWEEP_RECORDS)); exit $$status
 	rows="$$($(BIN)/smso-experiment choose --sweep $(SWEEP) --to-run)"; [ -z "$$rows" ] || \
 	  $(BIN)/smso-experiment run fmnist-fair $$rows --seeds 0 1 2 --resume --device cpu \
-	  --jobs $(FMNIST_JOBS) --out $(FAIR)
-	mkdir -p $(FAIR)
+	  --jobs $(FMNIST_JOBS) --out $(FAIR); status=$$?; \
+	  $(call keep-records,$(FAIR),$(FAIR_RECORDS)); exit $$status
 	{ $(BIN)/smso-experiment choose --sweep $(SWEEP); echo; \
 	  $(BIN)/smso-experiment choose --sweep $(SWEEP) --fair $(FAIR) --records $(FMNIST_RECORDS); \
 	} | tee $(FAIR)/report.md
