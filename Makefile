@@ -172,8 +172,9 @@ fmnist-fair: $(VENV)/.installed-dev data
 	} | tee $(FAIR)/report.md
 
 # The confirmatory typicality evaluation (docs/results/typicality-confirmation.md): the shipped
-# recipe trained on 8 classes, Shirt and Sneaker held out (about 20 minutes on 2 free cores), its
-# export, then python -m bench.typicality_confirm on it and on the shipped model (a few minutes):
+# recipe trained on 8 classes, Shirt and Sneaker held out (about 20 minutes on 2 free cores, from
+# the shipped model's time; 7.6 hours sharing them with the recipe sweep), its export, then
+# python -m bench.typicality_confirm on it and on the shipped model (6 minutes on 2 cores):
 # a markdown table on the terminal and in $(TYPICALITY_RUN)/confirmation.md, the JSON in
 # bench/results/typicality-confirm.json. Interrupted? Run it again: the training resumes from its
 # last epoch, and a finished run (test.json) is neither trained nor tested again.
