@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: serve install data test lint format bench bench-export bench-peers model onnx fmnist-table \
-  fmnist-table-records fmnist-fair typicality-confirm clean
+  fmnist-table-records fmnist-fair fmnist-fair-records typicality-confirm clean
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -170,6 +170,12 @@ fmnist-fair: $(VENV)/.installed-dev data
 	{ $(BIN)/smso-experiment choose --sweep $(SWEEP); echo; \
 	  $(BIN)/smso-experiment choose --sweep $(SWEEP) --fair $(FAIR) --records $(FMNIST_RECORDS); \
 	} | tee $(FAIR)/report.md
+
+# the records of the sweep's and the fair runs' finished runs, copied now (fmnist-fair copies
+# them as each of its two steps ends): to keep what a long run has done so far
+fmnist-fair-records:
+	$(call keep-records,$(SWEEP),$(SWEEP_RECORDS))
+	$(call keep-records,$(FAIR),$(FAIR_RECORDS))
 
 # The confirmatory typicality evaluation (docs/results/typicality-confirmation.md): the shipped
 # recipe trained on 8 classes, Shirt and Sneaker held out (about 20 minutes on 2 free cores, from
