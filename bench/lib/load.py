@@ -198,15 +198,20 @@ def drive(send: Send, clients: int, requests: int) -> dict[str, Any]:
     return summary(tally)
 
 
+def loads_of(
+    sends: Mapping[str, Send], clients: int, requests: int
+) -> dict[str, Callable[[], dict[str, Any]]]:
+    """Each of ``sends`` as a load for :func:`interleave`: :func:`drive` with ``clients`` clients
+    and ``requests`` requests."""
+    return {name: functools.partial(drive, send, clients, requests) for name, send in sends.items()}
+
+
 def drive_rounds(
     sends: Mapping[str, Send], clients: int, requests: int, rounds: int, alternate: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
     """:func:`drive` each of ``sends`` with ``requests`` requests a round, in :func:`interleave`'s
     rounds: each one's loads."""
-    loads = {
-        name: functools.partial(drive, send, clients, requests) for name, send in sends.items()
-    }
-    return interleave(loads, rounds, alternate)
+    return interleave(loads_of(sends, clients, requests), rounds, alternate)
 
 
 def post(url: str, bodies: Sequence[Body]) -> Send:

@@ -16,7 +16,6 @@ A server here is a name and a :data:`bench.lib.load.Send`: the tests drive fakes
 
 from __future__ import annotations
 
-import functools
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -24,7 +23,7 @@ from typing import Any, Protocol
 import httpx
 
 from bench.lib import report
-from bench.lib.load import Send, drive, interleave, merge, ratios, rps, without_latencies
+from bench.lib.load import Send, interleave, loads_of, merge, ratios, rps, without_latencies
 
 #: Reads the best class's index from an answer's body.
 Reader = Callable[[bytes], int]
@@ -136,9 +135,7 @@ def measure(
     loads, by number of clients."""
     out: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for n in clients:
-        loads: dict[str, Callable[[], dict[str, Any]]] = {
-            name: functools.partial(drive, send, n, requests[n]) for name, send in sends.items()
-        }
+        loads = loads_of(sends, n, requests[n])
         if servers is not None:
             loads = {name: alone(name, servers, load) for name, load in loads.items()}
         out[n] = interleave(loads, rounds, alternate=True)
