@@ -95,10 +95,13 @@ def _points(d: PairedDifference) -> str:
 
 
 def comparison_section(
-    runs: dict[tuple[str, str], list[dict[str, Any]]], row_order: Sequence[str]
+    runs: dict[tuple[str, str], list[dict[str, Any]]],
+    row_order: Sequence[str],
+    references: Sequence[str] = REFERENCE_ROWS,
 ) -> list[str]:
-    """Markdown lines comparing every SMSO row with the reference rows (first-order, BP) of the
-    same dataset, paired by seed; no lines when the table has no such pair.
+    """Markdown lines comparing every SMSO row with the ``references`` rows (by default
+    first-order and BP) of the same dataset, paired by seed; no lines when the table has no such
+    pair.
 
     ``runs`` maps ``(row, dataset)`` to result records (each with ``seed``, ``label``,
     ``feature_dim``, ``best_val_accuracy``, ``test_accuracy``); ``row_order`` gives the rows
@@ -110,7 +113,7 @@ def comparison_section(
         for name in row_order:
             if not name.startswith("smso") or (name, dataset) not in runs:
                 continue
-            for reference in REFERENCE_ROWS:
+            for reference in references:
                 if (reference, dataset) in runs:
                     line = _compare(runs[(name, dataset)], runs[(reference, dataset)], dataset)
                     lines += [line] if line else []

@@ -11,8 +11,9 @@ validation accuracy:
 ties going to the first point in grid order (lr, then weight decay, ascending). Each head's
 choice is then trained for the full schedule on seeds 0-2 (``fmnist-fair``, the same rows at
 45 epochs with the test pass); where the choice is the shipped recipe, the runs of the
-``fmnist`` table are those runs and are reused. The fair table pairs the heads by seed as the
-``fmnist`` table does (:mod:`training.paired_comparison`).
+``fmnist`` table are those runs and are reused. The fair table pairs SMSO p = 64 by seed with
+first-order, BP and MPN (:data:`FAIR_REFERENCES`), as the ``fmnist`` table pairs each SMSO row
+with first-order and BP (:mod:`training.paired_comparison`).
 
 ``smso-experiment choose --sweep DIR``: the sweep's grid and the choices;
 ``--to-run``: the ``fmnist-fair`` rows still to train (those not the shipped recipe);
@@ -41,11 +42,14 @@ from training.experiments import (
     sweep_row_name,
     total_time,
 )
-from training.paired_comparison import comparison_section
+from training.paired_comparison import REFERENCE_ROWS, comparison_section
 
 __all__ = ["Choice", "choices", "fair_report", "main", "rows_to_run", "sweep_report"]
 
 SWEEP, FAIR = "fmnist-sweep", "fmnist-fair"
+#: What SMSO p = 64 is paired with in the fair table: the paper's first-order and BP, and MPN,
+#: the best head of the table with one recipe.
+FAIR_REFERENCES = (*REFERENCE_ROWS, "mpn")
 DATASET = str(FMNIST_RECIPE["dataset"])
 
 
@@ -187,7 +191,7 @@ def fair_report(sweep: Path, fair: Path, records: Path) -> str:
             )
             + " |"
         )
-    notes = comparison_section(runs, list(SWEEP_HEADS))
+    notes = comparison_section(runs, list(SWEEP_HEADS), FAIR_REFERENCES)
     missing = [h for h in chosen if (h, DATASET) not in runs]
     if missing or waiting:
         notes += ["", f"Not in yet: {', '.join(missing + waiting)}."]

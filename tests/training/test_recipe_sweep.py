@@ -88,6 +88,13 @@ def test_the_fair_table_pairs_chosen_runs_and_reuses_the_shipped_recipes(tmp_pat
     assert "+1.10" in smso_vs_gap
     assert "| higher |" in smso_vs_gap
     assert "Not in yet: mpn" in text  # chosen, no runs found
+    assert "| smso-64 | mpn |" not in text
+    for seed, mpn in enumerate([0.944, 0.942, 0.943]):
+        record(records, "fmnist", "mpn", seed, 0.95, mpn)
+    text = fair_report(swept, fair, records)
+    smso_vs_mpn = next(line for line in text.splitlines() if line.startswith("| smso-64 | mpn"))
+    assert "| -0.10 [" in smso_vs_mpn  # MPN is paired too: 94.20 against 94.30
+    assert "Not in yet" not in text
 
 
 def test_nothing_chosen_is_a_clear_error_and_the_cli_prints_rows(tmp_path: Path, capsys) -> None:
