@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from tests.training.test_fmnist_table_records import confusion_accuracy, val_accuracies
+from tests.training.test_fmnist_sweep_records import GRID, best_val, point
+from tests.training.test_fmnist_table_records import (
+    confusion_accuracy,
+    paired,
+    percent,
+    val_accuracies,
+)
 from training.recipe_sweep import choices, fair_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,5 +66,87 @@ def test_the_page_has_the_fair_table_once_every_chosen_head_has_its_three_seeds(
         assert FAIR_HEADER not in page
         return
     rendered = fair_report(SWEEP, FAIR, TABLE)
-    missing = [line for line in rendered.splitlines() if line and line not in page]
+    lines = set(page.splitlines())
+    missing = [line for line in rendered.splitlines() if line and line not in lines]
     assert missing == []
+
+
+def tables_after(page: str, header: str) -> list[dict[str, list[str]]]:
+    """The markdown tables from the one whose header starts with ``header`` on, to the next
+    section: each as its rows' cells keyed by the first two cells joined."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    tables: list[dict[str, list[str]]] = []
+    inside = False
+    for line in lines[start:]:
+        if line.startswith("#"):
+            break
+        if not line.startswith("|"):
+            inside = False
+            continue
+        if not inside:
+            tables.append({})
+            inside = True
+            continue  # the header
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not set(cells[0]) <= set("-:"):
+            tables[-1][" / ".join(cells[:2])] = cells
+    return tables
+
+
+def test_the_fair_table_and_verdicts_recomputed_from_the_records() -> None:
+    """Independently of the report: each head's choice, the highest best validation accuracy of
+    its sweep points (first in grid order); its three runs, the fmnist table's where the choice
+    is the shipped recipe; mean ± sd over seeds of best validation and test accuracy; and SMSO
+    p = 64 against first-order, BP and MPN, paired by seed, with the page's verdict rule."""
+    accuracy = {point(run): best_val(run) for run in SWEEP.glob("fashion_mnist-*/seed0")}
+    heads = ("first-order", "bp", "mpn", "smso-64")
+    if not all((head, *p) in accuracy for head in heads for p in GRID):
+        pytest.skip("the sweep has not finished: no fair table yet")
+    runs, recipes = {}, {}
+    for head in heads:
+        values = [accuracy[(head, *p)] for p in GRID]
+        lr, wd = GRID[values.index(max(values))]
+        recipes[head] = f"lr {lr:g}, wd {wd:g}"
+        folder = (
+            TABLE / f"fashion_mnist-{head}"
+            if (lr, wd) == (0.01, 2e-3)
+            else FAIR / f"fashion_mnist-{head}-lr{lr:g}-wd{wd:g}"
+        )
+        runs[head] = [folder / f"seed{s}" for s in (0, 1, 2)]
+    if not all(run.is_dir() for seeds in runs.values() for run in seeds):
+        pytest.skip("the chosen recipes' full runs have not finished")
+    val = {h: [max(val_accuracies(r)) for r in seeds] for h, seeds in runs.items()}
+    test = {h: [confusion_accuracy(r) for r in seeds] for h, seeds in runs.items()}
+    label = {h: record(seeds[0], "result.json")["label"] for h, seeds in runs.items()}
+    dims = {h: record(seeds[0], "result.json")["feature_dim"] for h, seeds in runs.items()}
+
+    fair, verdicts = tables_after(PAGE.read_text(), FAIR_HEADER)[:2]
+    table_label = {
+        h: record(TABLE / f"fashion_mnist-{h}" / "seed0", "result.json")["label"] for h in heads
+    }
+    assert len(fair) == len(heads)
+    for head in heads:
+        shipped = recipes[head] == "lr 0.01, wd 0.002"
+        expected = [table_label[head], recipes[head], "3", f"{dims[head]:,}"]
+        expected += [percent(val[head]), percent(test[head])]
+        expected += ["the fmnist table (shipped recipe)" if shipped else "fmnist-fair"]
+        assert fair[f"{table_label[head]} / {recipes[head]}"] == expected
+
+    assert len(verdicts) == 3
+    for reference in ("first-order", "bp", "mpn"):
+        val_delta, _, _ = paired(val["smso-64"], val[reference])
+        test_delta, low, high = paired(test["smso-64"], test[reference])
+        if low > 0:
+            verdict = "higher"
+        elif high < 0:
+            verdict = "lower"
+        elif low > -0.5:
+            verdict = "not lower by more than 0.5"
+        else:
+            verdict = "inconclusive"
+        ahead = sum(a > b for a, b in zip(test["smso-64"], test[reference], strict=True))
+        expected = [label["smso-64"], label[reference], "fashion_mnist", "3"]
+        expected += [f"{dims['smso-64']:,} vs {dims[reference]:,}", val_delta, test_delta]
+        expected += [f"{ahead} of 3", verdict]
+        assert verdicts[f"{label['smso-64']} / {label[reference]}"] == expected
