@@ -13,9 +13,9 @@ import pytest
 from tests.training.test_fmnist_sweep_records import GRID, best_val, point
 from tests.training.test_fmnist_table_records import (
     confusion_accuracy,
-    paired,
     percent,
     val_accuracies,
+    verdict_cells,
 )
 from training.recipe_sweep import choices, fair_report
 
@@ -135,18 +135,10 @@ def test_the_fair_table_and_verdicts_recomputed_from_the_records() -> None:
 
     assert len(verdicts) == 3
     for reference in ("first-order", "bp", "mpn"):
-        val_delta, _, _ = paired(val["smso-64"], val[reference])
-        test_delta, low, high = paired(test["smso-64"], test[reference])
-        if low > 0:
-            verdict = "higher"
-        elif high < 0:
-            verdict = "lower"
-        elif low > -0.5:
-            verdict = "not lower by more than 0.5"
-        else:
-            verdict = "inconclusive"
-        ahead = sum(a > b for a, b in zip(test["smso-64"], test[reference], strict=True))
-        expected = [label["smso-64"], label[reference], "fashion_mnist", "3"]
-        expected += [f"{dims['smso-64']:,} vs {dims[reference]:,}", val_delta, test_delta]
-        expected += [f"{ahead} of 3", verdict]
+        expected = verdict_cells(
+            (label["smso-64"], label[reference]),
+            (dims["smso-64"], dims[reference]),
+            (val["smso-64"], val[reference]),
+            (test["smso-64"], test[reference]),
+        )
         assert verdicts[f"{label['smso-64']} / {label[reference]}"] == expected

@@ -117,6 +117,31 @@ def paired(a: list[float], b: list[float]) -> tuple[str, float, float]:
     return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]", low, high
 
 
+Pair = tuple[list[float], list[float]]
+
+
+def verdict_cells(
+    labels: tuple[str, str], dims: tuple[int, int], val: Pair, test: Pair
+) -> list[str]:
+    """A verdict line's cells, a row against its reference over 3 seeds: the labels, the
+    dimensions, the paired validation and test differences, the seeds ahead on test and the
+    verdict by the page's rule (higher / lower where the test interval excludes 0, else "not
+    lower by more than 0.5" where its lower end is above -0.5 points, else inconclusive)."""
+    val_delta, _, _ = paired(*val)
+    test_delta, low, high = paired(*test)
+    if low > 0:
+        verdict = "higher"
+    elif high < 0:
+        verdict = "lower"
+    elif low > -0.5:
+        verdict = "not lower by more than 0.5"
+    else:
+        verdict = "inconclusive"
+    ahead = sum(a > b for a, b in zip(*test, strict=True))
+    cells = [*labels, "fashion_mnist", "3", f"{dims[0]:,} vs {dims[1]:,}", val_delta, test_delta]
+    return [*cells, f"{ahead} of 3", verdict]
+
+
 def test_the_published_rows_and_verdicts_recomputed_from_the_records() -> None:
     """Independently of the report: mean ± sample standard deviation over the seeds of the best
     validation accuracy (metrics.jsonl) and of the test accuracy (test.json's confusion
@@ -146,20 +171,12 @@ def test_the_published_rows_and_verdicts_recomputed_from_the_records() -> None:
     assert set(verdicts) == {(label[r], label[ref]) for r in smso for ref in ("first-order", "bp")}
     for row in smso:
         for reference in ("first-order", "bp"):
-            val_delta, _, _ = paired(val[row], val[reference])
-            test_delta, low, high = paired(test[row], test[reference])
-            if low > 0:
-                verdict = "higher"
-            elif high < 0:
-                verdict = "lower"
-            elif low > -0.5:
-                verdict = "not lower by more than 0.5"
-            else:
-                verdict = "inconclusive"
-            ahead = sum(a > b for a, b in zip(test[row], test[reference], strict=True))
-            expected = [label[row], label[reference], "fashion_mnist", "3"]
-            expected += [f"{dims[row]:,} vs {dims[reference]:,}", val_delta, test_delta]
-            expected += [f"{ahead} of 3", verdict]
+            expected = verdict_cells(
+                (label[row], label[reference]),
+                (dims[row], dims[reference]),
+                (val[row], val[reference]),
+                (test[row], test[reference]),
+            )
             assert verdicts[(label[row], label[reference])] == expected
 
 
