@@ -7,6 +7,7 @@ import os
 import shutil
 import statistics
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -272,6 +273,29 @@ def test_the_sweep_gives_every_compared_head_the_same_grid_and_no_test(tmp_path:
     grid = {(lr, wd) for lr in SWEEP_LRS for wd in SWEEP_WEIGHT_DECAYS}
     assert grids == dict.fromkeys(SWEEP_HEADS, grid)
     assert len(grid) == 6
+
+
+def test_a_fair_row_is_its_sweep_point_at_the_full_schedule_with_the_test(tmp_path: Path) -> None:
+    """What `make fmnist-fair` trains once the sweep has chosen: the chosen point, 45 epochs,
+    tested; nothing else moves."""
+    assert [r.name for r in TABLES["fmnist-fair"]] == [r.name for r in TABLES["fmnist-sweep"]]
+    for row in TABLES["fmnist-fair"]:
+        fair = row_config("fmnist-fair", row, None, tmp_path)
+        swept = row_config("fmnist-sweep", find_row("fmnist-sweep", row.name), None, tmp_path)
+        assert (fair.epochs, fair.eval_test) == (FMNIST_RECIPE["epochs"], True), row.name
+        assert replace(fair, epochs=18, eval_test=False) == swept, row.name
+
+
+def test_a_chosen_point_trains_and_tests_through_the_cli(
+    tiny_fashion_mnist: Path, tmp_path: Path
+) -> None:
+    """The row names `smso-experiment choose --to-run` prints (dots and all) run as given."""
+    argv = ["run", "fmnist-fair", "first-order-lr0.02-wd0.0005", "--seeds", "0"]
+    assert main([*argv, *tiny_fmnist_flags(tiny_fashion_mnist, tmp_path)]) == 0
+    run = tmp_path / "fashion_mnist-first-order-lr0.02-wd0.0005" / "seed0"
+    config = json.loads((run / "config.json").read_text())
+    assert (config["lr"], config["weight_decay"], config["eval_test"]) == (0.02, 5e-4, True)
+    assert json.loads((run / "result.json").read_text())["test_accuracy"] is not None
 
 
 def test_every_head_has_a_fmnist_row() -> None:
