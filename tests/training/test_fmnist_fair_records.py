@@ -4,16 +4,15 @@ checkpoint the validation arg-max, tested once; and the page's fair table their 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.training.test_fmnist_sweep_records import GRID, best_val, point
+from tests.training.test_fmnist_sweep_records import GRID, HEADS, best_val, point
 from tests.training.test_fmnist_table_records import (
     confusion_accuracy,
     percent,
+    record,
     val_accuracies,
     verdict_cells,
 )
@@ -25,11 +24,6 @@ SWEEP, FAIR, TABLE = RESULTS / "fmnist-sweep", RESULTS / "fmnist-fair", RESULTS 
 PAGE = RESULTS / "fashion-mnist.md"
 RUNS = sorted(FAIR.glob("fashion_mnist-*/seed*"))
 FAIR_HEADER = "| head | recipe (chosen on validation) |"
-
-
-def record(run: Path, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((run / name).read_text())
-    return data
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda run: f"{run.parent.name}/{run.name}")
@@ -100,7 +94,7 @@ def test_the_fair_table_and_verdicts_recomputed_from_the_records() -> None:
     is the shipped recipe; mean ± sd over seeds of best validation and test accuracy; and SMSO
     p = 64 against first-order, BP and MPN, paired by seed, with the page's verdict rule."""
     accuracy = {point(run): best_val(run) for run in SWEEP.glob("fashion_mnist-*/seed0")}
-    heads = ("first-order", "bp", "mpn", "smso-64")
+    heads = HEADS
     if not all((head, *p) in accuracy for head in heads for p in GRID):
         pytest.skip("the sweep has not finished: no fair table yet")
     runs, recipes = {}, {}

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.training.test_fmnist_table_records import record
 from training.recipe_sweep import sweep_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,11 +26,6 @@ CHANGED = {"lr", "weight_decay", "epochs", "eval_test", "out", "resume"}
 #: settings added to smso-train after the table's runs, with the value that keeps the old
 #: behaviour (``classes``: every class)
 ADDED = {"classes": None}
-
-
-def record(run: Path, name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((run / name).read_text())
-    return data
 
 
 def point(run: Path) -> tuple[str, float, float]:
