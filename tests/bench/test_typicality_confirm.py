@@ -6,7 +6,9 @@ formulas, the sets a model's classes give, and a quick run end to end on a tiny 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -339,3 +341,84 @@ def test_the_second_run_repeats_every_entry_of_the_first() -> None:
         assert set(again["sets"]) - added == set(model["sets"])
         for name, entry in model["sets"].items():
             assert again["sets"][name] == entry, (role, name)
+
+
+def _rows(page: str, label: str) -> list[str]:
+    """The cells after the first of the table row of ``page`` that starts with ``| label``."""
+    row = next(line for line in page.splitlines() if line.startswith(f"| {label}"))
+    return [cell.strip() for cell in row.split("|")[2:-1]]
+
+
+def test_the_pages_own_tables_are_the_records() -> None:
+    """typicality-confirmation.md's hand-set tables (the primary AUROCs with the best in bold,
+    DeLong's differences and intervals, the covariate-shift tallies, the exploratory classes)
+    and its tally sentence, rebuilt from the JSON record without the bench's formatting."""
+    record = json.loads((DOCS / "typicality-confirmation.json").read_text())
+    page = (DOCS / "typicality-confirmation.md").read_text().split("### The tables as printed")[0]
+    sets = {role: model["sets"] for role, model in record["models"].items()}
+    primary = [
+        ("held_out", "held_out_classes", "held-out model, **held-out classes** (near-OOD; "),
+        ("shipped", "glyphs", "shipped model, **glyphs** (far-OOD; "),
+        ("held_out", "held_out_classes: Shirt", "Shirt ("),
+        ("held_out", "held_out_classes: Sneaker", "Sneaker ("),
+    ]
+    for role, name, label in primary:
+        entry = sets[role][name]
+        assert f"| {label}{entry['images']:,} images)" in page
+        aurocs = [entry["methods"][method]["auroc"] for method in METHODS]
+        expected = [f"{value:.3f}" for value in aurocs]
+        best = max(range(len(aurocs)), key=aurocs.__getitem__)
+        expected[best] = f"**{expected[best]}**"
+        assert _rows(page, label) == expected, name
+    verdicts = {"win": 0, "loss": 0, "tie": 0}
+    for role, name, label in [
+        ("held_out", "held_out_classes", "held-out model, held-out classes"),
+        ("shipped", "glyphs", "shipped model, glyphs"),
+    ]:
+        for cell, baseline in zip(_rows(page, label), BASELINES, strict=True):
+            versus = sets[role][name]["versus"][baseline]
+            low, high = versus["ci95"]
+            verdict = "win" if low > 0 else "loss" if high < 0 else "tie"
+            assert verdict == versus["verdict"]
+            verdicts[verdict] += 1
+            want = f"{verdict}: {versus['difference']:+.3f} [{low:.3f}, {high:.3f}]"
+            assert cell.replace("*", "") == want, (name, baseline)
+    assert (
+        f"Of the 8 primary comparisons, the served score wins {verdicts['win']}, ties "
+        f"{verdicts['tie']} (energy, near-OOD) and loses {verdicts['loss']}"
+    ) in re.sub(r"\s+", " ", page)
+    for role, label in [("held_out", "held-out |"), ("shipped", "shipped |")]:
+        shift = [entry for entry in sets[role].values() if entry["kind"] == "shift"]
+        assert len(shift) == 12
+        cells = []
+        for baseline in BASELINES:
+            count = {v: sum(e["versus"][baseline]["verdict"] == v for e in shift) for v in verdicts}
+            signs = zip(("win", "loss", "tie"), "+-=", strict=True)
+            cells.append(", ".join(f"{count[v]} {sign}" for v, sign in signs if count[v]))
+        assert _rows(page, label) == cells, role
+
+
+def test_the_held_out_models_records_are_the_model_evaluated() -> None:
+    """docs/results/typicality-heldout holds the file the record scored (its sha256), the run
+    that made it (the classes, the test pass), its best.pt at the first validation arg-max, and
+    the page quotes those records."""
+    record = json.loads((DOCS / "typicality-confirmation.json").read_text())["models"]["held_out"]
+    folder = DOCS / "typicality-heldout"
+    assert hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest() == record["sha256"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["classes"] == record["classes"] == [0, 1, 2, 3, 4, 5, 8, 9]
+    test = json.loads((folder / "test.json").read_text())
+    assert test["test_accuracy"] == record["test_accuracy"]
+    epochs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == list(range(1, config["epochs"] + 1))
+    best = max(epochs, key=lambda e: e["val_accuracy"])  # the first of ties
+    assert test["epoch"] == best["epoch"]
+    assert test["recalibration"]["val_accuracy_before"] == best["val_accuracy"]
+    page = re.sub(r"\s+", " ", (DOCS / "typicality-confirmation.md").read_text())
+    after = test["recalibration"]["val_accuracy_after"]
+    assert (
+        f"best validation accuracy was {100 * best['val_accuracy']:.2f} % (epoch {best['epoch']}; "
+        f"{100 * after:.2f} % after Sigma's re-estimation, which was kept)"
+    ) in page
+    assert test["recalibration"]["kept"]
+    assert f"**{100 * test['test_accuracy']:.2f} %** on the {record['test_images']:,} test" in page
