@@ -31,6 +31,8 @@ from bench.typicality_confirm import (
 )
 from modelcard.typicality import Typicality
 from tests.training.conftest import write_fashion_mnist
+from tests.training.test_fmnist_table_records import record as run_record
+from tests.training.test_fmnist_table_records import val_accuracies
 
 # --- DeLong's test ------------------------------------------------------------------------------
 
@@ -293,6 +295,12 @@ def test_a_quick_run_on_a_tiny_held_out_model(tmp_path: Path, capsys: pytest.Cap
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
+def _rows(page: str, label: str) -> list[str]:
+    """The cells after the first of the table row of ``page`` that starts with ``| label``."""
+    row = next(line for line in page.splitlines() if line.startswith(f"| {label}"))
+    return [cell.strip() for cell in row.split("|")[2:-1]]
+
+
 def test_the_published_tables_are_the_records() -> None:
     """typicality-confirmation.md prints the tables of its JSON record verbatim, and
     typicality.md's summary rows (AUROCs and verdicts) and the README's AUROCs are the
@@ -308,8 +316,7 @@ def test_the_published_tables_are_the_records() -> None:
     summary = (DOCS / "typicality.md").read_text()
     for role, name, label in quoted:
         methods, versus = sets[role][name]["methods"], sets[role][name]["versus"]
-        row = next(line for line in summary.splitlines() if line.startswith(f"| {label}"))
-        cells = [cell.strip("* ") for cell in row.split("|")[2:-1]]
+        cells = [cell.strip("*") for cell in _rows(summary, label)]
         assert cells[0] == f"{methods['typicality']['auroc']:.3f}"
         for cell, baseline in zip(cells[1:], BASELINES, strict=True):
             verdict = versus[baseline]["verdict"]
@@ -341,12 +348,6 @@ def test_the_second_run_repeats_every_entry_of_the_first() -> None:
         assert set(again["sets"]) - added == set(model["sets"])
         for name, entry in model["sets"].items():
             assert again["sets"][name] == entry, (role, name)
-
-
-def _rows(page: str, label: str) -> list[str]:
-    """The cells after the first of the table row of ``page`` that starts with ``| label``."""
-    row = next(line for line in page.splitlines() if line.startswith(f"| {label}"))
-    return [cell.strip() for cell in row.split("|")[2:-1]]
 
 
 def test_the_pages_own_tables_are_the_records() -> None:
@@ -405,19 +406,19 @@ def test_the_held_out_models_records_are_the_model_evaluated() -> None:
     record = json.loads((DOCS / "typicality-confirmation.json").read_text())["models"]["held_out"]
     folder = DOCS / "typicality-heldout"
     assert hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest() == record["sha256"]
-    config = json.loads((folder / "config.json").read_text())
+    config = run_record(folder, "config.json")
     assert config["classes"] == record["classes"] == [0, 1, 2, 3, 4, 5, 8, 9]
-    test = json.loads((folder / "test.json").read_text())
+    test = run_record(folder, "test.json")
     assert test["test_accuracy"] == record["test_accuracy"]
-    epochs = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    assert [e["epoch"] for e in epochs] == list(range(1, config["epochs"] + 1))
-    best = max(epochs, key=lambda e: e["val_accuracy"])  # the first of ties
-    assert test["epoch"] == best["epoch"]
-    assert test["recalibration"]["val_accuracy_before"] == best["val_accuracy"]
+    accuracies = val_accuracies(folder)  # epochs 1, 2, ... in order
+    best = max(accuracies)
+    epoch = 1 + accuracies.index(best)  # the first of ties
+    assert test["epoch"] == epoch
+    assert test["recalibration"]["val_accuracy_before"] == best
     page = re.sub(r"\s+", " ", (DOCS / "typicality-confirmation.md").read_text())
     after = test["recalibration"]["val_accuracy_after"]
     assert (
-        f"best validation accuracy was {100 * best['val_accuracy']:.2f} % (epoch {best['epoch']}; "
+        f"best validation accuracy was {100 * best:.2f} % (epoch {epoch}; "
         f"{100 * after:.2f} % after Sigma's re-estimation, which was kept)"
     ) in page
     assert test["recalibration"]["kept"]

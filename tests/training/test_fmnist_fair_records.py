@@ -94,11 +94,10 @@ def test_the_fair_table_and_verdicts_recomputed_from_the_records() -> None:
     is the shipped recipe; mean ± sd over seeds of best validation and test accuracy; and SMSO
     p = 64 against first-order, BP and MPN, paired by seed, with the page's verdict rule."""
     accuracy = {point(run): best_val(run) for run in SWEEP.glob("fashion_mnist-*/seed0")}
-    heads = HEADS
-    if not all((head, *p) in accuracy for head in heads for p in GRID):
+    if not all((head, *p) in accuracy for head in HEADS for p in GRID):
         pytest.skip("the sweep has not finished: no fair table yet")
     runs, recipes = {}, {}
-    for head in heads:
+    for head in HEADS:
         values = [accuracy[(head, *p)] for p in GRID]
         lr, wd = GRID[values.index(max(values))]
         recipes[head] = f"lr {lr:g}, wd {wd:g}"
@@ -117,10 +116,10 @@ def test_the_fair_table_and_verdicts_recomputed_from_the_records() -> None:
 
     fair, verdicts = tables_after(PAGE.read_text(), FAIR_HEADER)[:2]
     table_label = {
-        h: record(TABLE / f"fashion_mnist-{h}" / "seed0", "result.json")["label"] for h in heads
+        h: record(TABLE / f"fashion_mnist-{h}" / "seed0", "result.json")["label"] for h in HEADS
     }
-    assert len(fair) == len(heads)
-    for head in heads:
+    assert len(fair) == len(HEADS)
+    for head in HEADS:
         shipped = recipes[head] == "lr 0.01, wd 0.002"
         expected = [table_label[head], recipes[head], "3", f"{dims[head]:,}"]
         expected += [percent(val[head]), percent(test[head])]

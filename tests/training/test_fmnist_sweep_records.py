@@ -143,6 +143,6 @@ def test_the_quoted_gains_of_the_choices_over_the_shipped_recipe() -> None:
     )
     assert quoted is not None
     accuracy = {point(run): best_val(run) for run in RUNS}
-    for head, value in zip(("first-order", "bp", "mpn", "smso-64"), quoted.groups(), strict=True):
+    for head, value in zip(HEADS, quoted.groups(), strict=True):
         best = max(accuracy[(head, *p)] for p in GRID)
         assert value == f"{100 * (best - accuracy[(head, 0.01, 2e-3)]):.2f}"
