@@ -17,7 +17,7 @@ with first-order and BP (:mod:`training.paired_comparison`).
 
 ``smso-experiment choose --sweep DIR``: the sweep's grid and the choices;
 ``--to-run``: the ``fmnist-fair`` rows still to train (those not the shipped recipe);
-``--fair DIR [--records DIR]``: the fair table and its paired verdicts.
+``--fair DIR [--records DIR]``: the fair table, its paired verdicts and its training time.
 """
 
 from __future__ import annotations
@@ -155,13 +155,15 @@ def sweep_report(sweep: Path) -> str:
 def fair_report(sweep: Path, fair: Path, records: Path) -> str:
     """Each head with its chosen recipe, seeds 0-2 at the full schedule, and the paired verdicts:
     the runs under ``fair`` (``fmnist-fair``), or, for a choice that is the shipped recipe, the
-    ``fmnist`` table's runs under ``records``."""
+    ``fmnist`` table's runs under ``records``; then the training time of the runs under
+    ``fair`` (the reused runs are timed with their table)."""
     chosen, waiting = choices(sweep)
     if not chosen:
         raise ConfigError(f"no head's sweep has finished under {sweep}: nothing is chosen yet")
     fair_runs = results(FAIR, fair) if any(not c.shipped for c in chosen.values()) else {}
     table_runs = results("fmnist", records) if any(c.shipped for c in chosen.values()) else {}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    rows = {choice.row for choice in chosen.values() if not choice.shipped}
     for head, choice in chosen.items():
         found = table_runs if choice.shipped else fair_runs
         row = head if choice.shipped else choice.row
@@ -192,6 +194,9 @@ def fair_report(sweep: Path, fair: Path, records: Path) -> str:
             + " |"
         )
     notes = comparison_section(runs, list(SWEEP_HEADS), FAIR_REFERENCES)
+    trained = [record for record in fair_runs.values() if record["row"] in rows]
+    if trained:
+        notes += ["", total_time(trained)]
     missing = [h for h in chosen if (h, DATASET) not in runs]
     if missing or waiting:
         notes += ["", f"Not in yet: {', '.join(missing + waiting)}."]

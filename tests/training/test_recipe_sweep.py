@@ -75,6 +75,7 @@ def test_the_fair_table_pairs_chosen_runs_and_reuses_the_shipped_recipes(tmp_pat
         record(records, "fmnist", "bp", seed, 0.945, bp)
         record(records, "fmnist", "smso-64", seed, 0.948, smso)
         record(records, "fmnist", "first-order", seed, 0.94, 0.5)  # not chosen: not used
+    record(fair, "fmnist-fair", "bp-lr0.02-wd0.0005", 0, 0.9, 0.9)  # not chosen: not used
     text = fair_report(swept, fair, records)
     assert (
         "| first-order (GAP) | lr 0.02, wd 0.0005 | 3 | 64 | 94.00 ± 0.00 | 93.10 ± 0.10 "
@@ -87,6 +88,8 @@ def test_the_fair_table_pairs_chosen_runs_and_reuses_the_shipped_recipes(tmp_pat
     )
     assert "+1.10" in smso_vs_gap
     assert "| higher |" in smso_vs_gap
+    # the time of the runs trained for the fair table only: the chosen first-order's three
+    assert "Training time of these 3 runs, summed over the runs: 0.0 h" in text
     assert "Not in yet: mpn" in text  # chosen, no runs found
     assert "| smso-64 | mpn |" not in text
     for seed, mpn in enumerate([0.944, 0.942, 0.943]):
