@@ -163,7 +163,6 @@ def fair_report(sweep: Path, fair: Path, records: Path) -> str:
     fair_runs = results(FAIR, fair) if any(not c.shipped for c in chosen.values()) else {}
     table_runs = results("fmnist", records) if any(c.shipped for c in chosen.values()) else {}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = {choice.row for choice in chosen.values() if not choice.shipped}
     for head, choice in chosen.items():
         found = table_runs if choice.shipped else fair_runs
         row = head if choice.shipped else choice.row
@@ -194,7 +193,7 @@ def fair_report(sweep: Path, fair: Path, records: Path) -> str:
             + " |"
         )
     notes = comparison_section(runs, list(SWEEP_HEADS), FAIR_REFERENCES)
-    trained = [record for record in fair_runs.values() if record["row"] in rows]
+    trained = [r for h, c in chosen.items() if not c.shipped for r in runs.get((h, DATASET), [])]
     if trained:
         notes += ["", total_time(trained)]
     missing = [h for h in chosen if (h, DATASET) not in runs]
