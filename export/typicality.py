@@ -17,6 +17,7 @@ From the exported model's outputs on the validation split (logits ``(n, K)``, em
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -92,20 +93,16 @@ def fit(
         feature_means,
         feature_within,
     )
+    # Terms and scores from the statistics as the card stores them (float32), which the
+    # service scores with: an image on its class's mean (a class with one validation image)
+    # is at distance 0 in float64 but not after storage, and the reference must hold the
+    # scores the service computes.
+    draft = Typicality.from_card(draft.to_card())
     terms = draft.terms(logits, z, features)
     standardise = np.stack([terms.mean(axis=0), terms.std(axis=0) + 1e-12], axis=1)
-    scores = ((terms - standardise[:, 0]) / standardise[:, 1]).sum(axis=1)
-    return Typicality(
-        mean,
-        precision,
-        class_means,
-        within_precision,
-        standardise,
-        np.sort(scores),
-        n,
-        feature_means,
-        feature_within,
-    )
+    stored = Typicality.from_card(dataclasses.replace(draft, standardise=standardise).to_card())
+    scores = stored.score(logits, z, features)
+    return dataclasses.replace(stored, reference=np.sort(scores))
 
 
 def reference_section(

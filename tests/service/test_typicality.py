@@ -96,8 +96,8 @@ def test_a_large_embedding_gets_a_low_rank_precision(monkeypatch):
     values = np.linalg.eigvalsh(
         np.cov(z, rowvar=False) + 1e-3 * np.trace(np.cov(z, rowvar=False)) / 10 * np.eye(10)
     )
-    np.testing.assert_allclose(
-        np.sort(1 / (precision.weights + precision.alpha)), values[-4:], rtol=1e-9
+    np.testing.assert_allclose(  # fit returns the statistics as the card stores them: float32
+        np.sort(1 / (precision.weights + precision.alpha)), values[-4:], rtol=1e-6
     )
 
 
