@@ -26,7 +26,7 @@ import numpy as np
 from modelcard.typicality import Precision, Typicality
 from training.datasets.base import Splits
 
-__all__ = ["FULL_RANK_MAX", "MAX_EMBEDDING", "fit", "reference_section"]
+__all__ = ["FULL_RANK_MAX", "MAX_EMBEDDING", "MIN_PER_CLASS", "fit", "reference_section"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,30 @@ def _class_conditional(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, P
     return means, _precision(within.T @ within / max(len(x) - len(classes), 1))
 
 
+#: Validation images a class needs for its mean in the class-conditional terms.
+MIN_PER_CLASS = 2
+
+
+def _check_classes(labels: np.ndarray) -> None:
+    """ValueError if a class present in ``labels`` (n,) has fewer than ``MIN_PER_CLASS`` images.
+
+    An image alone in its class *is* that class's mean: its class-conditional distance is 0, so
+    its log is whatever rounding leaves (float64 and the card's float32 give scores 6 apart),
+    and the one outlier sets the term's standard deviation for every other image.
+    """
+    classes, counts = np.unique(labels, return_counts=True)
+    few = {int(c): int(k) for c, k in zip(classes, counts, strict=True) if k < MIN_PER_CLASS}
+    if few:
+        listed = ", ".join(f"class {c}: {k}" for c, k in sorted(few.items()))
+        raise ValueError(
+            f"a class-conditional reference needs at least {MIN_PER_CLASS} validation images "
+            f"of each class, and the split holds fewer ({listed} image(s)): the file is "
+            "written without one, and the service serves it without typicality scores. For a "
+            "reference, hold out more images of those classes (a val/ folder, a larger "
+            "val_size or another seed) and export again"
+        )
+
+
 def fit(
     logits: np.ndarray,
     embedding: np.ndarray,
@@ -74,6 +98,7 @@ def fit(
             f"{n} validation images are too few for {widest}-dimensional outputs "
             f"(at least {max(2 * widest, 20)})"
         )
+    _check_classes(np.asarray(labels))
     mean = z.mean(axis=0)
     centred = z - mean
     precision = _precision(centred.T @ centred / (n - 1))
@@ -94,9 +119,7 @@ def fit(
         feature_within,
     )
     # Terms and scores from the statistics as the card stores them (float32), which the
-    # service scores with: an image on its class's mean (a class with one validation image)
-    # is at distance 0 in float64 but not after storage, and the reference must hold the
-    # scores the service computes.
+    # service scores with: the reference holds the scores the service computes.
     draft = Typicality.from_card(draft.to_card())
     terms = draft.terms(logits, z, features)
     standardise = np.stack([terms.mean(axis=0), terms.std(axis=0) + 1e-12], axis=1)

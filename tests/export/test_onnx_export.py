@@ -517,10 +517,10 @@ def assert_calibrated_on(reference: Typicality, path: Path, images: LabelledImag
 def test_the_card_carries_a_typicality_reference_from_the_validation_split(
     exported, trained_run, tmp_path
 ):
-    """40 validation images of a p = 4 embedding: the reference the service scores with, its
+    """50 validation images of a p = 4 embedding: the reference the service scores with, its
     p-values calibrated on those images; --no-typicality leaves it out."""
     section = card_of(exported)["typicality"]
-    assert section["images"] == 40
+    assert section["images"] == 50
     assert section["embedding_dim"] == P
     reference = Typicality.from_card(section)
     images = np.random.default_rng(1).random((3, 1, 28, 28), np.float32)
@@ -529,7 +529,7 @@ def test_the_card_carries_a_typicality_reference_from_the_validation_split(
     )
     assert reference.score(logits, embedding).shape == (3,)
     splits = load_with_splits(trained_run / "best.pt")[2]
-    assert len(splits.val) == 40
+    assert len(splits.val) == 50
     assert_calibrated_on(reference, exported, splits.val)
     assert (
         export_main(
@@ -553,5 +553,5 @@ def test_a_graph_score_off_numpys_is_left_out_and_the_file_scored_by_the_service
     assert "typicality" not in [o.name for o in onnx.load(result.path).graph.output]
     section = card_of(result.path)["typicality"]
     assert "output" not in section
-    assert section["images"] == 40
+    assert section["images"] == 50
     assert "typicality score left out of the graph" in caplog.text

@@ -130,6 +130,19 @@ def test_a_card_section_of_another_format_or_inconsistent_is_refused():
         fit(logits[:5], z[:5], labels[:5])
 
 
+def test_a_class_with_one_validation_image_gets_no_reference_and_is_named():
+    """An image alone in its class is that class's mean, at distance 0: its log is rounding
+    noise and would set the term's spread for every image, so fit refuses and says which."""
+    logits, z, labels = outputs(100)
+    labels = labels.copy()
+    labels[labels == 2] = 1
+    labels[7] = 2  # class 2 now holds one image
+    with pytest.raises(ValueError, match=r"at least 2 validation images .*\(class 2: 1 image"):
+        fit(logits, z, labels)
+    labels[8] = 2
+    assert fit(logits, z, labels).class_means.shape == (3, 6)
+
+
 # --- drift ------------------------------------------------------------------------------------
 
 
