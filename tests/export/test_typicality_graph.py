@@ -94,12 +94,31 @@ def test_the_graphs_score_is_numpys_to_float32_precision(monkeypatch, features, 
     assert score[50:].min() > np.median(score[:50])  # the far images score as less typical
 
 
-def test_an_ill_conditioned_within_class_precision_keeps_the_score_to_float32_precision():
+@pytest.mark.parametrize(
+    "low_rank",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a known limit: the residual off the basis, x - x U U^T, cancels in "
+                "float32 (5e-4 of the spread here); the export leaves such a file's score to "
+                "the service",
+            ),
+        ),
+    ],
+)
+def test_an_ill_conditioned_within_class_precision_keeps_the_score_to_float32_precision(
+    monkeypatch, low_rank
+):
     """Embeddings far from the origin with within-class spread 1000 times smaller in some
     directions (as a briefly trained model gives): the precision's eigenvalues span the ridge's
     1e3. Distances expanded as ``|x|^2 - 2 x c + |c|^2`` cancelled terms that much larger than
     the smallest ones, and float32 lost them: 1.6e-3 of the spread here, over the export's
     tolerance (the file would be left without its score); the projected differences, 1.5e-5."""
+    if low_rank:  # probabilistic PCA: alpha, the largest precision, and negative weights
+        monkeypatch.setattr(export_typicality, "FULL_RANK_MAX", 5)
     rng = np.random.default_rng(3)
     labels = rng.integers(0, K, 600)
     scales = np.geomspace(1.0, 1e-3, P)  # the within-class spread, per direction
@@ -107,8 +126,10 @@ def test_an_ill_conditioned_within_class_precision_keeps_the_score_to_float32_pr
     z = 10 + rng.normal(0, 1, (K, P))[labels] + (rng.normal(0, 1, (600, P)) * scales) @ rotation
     logits = rng.normal(0, 1, (600, K)) + 4 * np.eye(K)[labels]
     typicality = Typicality.from_card(fit(logits, z, labels).to_card())
-    weights = typicality.within.weights
-    assert weights.max() / weights.min() > 500
+    within = typicality.within
+    along = within.weights + within.alpha  # the precisions along the basis
+    assert max(along.max(), within.alpha) / along.min() > 500
+    assert (within.alpha > 0) == low_rank
     proto = outputs_model(features=False)
     append_score(proto, typicality)
     images = np.concatenate([logits[:100], z[:100], np.zeros((100, C))], 1).astype(np.float32)
