@@ -151,7 +151,7 @@ keep-records = for result in $(1)/*/seed*/result.json; do \
 # p = 64, each lr {0.005, 0.01, 0.02} x weight decay {5e-4, 2e-3}, 18 epochs, seed 0; 24 runs of
 # 32 to 41 minutes measured two at a time on 2 otherwise idle cores, about 7.5 hours), each
 # head's recipe chosen on validation, the chosen recipes that are not the shipped one at 45
-# epochs on seeds 0-2 (about 1.5 hours a run, two at a time), then the grid and the fair table
+# epochs on seeds 0-2 (65 to 101 minutes a run, two at a time), then the grid and the fair table
 # (paired verdicts) in $(FAIR)/report.md. Resumable: run it again after a stop. The
 # finished runs' records are kept in docs/results/fmnist-sweep and docs/results/fmnist-fair, as
 # the table's are, so that a fresh checkout skips them.
