@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -63,8 +64,9 @@ def _class_conditional(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, P
 MIN_PER_CLASS = 2
 
 
-def _check_classes(labels: np.ndarray) -> None:
-    """ValueError if a class present in ``labels`` (n,) has fewer than ``MIN_PER_CLASS`` images.
+def _check_classes(labels: np.ndarray, names: Sequence[str] | None = None) -> None:
+    """ValueError if a class present in ``labels`` (n,) has fewer than ``MIN_PER_CLASS`` images;
+    the message names each such class by its label and, given ``names`` (label order), its name.
 
     An image alone in its class *is* that class's mean: its class-conditional distance is 0, so
     its log is whatever rounding leaves (float64 and the card's float32 give scores 6 apart),
@@ -73,7 +75,10 @@ def _check_classes(labels: np.ndarray) -> None:
     classes, counts = np.unique(labels, return_counts=True)
     few = {int(c): int(k) for c, k in zip(classes, counts, strict=True) if k < MIN_PER_CLASS}
     if few:
-        listed = ", ".join(f"class {c}: {k}" for c, k in sorted(few.items()))
+        listed = ", ".join(
+            f"class {c}{f' ({names[c]})' if names and c < len(names) else ''}: {k}"
+            for c, k in sorted(few.items())
+        )
         raise ValueError(
             f"a class-conditional reference needs at least {MIN_PER_CLASS} validation images "
             f"of each class, and the split holds fewer ({listed} image(s)): the file is "
@@ -88,8 +93,10 @@ def fit(
     embedding: np.ndarray,
     labels: np.ndarray,
     features: np.ndarray | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> Typicality:
-    """The statistics of ``n`` validation images' outputs (see the module docstring)."""
+    """The statistics of ``n`` validation images' outputs (see the module docstring);
+    ``class_names`` (label order) only name the classes in the error for too few images."""
     z = np.asarray(embedding, np.float64)
     n, p = z.shape
     widest = max(p, 0 if features is None else features.shape[1])
@@ -98,7 +105,7 @@ def fit(
             f"{n} validation images are too few for {widest}-dimensional outputs "
             f"(at least {max(2 * widest, 20)})"
         )
-    _check_classes(np.asarray(labels))
+    _check_classes(np.asarray(labels), class_names)
     mean = z.mean(axis=0)
     centred = z - mean
     precision = _precision(centred.T @ centred / (n - 1))
@@ -169,7 +176,13 @@ def reference_section(
         )
         features = []
     try:
-        typicality = fit(logits, embedding, np.asarray(labels), features[0] if features else None)
+        typicality = fit(
+            logits,
+            embedding,
+            np.asarray(labels),
+            features[0] if features else None,
+            class_names=splits.classes,
+        )
     except ValueError as error:
         return None, str(error)
     return typicality.to_card(), None

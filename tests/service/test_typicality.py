@@ -139,6 +139,8 @@ def test_a_class_with_one_validation_image_gets_no_reference_and_is_named():
     labels[7] = 2  # class 2 now holds one image
     with pytest.raises(ValueError, match=r"at least 2 validation images .*\(class 2: 1 image"):
         fit(logits, z, labels)
+    with pytest.raises(ValueError, match=r"\(class 2 \(Pullover\): 1 image"):
+        fit(logits, z, labels, class_names=["T-shirt/top", "Trouser", "Pullover"])
     labels[8] = 2
     assert fit(logits, z, labels).class_means.shape == (3, 6)
 
