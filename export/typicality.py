@@ -130,7 +130,7 @@ def fit(
     draft = Typicality.from_card(draft.to_card())
     terms = draft.terms(logits, z, features)
     standardise = np.stack([terms.mean(axis=0), terms.std(axis=0) + 1e-12], axis=1)
-    stored = Typicality.from_card(dataclasses.replace(draft, standardise=standardise).to_card())
+    stored = dataclasses.replace(draft, standardise=standardise)  # the card keeps it in full
     scores = stored.score(logits, z, features)
     return dataclasses.replace(stored, reference=np.sort(scores))
 

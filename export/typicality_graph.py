@@ -110,8 +110,8 @@ class _Builder:
         weighted = self.node("MatMul", [squared, self.constant("weights", along[:, None])])
         distances = self.node("Squeeze", [weighted, self.axes(2)])  # (N, M)
         if precision.alpha:  # + alpha |R(x~) - R(c~)|^2, R(y) = y - y U U^T
-            back = self.constant("basis_t", precision.basis.T)
-            off = self.node("Sub", [centred, self.node("MatMul", [projected, back])])  # (N, d)
+            back = self.node("Gemm", [projected, basis], transB=1)  # x~ U U^T: (N, d)
+            off = self.node("Sub", [centred, back])
             c_off = c - c_basis @ precision.basis.T  # (M, d)
             own = self.node("ReduceSum", [self.node("Mul", [off, off]), self.axes(1)], keepdims=1)
             cross = self.node("MatMul", [off, self.constant("cross", -2.0 * c_off.T)])  # (N, M)
