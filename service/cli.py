@@ -97,7 +97,17 @@ def _one_line(error: ValidationError, flags: Iterable[str] = ()) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console script ``smso-serve``."""
+    """Console script ``smso-serve``. A Ctrl-C before the server has taken the signals (while
+    the model is checked, say) ends it as the signal would, without a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # dies of it, as a shell and make expect
+        return 128 + signal.SIGINT
+
+
+def _main(argv: Sequence[str] | None) -> int:
     overrides = parse_args(argv)
     try:
         settings = Settings(**overrides)
@@ -168,6 +178,10 @@ def where_to_go(settings: Settings, listener: socket.socket) -> str:
     return f"{doors} - API docs closed (SMSO_API_KEY is set; SMSO_DOCS_PUBLIC=true opens /docs)"
 
 
+#: The signals that stop smso-serve (uvicorn's own: Ctrl-C, and SIGTERM from a supervisor).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class _Server(DrainingServer):
     """The server as smso-serve runs it, alone or in each worker process: logs ``where`` (if
     given) once it listens, and after the drain that SIGTERM or Ctrl-C started, returns instead
@@ -175,11 +189,25 @@ class _Server(DrainingServer):
     after putting back the handlers it found (the process would end killed by it, and ``make
     serve`` print "Interrupt" or "Error 130" for a clean stop); the handlers it finds are
     :meth:`run`'s, which ignore a signal raised again, and stop a server that it has not yet
-    started (a signal that came before uvicorn took them)."""
+    started (a signal that came before uvicorn took them). Signals outside ``stop_signals``
+    are left alone: a worker of ``--workers`` stops on SIGTERM only (its supervisor turns a
+    Ctrl-C into SIGTERM; the group's SIGINT as well would be a second signal, uvicorn's
+    "force quit")."""
 
-    def __init__(self, config: ServerConfig, on_drain: Any, where: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        on_drain: Any,
+        where: str | None = None,
+        stop_signals: tuple[int, ...] = _STOP_SIGNALS,
+    ) -> None:
         super().__init__(config, on_drain)
         self.where = where
+        self.stop_signals = stop_signals
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if sig in self.stop_signals:
+            super().handle_exit(sig, frame)
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         if threading.current_thread() is not threading.main_thread():  # no signals there
@@ -190,7 +218,7 @@ class _Server(DrainingServer):
             if not self.started:
                 self.should_exit = True
 
-        found = {sig: signal.signal(sig, before_or_after) for sig in _STOP_SIGNALS}
+        found = {sig: signal.signal(sig, before_or_after) for sig in self.stop_signals}
         try:
             super().run(sockets)
         finally:
@@ -201,10 +229,6 @@ class _Server(DrainingServer):
         await super().startup(sockets)
         if self.started and self.where:  # uvicorn logs no address for sockets it was given
             log.info("%s", self.where)
-
-
-#: The signals that stop smso-serve (uvicorn's own: Ctrl-C, and SIGTERM from a supervisor).
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _config(settings: Settings, app: Any) -> ServerConfig:
@@ -383,7 +407,9 @@ def _serve_worker(listener: socket.socket) -> None:
     app = app_from_environment()
     state = app.state.smso
     server = _Server(
-        _config(state.settings, app), on_drain=lambda: setattr(state, "draining", True)
+        _config(state.settings, app),
+        on_drain=lambda: setattr(state, "draining", True),
+        stop_signals=(signal.SIGTERM,),  # SIGINT is the supervisor's (service.http.workers)
     )
     server.run(sockets=[listener])
 

@@ -10,6 +10,12 @@ multiprocess mode), starts another in place of one that exits, and on SIGTERM or
 :meth:`Workers.stop`) closes its own copy of the listening socket, so that the port refuses new
 connections once the workers stop accepting instead of queueing them for nobody, sends every
 worker SIGTERM and waits for each to drain.
+
+The workers leave SIGINT to the supervisor: a terminal's Ctrl-C reaches every process of its
+group, and a worker that acted on it as well as on the supervisor's SIGTERM would take the
+second signal for uvicorn's "force quit" (no drain), or die of ``KeyboardInterrupt`` while
+still importing. A worker is spawned with SIGINT ignored (inherited through ``exec``) and
+ignores it for good (:func:`_run_worker`), so only SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -107,7 +113,8 @@ class Workers:
         process = self._spawn.Process(
             target=_run_worker, args=(os.getpid(), self.target, self.args), name="smso-worker"
         )
-        process.start()
+        with _sigint_ignored_by_new_processes():  # ignored from the worker's first instant
+            process.start()
         return process
 
 
@@ -127,9 +134,34 @@ def inherited(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def _sigint_ignored_by_new_processes() -> Iterator[None]:
+    """SIGINT's disposition is ``SIG_IGN`` for the duration, with SIGINT blocked in the calling
+    thread. A disposition of ``SIG_IGN`` survives ``exec``, and a new interpreter installs its
+    ``KeyboardInterrupt`` handler only where SIGINT was at its default, so a process spawned
+    meanwhile ignores SIGINT from its first instant (a blocked mask would not do: the new
+    interpreter starts with every signal unblocked). Linux keeps a signal that arrives while
+    blocked pending even while it is ignored, so a Ctrl-C meanwhile reaches the handler put
+    back (unless the kernel hands it to another of this process's threads in those
+    microseconds). Handlers can be set in the main thread only: elsewhere (a test's) nothing
+    changes, and the worker ignores SIGINT from :func:`_run_worker` on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if handler is None else handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _run_worker(parent: int, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
     """A worker process: ``target(*args)``, with a thread that ends it once ``parent`` is
-    gone."""
+    gone. SIGINT is ignored (the supervisor stops the workers with SIGTERM): already so where
+    the supervisor spawned it from its main thread, and from here on in any case."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch = threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True)
     watch.start()
     target(*args)

@@ -473,3 +473,44 @@ def test_slow_headers_slow_bodies_and_too_many_connections_are_bounded(shipped_m
         for sock in silent + headers + bodies + others:
             sock.close()
         assert server.poll() is None
+
+
+def test_a_worker_stops_on_its_supervisors_sigterm_and_not_on_the_groups_sigint():
+    """A worker's server acts on SIGTERM only: the group's SIGINT (a terminal's Ctrl-C) and
+    then the supervisor's SIGTERM would otherwise be two signals, uvicorn's "force quit" (no
+    drain, the app's shutdown skipped). The single process stops on either, once."""
+    from service.cli import _Server
+    from service.http.connections import ServerConfig
+
+    def config() -> ServerConfig:
+        return ServerConfig(None, header_timeout_s=5.0, body_timeout_s=5.0)
+
+    worker = _Server(config(), on_drain=None, stop_signals=(signal.SIGTERM,))
+    worker.handle_exit(signal.SIGINT, None)
+    assert not worker.should_exit
+    worker.handle_exit(signal.SIGTERM, None)
+    worker.handle_exit(signal.SIGINT, None)
+    assert worker.should_exit
+    assert not worker.force_exit
+    alone = _Server(config(), on_drain=None)
+    alone.handle_exit(signal.SIGINT, None)
+    assert alone.should_exit
+    assert not alone.force_exit
+
+
+def test_a_ctrl_c_before_the_server_takes_the_signals_ends_it_without_a_traceback():
+    """Ctrl-C while smso-serve checks the model (before uvicorn handles signals) ends it as the
+    signal does (status -2 to its parent, nothing for make to call an error), with no
+    traceback on stderr."""
+    script = (
+        "import service.cli as cli\n"
+        "def interrupted(argv):\n"
+        "    raise KeyboardInterrupt\n"
+        "cli._main = interrupted\n"
+        "cli.main([])\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert ended.returncode == -signal.SIGINT
+    assert "Traceback" not in ended.stderr, ended.stderr

@@ -4,18 +4,24 @@ workers here are the standard library's own functions, quick to spawn."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from service.http.workers import STARTUP_FAILURE, Workers
 
+ROOT = Path(__file__).resolve().parents[3]
 PATIENCE_S = 60.0  # a bound on a loaded machine's pauses (spawning takes a while), never a measure
 
 
@@ -74,3 +80,43 @@ def test_a_worker_that_cannot_start_stops_them_all(caplog: pytest.LogCaptureFixt
     assert not thread.is_alive()
     assert workers.failed
     assert [record.getMessage().split()[-1] for record in caplog.records] == ["stopping"]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc``: seen from their ``fork`` on)."""
+    with contextlib.suppress(OSError):
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
+def test_a_worker_leaves_sigint_to_the_supervisor_from_its_first_instant():
+    """A terminal's Ctrl-C reaches every process of the group. Sent to a worker again and again
+    from the moment it exists (its interpreter still starting, then running its target), it
+    changes nothing: the worker stops only on the supervisor's SIGTERM, and nothing prints a
+    traceback. (Spawned with SIGINT at its default, the first one during start-up is a
+    ``KeyboardInterrupt``.) The supervisor runs in a process's main thread, as smso-serve's."""
+    script = (
+        "import time; from service.http.workers import Workers; "
+        "Workers(time.sleep, (600,), 1, sockets=[]).run()"
+    )
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        _until(lambda: bool(_children(supervisor.pid)), "no worker")
+        first = set(_children(supervisor.pid))
+        deadline = time.monotonic() + 1.5  # the start-up (spawn: a fresh interpreter) and after
+        while time.monotonic() < deadline:
+            for child in _children(supervisor.pid):  # the worker (and spawn's resource tracker)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGINT)
+            time.sleep(0.002)
+        assert first <= set(_children(supervisor.pid))  # the same worker, not a replacement
+        supervisor.send_signal(signal.SIGTERM)
+        _, errors = supervisor.communicate(timeout=PATIENCE_S)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert supervisor.returncode == 0
+    assert "Traceback" not in errors, errors
