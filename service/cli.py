@@ -141,7 +141,7 @@ def _main(argv: Sequence[str] | None) -> int:
         try:  # unavailable with their reason, while the server runs
             backend = OnnxBackend(settings.model_path, BackendOptions.from_settings(settings))
             _check_default_model(settings, backend.card.name)
-            _try_once(backend, settings.model_path)
+            _try_once(backend, settings.model_path, settings.load_timeout_s)
         except (CardError, ValueError, ModelCannotRunError) as error:
             listener.close()
             print(f"smso-serve: error: {error}", file=sys.stderr)
@@ -255,14 +255,31 @@ class ModelCannotRunError(RuntimeError):
     """The model file loads but its first inference fails (an input renamed, a broken graph)."""
 
 
-def _try_once(backend: OnnxBackend, path: os.PathLike[str]) -> None:
+def _try_once(backend: OnnxBackend, path: os.PathLike[str], timeout_s: float) -> None:
     """One inference of a zero image, as the app's warm-up will run; ModelCannotRunError with
-    the backend's reason on one line if it fails."""
+    the backend's reason on one line if it fails, or if it has not ended after ``timeout_s``
+    (``load_timeout_s``: it is then stopped, in a daemon thread that cannot hold the exit)."""
     spec = backend.card.input
-    try:
-        backend.run(np.zeros((1, spec.channels, spec.height, spec.width), np.float32))
-    except Exception as error:
-        reason = " ".join(str(error).split()) or type(error).__name__
+    failure: list[BaseException] = []
+
+    def first_run() -> None:
+        try:
+            backend.run(np.zeros((1, spec.channels, spec.height, spec.width), np.float32))
+        except Exception as error:
+            failure.append(error)
+
+    runner = threading.Thread(target=first_run, name="first-run", daemon=True)
+    runner.start()
+    runner.join(timeout_s)
+    if runner.is_alive():
+        backend.terminate()
+        runner.join(5.0)  # the run ends at its next step (a process exiting under it aborts)
+        raise ModelCannotRunError(
+            f"{path} did not finish its first run within {timeout_s:g} s "
+            "(SMSO_LOAD_TIMEOUT_S; a model that never ends cannot be served)"
+        )
+    if failure:
+        reason = " ".join(str(failure[0]).split()) or type(failure[0]).__name__
         raise ModelCannotRunError(f"{path} loaded but cannot run: {reason}") from None
 
 
@@ -272,7 +289,7 @@ def _check_runs(settings: Settings) -> None:
     exit status 2 here rather than workers that stay unready."""
     backend = OnnxBackend(settings.model_path, BackendOptions.from_settings(settings))
     try:
-        _try_once(backend, settings.model_path)
+        _try_once(backend, settings.model_path, settings.load_timeout_s)
     finally:
         del backend  # its sessions with it
         gc.collect()

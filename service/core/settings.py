@@ -56,6 +56,14 @@ class Settings(BaseSettings):
     repository_poll_s: float = Field(
         5.0, gt=0, le=3600, description="with model_control 'poll': seconds between scans"
     )
+    load_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="deadline of loading a model and warming it up (its first runs); beyond: "
+        "the model is unavailable with that reason, and the others load and serve (raise it "
+        "where TensorRT builds the engines of a large model)",
+    )
     default_model: str | None = Field(
         None,
         description="the model /classify, /embed and /metadata serve when a repository holds "

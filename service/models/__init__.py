@@ -1,2 +1,3 @@
-"""The models a server holds: the registry, loading and retiring a model, the repository
-folder it follows, and each model's drift monitor."""
+"""The models a server holds: the registry, loading and retiring a model (within its load
+deadline, in threads that cannot hold the server), the repository folder it follows, and each
+model's drift monitor."""

@@ -5,12 +5,20 @@ the event loop, preprocessor, micro-batcher), warms it up (each batch-size bucke
 then makes it serve its name; the version it replaces retires (:func:`retire`) once the requests
 holding it have been answered. A model that cannot be loaded or run is marked unavailable with
 the reason, and whatever served its name before keeps serving.
+
+Loading and warm-up have a deadline (``load_timeout_s``): both run in daemon threads of their
+own (:mod:`service.models.threads`), so that a session whose constructor never returns is given
+up on and cannot hold the server's exit, and a warm-up run that never ends (an ONNX ``Loop`` of
+2**62 iterations) is stopped (``RunOptions.terminate``, the backend's ``terminate``). The warm-up
+also checks what the card says of the graph on what the graph answers
+(:func:`service.runtime.graph.check_outputs`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +34,9 @@ from service.imaging.images import Preprocess, Preprocessor
 from service.models.drift import DriftMonitor
 from service.models.host import Host
 from service.models.registry import LoadedModel, ModelStatus
+from service.models.threads import in_daemon_thread
 from service.runtime.backend import Backend, BackendOptions, OnnxBackend, warm_up_inputs
+from service.runtime.graph import check_outputs
 from service.runtime.hosted_backend import HostedBackend, host_from_environment
 from service.runtime.runner import Batch, buckets
 from service.telemetry import stage_clock
@@ -34,6 +44,9 @@ from service.telemetry import stage_clock
 __all__ = ["load_model", "retire", "scored", "typicality_reference", "unload_model"]
 
 log = logging.getLogger("service")
+
+#: How long a terminated warm-up run is waited for (onnxruntime stops it at its next node).
+STOPPING_S = 5.0
 
 
 def _preprocessor(state: Host, card: ModelCard) -> Preprocess:
@@ -65,46 +78,67 @@ async def load_model(
     if name is not None:
         registry.mark(name, version or "", ModelStatus.LOADING, source=source)
     batcher = None
+    phase = "loading"
+    deadline = asyncio.timeout(settings.load_timeout_s)
     try:
-        if backend is None:
-            if source is None:
-                raise ValueError("nothing to load: no model file and no backend")
-            backend = await asyncio.get_running_loop().run_in_executor(
-                None, _backend, source, settings
+        async with deadline:
+            if backend is None:
+                if source is None:
+                    raise ValueError("nothing to load: no model file and no backend")
+                backend = await in_daemon_thread(
+                    functools.partial(_backend, source, settings),
+                    name=f"load {name or source.name}",
+                    abandoned=close_backend,  # loaded after the deadline: let it go
+                )
+            card = backend.card
+            name, version = name or card.name, version or card.model_version
+            registry.mark(name, version, ModelStatus.LOADING, source=source)
+            typicality = typicality_reference(backend, settings.typicality, name)
+            run = scored(backend.run, typicality, _outputs(backend))
+            batcher = MicroBatcher(
+                run,
+                settings.max_batch_size,
+                settings.max_wait_ms / 1e3,
+                settings.queue_size,
+                on_batch=state.metrics.batch_observer(name, version),
+                wait_for_announced=True,
+                patience=settings.batch_patience,
+                on_depth=_depth_reporter(state, name, version),
+                spans=state.spans,
+                span_attributes={"smso.model": name, "smso.model_version": version},
+                in_flight=settings.batches_in_flight,
             )
-        card = backend.card
-        name, version = name or card.name, version or card.model_version
-        registry.mark(name, version, ModelStatus.LOADING, source=source)
-        typicality = typicality_reference(backend, settings.typicality, name)
-        batcher = MicroBatcher(
-            scored(backend.run, typicality, _outputs(backend)),
-            settings.max_batch_size,
-            settings.max_wait_ms / 1e3,
-            settings.queue_size,
-            on_batch=state.metrics.batch_observer(name, version),
-            wait_for_announced=True,
-            patience=settings.batch_patience,
-            on_depth=_depth_reporter(state, name, version),
-            spans=state.spans,
-            span_attributes={"smso.model": name, "smso.model_version": version},
-            in_flight=settings.batches_in_flight,
-        )
-        batcher.start()
-        await _warm_up(backend, batcher, settings.max_batch_size)
-        preprocess = await asyncio.to_thread(_preprocessor, state, card)  # GPU's: a probe
+            batcher.start()
+            phase = "warming up"
+            await _warm_up(backend, run, settings.max_batch_size, name)
+            preprocess = await asyncio.to_thread(_preprocessor, state, card)  # GPU's: a probe
     except asyncio.CancelledError:
-        await _discard(batcher, backend)
+        await _discard(state, batcher, backend, name, version)
         raise
     except Exception as error:
-        await _discard(batcher, backend)
-        reason = " ".join(str(error).split()) or type(error).__name__
+        await _discard(state, batcher, backend, name, version)
+        if isinstance(error, TimeoutError) and deadline.expired():
+            reason = (
+                f"{phase} took longer than the load deadline ({settings.load_timeout_s:g} s, "
+                "SMSO_LOAD_TIMEOUT_S)" + ("; its runs were stopped" if phase != "loading" else "")
+            )
+        else:
+            reason = " ".join(str(error).split()) or type(error).__name__
         failed = name or (source.parent.name if source is not None else "model")
         shown = _without_paths(reason, source)
+        serving = registry.served(failed)
         registry.mark(failed, version or "", ModelStatus.UNAVAILABLE, shown, source)
+        if serving is None:
+            outcome = "is unavailable (503) until it is replaced"
+        elif serving.version == version:  # the file was replaced under the same number
+            outcome = f"version {version} as loaded before goes on serving"
+        else:
+            outcome = f"version {serving.version} goes on serving"
         log.error(
-            "model %s could not be loaded or warmed up, and is unavailable (503) until "
-            "it is replaced: %s",
+            "model %s version %s could not be loaded or warmed up, and %s: %s",
             failed,
+            version or "?",
+            outcome,
             reason,
         )
         log.debug("what failed", exc_info=True)
@@ -132,14 +166,14 @@ async def load_model(
     readiness, default = registry.readiness(), registry.default_name()
     if readiness == "ready":
         said = "/readyz answers 200"
-    elif default is not None and default != name:
+    elif default is not None and default != name and registry.served(default) is None:
         said = f"not the default model ({default!r}): /readyz answers 200 once that one serves"
     else:
         said = f"/readyz says {readiness!r}"
     providers = ", ".join(getattr(backend, "providers", ["?"]))
     log.info("ready: %s (%s) on %s; %s", name, version, providers, said)
-    if previous is not None:
-        await retire(state, previous)
+    if previous is not None:  # retired even if this load is cancelled meanwhile
+        await asyncio.shield(retire(state, previous))
     return model
 
 
@@ -181,6 +215,14 @@ def close_backend(backend: Backend) -> None:
     close = getattr(backend, "close", None)
     if close is not None:
         close()
+
+
+def terminate_backend(backend: Backend) -> None:
+    """Stop the backend's runs in progress, and all later ones, where it can
+    (:meth:`service.runtime.backend.OnnxBackend.terminate`; a test's fake may not)."""
+    terminate = getattr(backend, "terminate", None)
+    if terminate is not None:
+        terminate()
 
 
 def _backend(source: Path, settings: Settings) -> Backend:
@@ -268,18 +310,47 @@ def _depth_reporter(state: Host, name: str, version: str) -> Callable[[int], Non
     return report
 
 
-async def _discard(batcher: MicroBatcher | None, backend: Backend | None) -> None:
-    """Stop the batcher and close the backend of a model that failed to load (either may not
-    exist yet)."""
+async def _discard(
+    state: Host,
+    batcher: MicroBatcher | None,
+    backend: Backend | None,
+    name: str | None,
+    version: str | None,
+) -> None:
+    """Stop the runs, the batcher and the backend of a model that failed to load (either may
+    not exist yet), and drop the metric series it started unless that version serves."""
+    if backend is not None:
+        terminate_backend(backend)  # a warm-up run still going: it ends now
     if batcher is not None:
         await batcher.stop()
     if backend is not None:
         close_backend(backend)
+    serving = state.registry.served(name) if name is not None else None
+    if name is not None and version and (serving is None or serving.version != version):
+        state.metrics.forget(name, version)
 
 
-async def _warm_up(backend: Backend, batcher: MicroBatcher, max_batch_size: int) -> None:
+async def _warm_up(backend: Backend, run: RunFn, max_batch_size: int, name: str) -> None:
     """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
-    ``max_batch_size``) so that no request pays for a first call."""
+    ``max_batch_size``) through ``run`` so that no request pays for a first call, in a daemon
+    thread (:func:`in_daemon_thread`); each batch's logits and embedding must have the card's
+    shapes (:func:`check_outputs`). Cancelled (the deadline, a shutdown), the backend's runs are
+    terminated."""
     sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
-    for images in warm_up_inputs(backend.card.input, sizes):
-        await batcher.run_direct(images)
+    card = backend.card
+
+    def warm_up() -> None:
+        for images in warm_up_inputs(card.input, sizes):
+            check_outputs(card, len(images), run(images))
+
+    done = in_daemon_thread(warm_up, name=f"warm up {name}")
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        terminate_backend(backend)
+        # the run stops at its next node (or Loop iteration): wait for it, so that no run is in
+        # the session when it is let go of, or when the process exits
+        await asyncio.wait([done], timeout=STOPPING_S)
+        if done.done():
+            done.exception()  # retrieved: the terminated run's error is no news
+        raise

@@ -205,6 +205,10 @@ class Registry:
         ]
         return "loading" if waiting else "ready"
 
+    def served(self, name: str) -> LoadedModel | None:
+        """The model serving ``name`` now, if one does (whatever its entry says)."""
+        return self._serving.get(name)
+
     def serving(self) -> list[LoadedModel]:
         return [self._serving[name] for name in sorted(self._serving)]
 

@@ -11,6 +11,11 @@ answered; the repository API may load a model from the folder at once, but not u
 loads and unloads.
 A model that fails to load is unavailable with its reason, and is tried again only when its file
 changes; the other models keep serving.
+
+Each model loads in a task of its own, beside the others: a model that takes long to load (up to
+``load_timeout_s``, its deadline) holds neither the other models nor the next scan. The first
+scan's loads are waited for before the registry is settled (readiness), a later scan's are not;
+a model whose file changes again while it loads has that load cancelled for the new one.
 """
 
 from __future__ import annotations
@@ -43,24 +48,37 @@ class Repository:
         self._scanner = Scanner(root)
         self._lock = asyncio.Lock()
         self._failing: str | None = None  # the last scan's failure, logged once
+        #: each model's load in progress (one at most per model)
+        self._loads: dict[str, asyncio.Task[object]] = {}
 
     async def run(self) -> None:
-        """Load every model, then, with ``model_control = "poll"``, follow the folder."""
-        settings = self.state.settings
-        await self._sync_or_log()
-        if not self.loaded:  # a mistyped path looks just like this: say so once
-            log.warning(
-                "repository: %s holds no models yet (each is a folder <name>/<version>/%s); %s",
-                self.root,
-                MODEL_FILE,
-                "they are loaded as they appear"
-                if settings.model_control == "poll"
-                else "load each with POST /v2/repository/models/<name>/load once it is there",
-            )
-        self.state.registry.settled = True
-        while settings.model_control == "poll":
-            await asyncio.sleep(settings.repository_poll_s)
+        """Load every model, then, with ``model_control = "poll"``, follow the folder. Cancelled
+        (the server stops), every load in progress is cancelled too."""
+        settings, registry = self.state.settings, self.state.registry
+        try:
             await self._sync_or_log()
+            # settled once the first scan's models have each been tried (each within its
+            # load deadline, side by side), while the folder is followed meanwhile
+            first = asyncio.gather(*self._loads.values(), return_exceptions=True)
+            first.add_done_callback(lambda _: setattr(registry, "settled", True))
+            if not self.loaded:  # a mistyped path looks just like this: say so once
+                log.warning(
+                    "repository: %s holds no models yet (each is a folder <name>/<version>/%s); %s",
+                    self.root,
+                    MODEL_FILE,
+                    "they are loaded as they appear"
+                    if settings.model_control == "poll"
+                    else "load each with POST /v2/repository/models/<name>/load once it is there",
+                )
+            while settings.model_control == "poll":
+                await asyncio.sleep(settings.repository_poll_s)
+                await self._sync_or_log()
+            await first
+        finally:
+            loads = list(self._loads.values())
+            for task in loads:
+                task.cancel()
+            await asyncio.gather(*loads, return_exceptions=True)
 
     async def _sync_or_log(self) -> None:
         """One sync; a failure is logged (once until it changes) and the next scan tries again:
@@ -88,7 +106,8 @@ class Repository:
         return found
 
     async def sync(self) -> None:
-        """Load what is new or changed, unload what was removed."""
+        """Start loading what is new or changed (each model in a task of its own: see
+        :meth:`_start`), unload what was removed."""
         async with self._lock:
             found = await self._scan()
             changed = {n: v for n, v in found.items() if self.loaded.get(n) != v}
@@ -97,14 +116,15 @@ class Repository:
                     name, str(version.number), ModelStatus.LOADING, source=version.path
                 )
             for name, version in changed.items():
-                await self._load(name, version)
+                self._start(name, version)
             for name in [n for n in self.loaded if n not in found]:
                 del self.loaded[name]
+                await self._cancel(name)
                 await unload_model(self.state, name)
 
     async def load(self, name: str) -> None:
         """Load (or reload) ``name`` from the folder: 404 if the repository has no such model,
-        400 with the reason if it cannot be loaded."""
+        400 with the reason if it cannot be loaded (its deadline passed included)."""
         async with self._lock:
             version = (await self._scan()).get(name)
             if version is None:
@@ -114,9 +134,24 @@ class Repository:
                     f"the repository has no model {name!r} (a folder "
                     f"{name}/<version>/{MODEL_FILE})",
                 )
-            if await self._load(name, version) is None:
-                reason = self.state.registry.entries[name].reason
-                raise ServiceError(400, "load_failed", f"model {name!r} failed to load: {reason}")
+            task = self._loads.get(name)
+            if task is None or self.loaded.get(name) != version:  # else: that file loads now
+                task = self._start(name, version)
+        try:
+            loaded = await asyncio.shield(task)  # a client gone does not cancel the load
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise ServiceError(  # the load was cancelled: the file changed, or an unload
+                503,
+                "not_ready",
+                f"model {name!r} changed or was unloaded while it loaded",
+                headers={"Retry-After": "1"},
+            ) from None
+        if loaded is None:
+            reason = self.state.registry.entries[name].reason
+            raise ServiceError(400, "load_failed", f"model {name!r} failed to load: {reason}")
 
     async def unload(self, name: str) -> None:
         """Stop serving ``name`` (404 if it is not known). Refused (400) with
@@ -132,10 +167,40 @@ class Repository:
             )
         async with self._lock:
             self.loaded.pop(name, None)
+            await self._cancel(name)
             if not await unload_model(self.state, name):
                 raise ServiceError(404, "model_not_found", f"model {name!r} is not loaded")
 
-    async def _load(self, name: str, version: Version) -> object:
+    def _start(self, name: str, version: Version) -> asyncio.Task[object]:
+        """Load ``version`` of ``name`` in a task of its own, cancelling the load of an older
+        file of ``name`` still in progress (what it would serve is already replaced)."""
         self.loaded[name] = version
+        previous = self._loads.get(name)
+        if previous is not None:
+            previous.cancel()
         log.info("repository: loading %s version %d", name, version.number)
+        task = asyncio.get_running_loop().create_task(
+            self._load(name, version, previous), name=f"load {name}"
+        )
+        self._loads[name] = task
+
+        def forget(done: asyncio.Task[object]) -> None:
+            if self._loads.get(name) is done:  # not a newer load's
+                del self._loads[name]
+
+        task.add_done_callback(forget)
+        return task
+
+    async def _cancel(self, name: str) -> None:
+        """Cancel ``name``'s load in progress, if any, and wait until it has let go."""
+        task = self._loads.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _load(
+        self, name: str, version: Version, previous: asyncio.Task[object] | None
+    ) -> object:
+        if previous is not None:  # cancelled: wait until it has let go of what it held
+            await asyncio.gather(previous, return_exceptions=True)
         return await load_model(self.state, version.path, name, str(version.number))

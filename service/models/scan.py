@@ -12,6 +12,10 @@ changes (a sub-folder was added, removed or renamed), and everything is read ane
 ``refresh`` scans for file systems whose times are coarse. A steady scan costs a few ``stat``
 calls per model, whatever the number of versions. At most :data:`MAX_ENTRIES` entries of one
 model folder are read.
+
+A model folder, version folder or model file that is a symbolic link is served only where it
+leads to a place inside the repository (its real path under the root's); one that leads outside
+is passed over (``a link to outside the repository``), and the next lower version is served.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from stat import S_ISREG
+from stat import S_ISLNK, S_ISREG
 
 __all__ = ["MAX_ENTRIES", "MODEL_FILE", "NAME", "Scanner", "Skipped", "Version", "scan", "shown"]
 
@@ -80,6 +84,7 @@ class _Folder:
     mtime: int
     numbers: list[int]  # candidate versions, highest first
     skipped: list[Skipped] = field(default_factory=list)
+    linked: set[int] = field(default_factory=set)  # versions whose folder is a symbolic link
 
 
 def _listed(path: Path, limit: int) -> tuple[list[os.DirEntry[str]], bool]:
@@ -106,11 +111,14 @@ def _read_folder(path: Path, name: str) -> _Folder:
     entries, more = _listed(path, MAX_ENTRIES)
     numbers: list[int] = []
     skipped: list[Skipped] = []
+    linked: set[int] = set()
     for entry in entries:
         if entry.name.startswith(".") or not _is_dir(entry):
             continue
         if VERSION.fullmatch(entry.name):
             numbers.append(int(entry.name))
+            if entry.is_symlink():
+                linked.add(int(entry.name))
         else:
             why = (
                 "a version folder is named by a positive integer in plain digits, "
@@ -121,7 +129,7 @@ def _read_folder(path: Path, name: str) -> _Folder:
         skipped.append(
             Skipped(name, "", f"the folder holds more than {MAX_ENTRIES:,} entries; the rest")
         )
-    return _Folder(mtime, sorted(numbers, reverse=True), skipped)
+    return _Folder(mtime, sorted(numbers, reverse=True), skipped, linked)
 
 
 class Scanner:
@@ -133,6 +141,8 @@ class Scanner:
         self._scans = 0
         self._root_mtime: int | None = None
         self._names: list[str] = []
+        self._linked: set[str] = set()  # model folders that are symbolic links
+        self._real_root = os.path.realpath(root)
         self._root_skipped: list[Skipped] = []
         self._folders: dict[str, _Folder] = {}
         self._warned: set[Skipped] = set()
@@ -172,13 +182,16 @@ class Scanner:
         return found, skipped
 
     def _read_root(self) -> None:
-        self._names, self._root_skipped = [], []
+        self._names, self._root_skipped, self._linked = [], [], set()
+        self._real_root = os.path.realpath(self.root)  # the root may be a link itself
         entries, more = _listed(self.root, MAX_ENTRIES)
         for entry in sorted(entries, key=lambda e: e.name):
             if entry.name.startswith(".") or not _is_dir(entry):
                 continue
             if NAME.fullmatch(entry.name):
                 self._names.append(entry.name)
+                if entry.is_symlink():
+                    self._linked.add(entry.name)
             else:
                 why = "not a model name (letters, digits, _ . -; at most 128)"
                 self._root_skipped.append(Skipped(shown(entry.name), "", why))
@@ -193,17 +206,29 @@ class Scanner:
         folder = self._folders.get(name)
         if folder is None or path.stat().st_mtime_ns != folder.mtime:
             folder = self._folders[name] = _read_folder(path, name)
+        outside: list[Skipped] = []
         for number in folder.numbers:
             file = path / str(number) / MODEL_FILE
             try:
-                stat = file.stat()
+                stat = os.lstat(file)
+                linked = name in self._linked or number in folder.linked or S_ISLNK(stat.st_mode)
+                if linked and not self._inside(file):
+                    outside.append(Skipped(name, str(number), "a link to outside the repository"))
+                    continue
+                if S_ISLNK(stat.st_mode):
+                    stat = file.stat()
             except OSError:  # no model file (yet), or removed meanwhile
                 continue
             if not S_ISREG(stat.st_mode):
                 continue
             stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino, stat.st_ctime_ns)
-            return Version(number, file, stamp), folder.skipped
-        return None, folder.skipped
+            return Version(number, file, stamp), folder.skipped + outside
+        return None, folder.skipped + outside
+
+    def _inside(self, path: Path) -> bool:
+        """Whether ``path``'s real path (every link followed) lies inside the repository."""
+        real = os.path.realpath(path)
+        return os.path.commonpath([real, self._real_root]) == self._real_root
 
     def _warn(self, skipped: list[Skipped]) -> None:
         """One warning per entry passed over, when it first appears."""

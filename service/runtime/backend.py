@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from service.core.card import CardError, InputSpec, ModelCard, parse_card
 from service.core.settings import Settings
+from service.runtime.graph import check_graph
 from service.runtime.providers import (
     ACCELERATED,
     CPU,
@@ -32,7 +33,7 @@ from service.runtime.providers import (
     runs_on_gpu,
     shaped_session,
 )
-from service.runtime.runner import Batch, BoundRunner, PlainRunner, Runner, buckets
+from service.runtime.runner import Batch, BoundRunner, PlainRunner, buckets
 
 __all__ = [
     "Backend",
@@ -154,6 +155,10 @@ class OnnxBackend:
             raise ValueError(f"{path} is not a loadable ONNX model: {message}") from None
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.card, self.card_dict = _card_of(path, metadata)
+        try:  # what the card says of the graph, where the graph says it as numbers
+            check_graph(self.card, self.session.get_inputs(), self.session.get_outputs())
+        except CardError as error:
+            raise CardError(f"{path}: {error}") from None
         names = [o.name for o in self.session.get_outputs()]
         if not {"logits", "embedding"} <= set(names):
             raise ValueError(f"{path} has outputs {names}; expected logits and embedding")
@@ -202,7 +207,9 @@ class OnnxBackend:
                 ) from None
         return sessions
 
-    def _runner_for(self, path: Path, options: BackendOptions) -> tuple[list[int], Runner]:
+    def _runner_for(
+        self, path: Path, options: BackendOptions
+    ) -> tuple[list[int], PlainRunner | BoundRunner]:
         """Warm-up batches and the runner: buckets padded on an accelerator, exact on the CPU."""
         sizes = buckets(options.max_batch)
         first = self.providers[0]
@@ -243,3 +250,8 @@ class OnnxBackend:
     def run(self, images: Batch) -> tuple[np.ndarray, ...]:
         """``(logits, embedding)``, then the typicality score or the features (``outputs``)."""
         return self._runner(images)
+
+    def terminate(self) -> None:
+        """Stop the onnxruntime calls running now, from any thread (each raises), and every
+        later one: for a model given up on (its warm-up past the load deadline)."""
+        self._runner.terminate()

@@ -62,6 +62,20 @@ Batch: TypeAlias = np.ndarray | Sequence[np.ndarray]
 #: ``Batch -> (logits (N, K), embedding (N, p)[, typicality (N,) or features (N, C_b)])``.
 Runner: TypeAlias = Callable[[Batch], tuple[np.ndarray, ...]]
 
+
+class _Terminable:
+    """onnxruntime's run options of a runner's calls: :meth:`terminate` makes the calls running
+    now raise (onnxruntime checks ``RunOptions.terminate`` between nodes, and a ``Loop`` at each
+    iteration), and every later call too."""
+
+    _options: list[ort.RunOptions]
+
+    def terminate(self) -> None:
+        """Stop every call of this runner, now and from now on (from any thread)."""
+        for options in self._options:
+            options.terminate = True
+
+
 #: One session for every batch, or one per bucket (``size -> session``).
 Sessions: TypeAlias = ort.InferenceSession | Mapping[int, ort.InferenceSession]
 
@@ -125,7 +139,7 @@ def stacked(images: Batch) -> np.ndarray:
     return images if isinstance(images, np.ndarray) else np.stack(images)
 
 
-class PlainRunner:
+class PlainRunner(_Terminable):
     """``session.run`` on numpy arrays; pads to a bucket (and takes its session) where
     ``sizes`` is given."""
 
@@ -136,6 +150,7 @@ class PlainRunner:
         outputs: Sequence[str] = ("logits", "embedding"),
     ) -> None:
         self.outputs = list(outputs)
+        self._options = [ort.RunOptions()]
         self.sizes = list(sizes) if sizes else None
         if self.sizes is None:
             if isinstance(session, Mapping):
@@ -163,12 +178,12 @@ class PlainRunner:
                 batch = np.empty((size, *images[0].shape), np.float32)
                 batch[fill(batch, images) :] = 0
         start = stage_clock.record("stack", start)
-        outputs = session.run(self.outputs, {"image": batch})
+        outputs = session.run(self.outputs, {"image": batch}, self._options[0])
         stage_clock.record("run", start)
         return tuple(out[:n] for out in outputs)
 
 
-class BoundRunner:
+class BoundRunner(_Terminable):
     """IO binding with one set of device buffers per bucket (and a CUDA graph per bucket where
     the session was created with ``enable_cuda_graph``)."""
 
@@ -192,6 +207,7 @@ class BoundRunner:
         self.graphs = graphs
         self._lock = threading.Lock()  # a binding's buffers serve one call at a time
         self._slots: dict[int, tuple[ort.IOBinding, ort.OrtValue, ort.RunOptions]] = {}
+        self._options: list[ort.RunOptions] = []
         #: the host array the images are copied into, then a bucket's first rows to the device
         #: (one for every bucket: the lock lets one call at a time use it)
         self._host = np.zeros((self.sizes[-1], *input_shape), np.float32)
@@ -212,6 +228,7 @@ class BoundRunner:
             if graphs:
                 options.add_run_config_entry("gpu_graph_id", str(number + 1))
             self._slots[size] = (binding, image, options)
+            self._options.append(options)
 
     def __call__(self, images: Batch) -> tuple[np.ndarray, ...]:
         """Records the stages ``stack`` (the images into the bucket's host array, with the

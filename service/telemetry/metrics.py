@@ -3,13 +3,19 @@
 Requests are counted by :mod:`service.http.metrics` (HTTP) and :mod:`service.grpc.server`, each
 label from a closed set: a client cannot grow the page. Names end in ``_total`` or ``_seconds``
 (or name a plain quantity: batch size, queue depth).
+
+The series of one model version (labels ``model`` and ``version``) last as long as it serves:
+:meth:`Metrics.forget` removes every one of them when it retires, so that the page is bounded by
+what is served now, not by every version ever served. With several worker processes
+(prometheus_client's multiprocess mode, where a series cannot be removed from the files the
+workers write) :func:`exposition` leaves the retired versions' series out of the page instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +27,10 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 __all__ = ["MULTIPROC_ENV", "BatchStats", "Metrics", "exposition"]
 
@@ -207,10 +217,33 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        #: every metric labelled by model and version, with its label names in order
+        self._per_model: list[tuple[MetricWrapperBase, list[str]]] = [
+            (self.images, ["route", *MODEL]),
+            (self.inference_stage, [*MODEL, "stage"]),
+            *(
+                (metric, MODEL)
+                for metric in (
+                    self.queue_wait,
+                    self.inference,
+                    self.round_trip,
+                    self.batch_size,
+                    self.model_queue_depth,
+                    self.typicality,
+                    self.drift_p_value,
+                    self.drift_window,
+                    self.drift_alarm,
+                )
+            ),
+        ]
+        #: model versions retired and not served again since (left out of a multiprocess page)
+        self.retired: set[tuple[str, str]] = set()
 
     def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
         """What a model's batcher calls after each batch: its size, inference time (in all and
-        by stage) and each image's wait, labelled with the model."""
+        by stage) and each image's wait, labelled with the model (a version served again is
+        no longer retired)."""
+        self.retired.discard((model, version))
         size, inference, round_trip = (
             self.batch_size.labels(model, version),
             self.inference.labels(model, version),
@@ -248,15 +281,47 @@ class Metrics:
         return report
 
     def forget(self, model: str, version: str) -> None:
-        """Drop a retired model's gauges (its counters and histograms keep their totals)."""
-        for gauge in (
-            self.model_queue_depth,
-            self.drift_p_value,
-            self.drift_window,
-            self.drift_alarm,
-        ):
-            with contextlib.suppress(KeyError):
-                gauge.remove(model, version)
+        """Drop every series of a retired model version: its gauges, counters and histograms
+        (Prometheus reads a series that ends as stale; ``rate()`` and ``increase()`` over the
+        time it served are unchanged). In multiprocess mode the series stay in the workers'
+        files and :func:`exposition` leaves them out."""
+        self.retired.add((model, version))
+        if os.environ.get(MULTIPROC_ENV):
+            return  # prometheus_client cannot remove them there (and warns)
+        for metric, names in self._per_model:
+            for values in _label_values(metric, names, model, version):
+                with contextlib.suppress(KeyError):  # removed meanwhile
+                    metric.remove(*values)
+
+
+def _label_values(
+    metric: Collector, names: list[str], model: str, version: str
+) -> set[tuple[str, ...]]:
+    """The label values (in the order of ``names``) of ``metric``'s series of ``model`` at
+    ``version``, read from what it collects."""
+    return {
+        tuple(sample.labels[name] for name in names)
+        for family in metric.collect()
+        for sample in family.samples
+        if _of(sample, {(model, version)})
+    }
+
+
+def _of(sample: Sample, versions: set[tuple[str, str]]) -> bool:
+    """Whether ``sample`` is labelled with one of the ``(model, version)`` pairs."""
+    return (sample.labels.get("model"), sample.labels.get("version")) in versions
+
+
+class _Served:
+    """The families of ``collector`` without the samples of the ``retired`` model versions."""
+
+    def __init__(self, collector: Collector, retired: set[tuple[str, str]]) -> None:
+        self._collector, self._retired = collector, retired
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._collector.collect():
+            family.samples = [s for s in family.samples if not _of(s, self._retired)]
+            yield family
 
 
 def exposition(metrics: Metrics | None) -> bytes:
@@ -266,7 +331,8 @@ def exposition(metrics: Metrics | None) -> bytes:
     if folder:
         _forget_exited_workers(Path(folder))
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        retired = set() if metrics is None else set(metrics.retired)
+        registry.register(_Served(multiprocess.MultiProcessCollector(None), retired))
         return generate_latest(registry)
     return b"" if metrics is None else generate_latest(metrics.registry)
 

@@ -188,6 +188,28 @@ def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
     assert "not a loadable ONNX model" in proc.stderr
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_model_whose_first_run_never_ends_is_one_line_and_exit_2(tmp_path, workers):
+    """smso-serve runs the model once before it serves: one that never ends (an ONNX ``Loop``
+    of 2**62 iterations) is stopped at the load deadline and refused, rather than a server
+    that never starts (it hung until killed)."""
+    from tests.service.models.graphs import ENDLESS, model_file
+
+    endless = model_file(tmp_path / "model.onnx", loop=ENDLESS)
+    flags = ["--load-timeout-s", "2", "--workers", workers, "--grpc-port", "0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--model-path", str(endless), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "did not finish its first run within 2 s (SMSO_LOAD_TIMEOUT_S" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def _workers_ready(base: str) -> None:
     """Ten fresh connections in a row find a ready worker: new connections are spread over
     the workers by the kernel, and each worker warms up on its own."""

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from service.core.card import MAX_SIDE, CardError, parse_card
+from service.core.card import MAX_DEPTH, MAX_SIDE, CardError, nesting_depth, parse_card
 from service.runtime.backend import _card_of
 from tests.service.conftest import CARD, CARD_KEY
 
@@ -47,3 +47,53 @@ def test_a_card_error_names_the_file():
 def test_the_largest_value_of_a_preprocessed_image():
     card, _ = parse_card(card_with(preprocessing={"mean": [0.5], "std": [0.25]}))
     assert card.preprocessing.largest_value == pytest.approx(2.0)  # (1 - 0.5) / 0.25
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"preprocessing": {"std": [0]}}, "preprocessing.std.0"),
+        ({"preprocessing": {"std": [-0.5]}}, "preprocessing.std.0"),
+        ({"preprocessing": {"std": [float("nan")]}}, "preprocessing.std.0"),
+        ({"preprocessing": {"mean": [float("inf")]}}, "preprocessing.mean.0"),
+        ({"model": {"embedding_dim": 0}}, "model.embedding_dim"),
+    ],
+)
+def test_a_value_no_image_can_be_served_with_is_refused_on_one_line_naming_it(changes, field):
+    with pytest.raises(CardError) as refused:
+        parse_card(card_with(**changes))
+    message = str(refused.value)
+    assert message.startswith(f"the model card is malformed: {field}: ")
+    assert "\n" not in message
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH, 900, 200_000])
+def test_a_card_nested_too_deep_is_refused_before_it_is_parsed(depth):
+    raw = json.dumps(CARD)[:-1] + ', "notes": ' + "[" * depth + "]" * depth + "}"
+    with pytest.raises(CardError, match=f"more than {MAX_DEPTH} levels deep"):
+        parse_card({CARD_KEY: raw})
+
+
+def test_a_card_as_deep_as_allowed_is_read():
+    card = copy.deepcopy(CARD)
+    card["checkpoint"] = nested(MAX_DEPTH - 2)  # the card and the checkpoint are 2 levels
+    assert parse_card({CARD_KEY: json.dumps(card)})[1]["checkpoint"] == card["checkpoint"]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    assert nesting_depth(json.dumps({"a": ["[[[{{{", '"]]]', {"b": "\\"}]})) == 3
+    assert nesting_depth("[" * 10_000, limit=5) == 6  # stops counting past the limit
+
+
+@pytest.mark.parametrize("raw", ["[1, 2]", "not json", '{"a": '])
+def test_metadata_that_is_no_json_object_is_refused_on_one_line(raw):
+    with pytest.raises(CardError, match=r"^the model card is malformed: not") as refused:
+        parse_card({CARD_KEY: raw})
+    assert "\n" not in str(refused.value)

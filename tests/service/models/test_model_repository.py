@@ -200,8 +200,35 @@ def test_metrics_carry_each_models_name_and_version(serve, repository):
     assert stages == {"stack", "run", "score"}
     assert client.post("/v2/repository/models/shirts/unload").status_code == 200
     text = client.get("/metrics").text
-    assert 'smso_model_queue_depth{model="shirts"' not in text  # a retired model's gauge goes
-    assert 'smso_images_total{model="shirts",route="/classify",version="2"} 2.0' in text
+    assert 'model="shirts"' not in text  # a retired model's series go, every one of them
+    assert 'smso_images_total{model="boots",route="/classify",version="1"} 1.0' in text
+
+
+def series(client: TestClient) -> int:
+    return sum(1 for line in client.get("/metrics").text.splitlines() if line[:1] not in "#")
+
+
+def test_metrics_are_bounded_by_the_versions_served_not_by_history(serve, tmp_path, shipped_model):
+    """Each version served replaces the last: the page has as many series after the fifth as
+    after the second (a repository that publishes nightly does not grow /metrics)."""
+    root = tmp_path / "models"
+    put(root, "m", 1, shipped_model)
+    client = serve(root)
+    counts = []
+    for version in range(1, 6):
+        if version > 1:
+            put(root, "m", version, shipped_model)
+            until(lambda: index(client)["m"] == (str(version), "READY"))  # noqa: B023
+            shutil.rmtree(root / "m" / str(version - 1))
+            # the one it replaced retires once no request holds it
+            gone = f'version="{version - 1}"'
+            until(lambda: gone not in client.get("/metrics").text)  # noqa: B023
+        for route in ("classify", "embed"):
+            assert client.post(f"/models/m/{route}", files=image()).status_code == 200
+        counts.append(series(client))
+    # (the first count has not yet the index route's own series)
+    assert len(set(counts[1:])) == 1, counts
+    assert 'version="5"' in client.get("/metrics").text
 
 
 def test_an_empty_repository_is_not_ready_until_a_model_serves_the_default_route(

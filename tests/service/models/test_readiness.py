@@ -138,3 +138,22 @@ def _loaded(name: str, version: str):
     from types import SimpleNamespace
 
     return SimpleNamespace(name=name, version=version, source=None)
+
+
+def test_a_file_replaced_by_a_broken_one_under_its_number_is_logged_as_still_serving(
+    serve, tmp_path, shipped_model, caplog
+):
+    root = tmp_path / "R"
+    put(root, "boots", 1, shipped_model)
+    client = serve(root, default_model="boots")
+    replaced = root / "boots" / "1" / "model.onnx.tmp"
+    replaced.write_bytes(b"not an onnx file")
+    replaced.rename(root / "boots" / "1" / "model.onnx")
+    until(lambda: "version 1 failed to load" in _entry(client, "boots")["reason"])
+    (line,) = [r.getMessage() for r in caplog.records if "could not be loaded" in r.getMessage()]
+    assert line.startswith(
+        "model boots version 1 could not be loaded or warmed up, and version 1 as loaded "
+        "before goes on serving: "
+    )
+    assert "unavailable (503)" not in line
+    assert client.post("/classify", files=image()).status_code == 200

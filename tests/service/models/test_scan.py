@@ -199,3 +199,26 @@ def test_a_file_replaced_with_its_old_time_and_size_is_a_new_version(tmp_path, s
     os.utime(folder / "new.onnx", ns=times)
     (folder / "new.onnx").rename(file)
     assert scanner()[0]["a"].stamp != before
+
+
+def test_links_to_outside_the_repository_are_passed_over_and_links_inside_are_served(
+    tmp_path, shipped_model
+):
+    outside = tmp_path / "elsewhere"
+    put(outside, "x", 1, shipped_model)
+    root = tmp_path / "models"
+    put(root, "a", 1, shipped_model)
+    (root / "a" / "2").symlink_to(outside / "x" / "1")  # a version folder leading out
+    (root / "b" / "1").mkdir(parents=True)
+    (root / "b" / "1" / "model.onnx").symlink_to(outside / "x" / "1" / "model.onnx")
+    (root / "c").symlink_to(outside / "x")  # a model folder leading out
+    (root / "d" / "1").mkdir(parents=True)
+    (root / "d" / "1" / "model.onnx").symlink_to(root / "a" / "1" / "model.onnx")  # inside
+    found, skipped = Scanner(root)()
+    assert {name: v.number for name, v in found.items()} == {"a": 1, "d": 1}
+    why = "a link to outside the repository"
+    assert {(s.name, s.version) for s in skipped if s.reason == why} == {
+        ("a", "2"),
+        ("b", "1"),
+        ("c", "1"),
+    }

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.telemetry.metrics import MULTIPROC_ENV, exposition
+from service.telemetry.metrics import MULTIPROC_ENV, Metrics, exposition
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -19,6 +19,7 @@ from service.telemetry.metrics import Metrics
 metrics = Metrics()
 metrics.queue_depth.set(int(sys.argv[1]))
 metrics.images.labels("/classify", "m", "1").inc()
+metrics.images.labels("/classify", "m", "2").inc()
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -50,3 +51,36 @@ def test_the_queue_depth_is_summed_over_live_workers_only(tmp_path, monkeypatch)
         live.communicate("")
     assert "smso_queue_depth 2.0" in text
     assert 'smso_images_total{model="m",route="/classify",version="1"} 2.0' in text
+
+
+def test_forget_removes_every_series_of_a_version_and_only_its():
+    metrics = Metrics()
+    for version in ("1", "2"):
+        metrics.images.labels("/classify", "m", version).inc()
+        metrics.inference_stage.labels("m", version, "run").observe(0.01)
+        metrics.batch_observer("m", version)
+        metrics.drift_reporter("m", version)(0.5, 10, False)
+    metrics.forget("m", "1")
+    text = exposition(metrics).decode()
+    assert 'version="1"' not in text
+    assert 'smso_images_total{model="m",route="/classify",version="2"} 1.0' in text
+    assert 'smso_inference_stage_seconds_count{model="m",stage="run",version="2"} 1.0' in text
+
+
+def test_with_several_workers_a_retired_versions_series_are_left_out_of_the_page(
+    tmp_path, monkeypatch
+):
+    """prometheus_client cannot remove a series from the workers' files: the page leaves the
+    retired versions out instead (a version served again is shown again)."""
+    live = worker(tmp_path, 1)
+    try:
+        monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
+        metrics = Metrics()
+        metrics.forget("m", "1")
+        text = exposition(metrics).decode()
+        assert 'version="1"' not in text
+        assert 'smso_images_total{model="m",route="/classify",version="2"} 1.0' in text
+        metrics.batch_observer("m", "1")  # loaded again
+        assert 'version="1"' in exposition(metrics).decode()
+    finally:
+        live.communicate("")
