@@ -10,23 +10,35 @@ resident memory (``VmRSS``) before, its peak (``VmHWM``) and after the calls hav
 
 A server that refuses these before holding the message stays near its idle memory.
 
+``--rapid-reset ROUNDS`` runs another case instead (CVE-2023-44487's pattern): on a fresh server
+without a key, ROUNDS rounds, each a new HTTP/2 connection opening ``--streams`` ModelInfer calls
+and cancelling each at once (RST_STREAM after its headers,
+:func:`bench.lib.hostile.rapid_reset`), while two other clients send valid calls throughout;
+it reports the valid calls' statuses (none may be CANCELLED), how each round ended, and the
+server's memory before, at its peak and 3 s after the last round.
+
     python -m bench.grpc_flood                 # 24 x 60 MiB, both cases
     python -m bench.grpc_flood --calls 8 --mib 20 --json /tmp/flood.json
+    python -m bench.grpc_flood --rapid-reset 20 --streams 20000
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib.hostile import rapid_reset
 from bench.lib.load import Answered, Send, drive
 
 KEY = "flood-test-key"
@@ -88,12 +100,80 @@ def case(name: str, calls: int, mib: int, key: str | None, max_request: int) -> 
     }
 
 
+def _valid_calls(target: str, model: str, stop: threading.Event, codes: Counter[str]) -> None:
+    """Valid ModelInfer calls (one preprocessed image) one after another until ``stop``."""
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="image", datatype="FP32", shape=[1, 1, 28, 28])
+    request.raw_input_contents.append(bytes(4 * 28 * 28))
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        while not stop.is_set():
+            try:
+                stub.ModelInfer(request, timeout=60)
+                codes["OK"] += 1
+            except grpc.RpcError as error:
+                codes[error.code().name] += 1
+
+
+def reset_case(rounds: int, streams: int) -> dict[str, Any]:
+    """One fresh server, ``rounds`` rapid-reset connections of ``streams`` streams each, valid
+    calls alongside: their statuses, each round's end and the server's memory."""
+    grpc_port = launch.free_port()
+    settings = {"SMSO_GRPC_PORT": str(grpc_port), "SMSO_WORKERS": "1"}
+    with launch.smso_serve("--model-path", str(SHIPPED), settings=settings) as server:
+        target = f"127.0.0.1:{grpc_port}"
+        model = httpx.get(f"{server.base}/metadata").json()["model"]["name"]
+        time.sleep(1.0)
+        before = server.rss_mib()["VmRSS"]
+        stop, codes = threading.Event(), Counter[str]()
+        clients = [
+            threading.Thread(target=_valid_calls, args=(target, model, stop, codes))
+            for _ in range(2)
+        ]
+        for client in clients:
+            client.start()
+        start = time.perf_counter()
+        ends = Counter(rapid_reset(grpc_port, streams) for _ in range(rounds))
+        seconds = time.perf_counter() - start
+        stop.set()
+        for client in clients:
+            client.join()
+        time.sleep(3.0)
+        after = server.rss_mib()
+    return {
+        "case": "rapid reset",
+        "rounds": rounds,
+        "streams_per_round": streams,
+        "valid_calls": dict(codes),
+        "rounds_ended": dict(ends),
+        "seconds": round(seconds, 2),
+        "rss_before_mib": round(before, 1),
+        "rss_peak_mib": round(after["VmHWM"], 1),
+        "rss_after_mib": round(after["VmRSS"], 1),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=24)
     parser.add_argument("--mib", type=int, default=60, help="each message's size")
     parser.add_argument("--json", type=Path, default=RESULTS / "grpc_flood.json")
+    parser.add_argument("--rapid-reset", type=int, metavar="ROUNDS", help="the reset case")
+    parser.add_argument("--streams", type=int, default=20_000, help="reset streams a round")
     args = parser.parse_args(argv)
+    if args.rapid_reset:
+        result = reset_case(args.rapid_reset, args.streams)
+        row = [
+            f"{result['rounds']} x {result['streams_per_round']:,}",
+            ", ".join(f"{k} {v}" for k, v in sorted(result["valid_calls"].items())),
+            ", ".join(f"{k} {v}" for k, v in sorted(result["rounds_ended"].items())),
+            *(f"{result[k]:.0f}" for k in ("rss_before_mib", "rss_peak_mib", "rss_after_mib")),
+            f"{result['seconds']:.1f}",
+        ]
+        header = ["rounds x streams", "valid calls", "rounds ended", "RSS before MiB"]
+        print(report.markdown_table([*header, "peak MiB", "after MiB", "seconds"], [row]))
+        report.save(args.json, {"settings": vars(args), "cases": [result]})
+        return 0
     size = args.mib * 2**20
     results = [
         case("no key", args.calls, args.mib, None, size + 2**20),

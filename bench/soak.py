@@ -7,8 +7,10 @@ Against the real server (``smso-serve`` on loopback, the shipped model, default 
 * valid: a JPEG to ``/classify`` (multipart) or its preprocessed binary ``FP32`` tensor to
   ``/v2/models/<name>/infer``, on the client's keep-alive connection;
 * hostile, each on a fresh connection: a truncated JPEG, a 1 x 100,000 PNG strip, random bytes
-  (as a multipart file and as a protocol body), a malformed multipart body, and an oversized
-  declared ``Content-Length`` after which the client sends a little and closes;
+  (as a multipart file and as a protocol body), a malformed multipart body, an oversized
+  declared ``Content-Length`` after which the client sends a little and closes, a protocol
+  request that names 8,000 outputs, and an upload that declares 64 MiB and sends none of it
+  (its connection held 0.5 s, then closed);
 * slow: a valid ``/classify`` body sent in pieces with pauses;
 * abandoned: a valid ``/classify`` request sent whole, then closed before the answer.
 

@@ -11,9 +11,11 @@ repository it polls every second, with gRPC on, and gets at once:
   each): the short soak's hostile kinds (:data:`bench.soak.MIX`), and a 20 MB header, 200,000
   header fields, a 40 kB head left unfinished, an 80 kB query, a gzip body on ``/classify``, a
   non-protocol content type on ``/v2``, FP32 inputs of 1e20, JSON nested 100,000 deep, a
-  5,000-digit integer, a bad ``parameters.timeout``, and malformed protobuf on the gRPC port;
-* **bursts** every ``--burst-every-s``: 1,000 idle TCP connections held for 10 s, then 1,500
-  concurrent gRPC calls;
+  5,000-digit integer, a bad ``parameters.timeout``, and on the gRPC port malformed protobuf
+  and ModelInfer calls naming 16,000 outputs;
+* **bursts** every ``--burst-every-s``: 1,000 idle TCP connections held for 10 s, then
+  an HTTP/2 rapid reset (20,000 ModelInfer streams opened and cancelled at once on one
+  connection, :func:`bench.lib.hostile.rapid_reset`), then 1,500 concurrent gRPC calls;
 * **repository churn** every 1.5 s, in turn: a new version of ``fmnist`` (the oldest removed
   past three), a model appearing and disappearing, folders named ``²``, ``007`` and ``bad name``,
   a version whose ``model.onnx`` is garbage, a file where a model folder should be, and 3,000
@@ -65,7 +67,17 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from bench.lib import SHIPPED, launch, report
-from bench.lib.hostile import MIX, VALID, Client, Corpus, Outcome, Request, request, upload
+from bench.lib.hostile import (
+    MIX,
+    VALID,
+    Client,
+    Corpus,
+    Outcome,
+    Request,
+    rapid_reset,
+    request,
+    upload,
+)
 from bench.lib.launch import HOST
 from bench.lib.payloads import Body, jpegs
 from service.runtime.backend import read_card
@@ -77,8 +89,20 @@ PROBE_TIMEOUT_S = 5.0
 IDLE_CONNECTIONS = 1000
 IDLE_HOLD_S = 10.0
 GRPC_BURST = 1500
+RESET_STREAMS = 20_000
+GRPC_MANY_OUTPUTS = 16_000
 #: gRPC statuses that are answers (the documented refusals), not losses
-GRPC_ANSWERS = {"OK", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"}
+GRPC_ANSWERS = {"OK", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE (refused stream)"}
+
+
+def grpc_code(error: grpc.RpcError) -> str:
+    """The status name of a failed call; a stream the server refused (HTTP/2 REFUSED_STREAM,
+    past its streams per connection: not processed, safe to retry) is told apart from any
+    other UNAVAILABLE."""
+    code = error.code().name
+    refused = code == "UNAVAILABLE" and "error code 7" in (error.details() or "")
+    return "UNAVAILABLE (refused stream)" if refused else code
+
 
 #: attack kind -> weight (the short soak's hostile kinds, then the second campaign's)
 ATTACKS = {k: w for k, w in MIX.items() if k not in ("valid-classify", "valid-v2-fp32")} | {
@@ -95,7 +119,7 @@ ATTACKS = {k: w for k, w in MIX.items() if k not in ("valid-classify", "valid-v2
 }
 #: kinds whose request the server may refuse before the client has sent it all
 REFUSED_MIDWAY = ("header-bomb", "header-flood", "oversized-close")
-CLIENT_CLOSES = ("oversized-close", "abandoned", "header-hold")
+CLIENT_CLOSES = ("oversized-close", "abandoned", "header-hold", "silent-body")
 
 
 class Attacks:
@@ -330,8 +354,12 @@ class GrpcTally:
 
 
 def grpc_traffic(target: str, files: list[bytes], tally: GrpcTally, stop: threading.Event) -> None:
-    """Valid ``ModelInfer`` calls on one channel, one malformed message every tenth call."""
+    """Valid ``ModelInfer`` calls on one channel; every tenth call a malformed message, or
+    one naming :data:`GRPC_MANY_OUTPUTS` outputs."""
     messages = [infer_request(f) for f in files]
+    many = infer_request(files[0])
+    for i in range(GRPC_MANY_OUTPUTS):
+        many.outputs.add(name=f"out{i}")
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         raw = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
@@ -339,10 +367,12 @@ def grpc_traffic(target: str, files: list[bytes], tally: GrpcTally, stop: thread
         i = 0
         while not stop.is_set():
             i += 1
-            kind = "grpc-malformed" if i % 10 == 0 else "grpc-valid"
+            kind = {0: "grpc-malformed", 5: "grpc-many-outputs"}.get(i % 10, "grpc-valid")
             try:
                 if kind == "grpc-valid":
                     stub.ModelInfer(rng.choice(messages), timeout=60)
+                elif kind == "grpc-many-outputs":
+                    stub.ModelInfer(many, timeout=60)
                 else:
                     raw(
                         rng.choice([b"\xff\xff\xff\x0f junk", b"\x0a\x80", rng.randbytes(300)]),
@@ -369,7 +399,7 @@ def grpc_burst(target: str, files: list[bytes], tally: GrpcTally) -> None:
                 future.result()
                 tally.add("grpc-burst", "OK")
             except grpc.RpcError as error:
-                tally.add("grpc-burst", error.code().name)
+                tally.add("grpc-burst", grpc_code(error))
     finally:
         for c in channels:
             c.close()
@@ -423,6 +453,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tally = GrpcTally()
         churn = Churn(root)
         idle_held: list[int] = []
+        resets: Counter[str] = Counter()
         start = time.monotonic()
 
         def sample() -> None:
@@ -457,6 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 idle_held.append(idle_connections(server.port))
                 if stop.is_set():
                     return
+                resets[rapid_reset(grpc_port, RESET_STREAMS)] += 1
                 grpc_burst(target, files, tally)
 
         context = multiprocessing.get_context("spawn")
@@ -502,7 +534,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         idle_held,
         time.monotonic() - start,
         args,
-    ) | {"log_notes": index}
+    ) | {"log_notes": index, "rapid_reset_rounds": dict(resets)}
 
 
 def scan_index_note(output: str) -> list[str]:
@@ -675,6 +707,11 @@ def main(args: argparse.Namespace) -> int:
         report.markdown_table(
             ["measure", "value"], [[n, report.format_value(summary[k])] for n, k in rows]
         )
+    )
+    rounds = summary.get("rapid_reset_rounds", {})
+    print(
+        f"\nHTTP/2 rapid reset ({RESET_STREAMS:,} streams a round), how the rounds ended: "
+        + (", ".join(f"{end} x{n}" for end, n in rounds.items()) or "none ran")
     )
     print(
         "\n"

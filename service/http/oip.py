@@ -127,11 +127,11 @@ async def _infer(state: ServiceState, model: LoadedModel, http: Request, route: 
     try:
         # the JSON part is what costs: binary tensor data after it is only sliced
         if (length if length is not None else len(body)) < INLINE_PARSE_BYTES and not encoding:
-            request = parse(body, encoding, length, settings)
+            request = parse(body, encoding, length, settings, model)
         else:  # inflating or parsing megabytes would hold up every other request
             loop = asyncio.get_running_loop()
             request = await loop.run_in_executor(
-                state.decoder, parse, body, encoding, length, settings
+                state.decoder, parse, body, encoding, length, settings, model
             )
     except ProtocolError as error:
         raise protocol_error(error.status, str(error)) from None

@@ -1,11 +1,12 @@
 """A bound on the request bodies a server holds in memory at once.
 
-``max_request_bytes`` bounds one body; nothing else bounded how many arrive together: eight
-concurrent 57 MB protocol requests held close to a gigabyte. :class:`BodyBudget` counts the
-body bytes of the requests in progress (a declared ``Content-Length`` is reserved when the
-body is first read, a chunked body is counted as it arrives) and holds them until the request
-ends; a request that would take the total past ``max_buffered_bytes`` is refused at once with
-503 and ``Retry-After`` before more of it is read. One counter on the event loop: no lock.
+``max_request_bytes`` bounds one body; nothing else bounds how many arrive together.
+:class:`BodyBudget` counts the body bytes of the requests in progress as they arrive and holds
+them until the request ends; a chunk that would take the total past ``max_buffered_bytes`` is
+refused with 503 and ``Retry-After`` before more of the body is read, and so is a body whose
+declared ``Content-Length`` does not fit in what is free when it is first read. A declared
+length is only checked, never reserved: a client that declares a large body and sends nothing
+holds nothing, and cannot lock other uploads out. One counter on the event loop: no lock.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class BufferedBytes:
     def take(self, count: int) -> None:
         """Hold ``count`` more bytes; 503 with ``Retry-After`` (holding nothing more) if the
         total would pass the limit."""
+        self.check(count)
+        self.held += count
+
+    def check(self, count: int) -> None:
+        """503 with ``Retry-After`` if ``count`` more bytes would not fit now (taking none)."""
         if self.held + count > self.limit:
             mib = self.limit / 2**20
             raise ServiceError(
@@ -38,19 +44,18 @@ class BufferedBytes:
                 "max_buffered_bytes); retry shortly",
                 headers={"Retry-After": "1"},
             )
-        self.held += count
 
     def give(self, count: int) -> None:
         self.held -= count
 
 
 class BodyBudget:
-    """Pure ASGI middleware: each HTTP request's body counted against ``buffered()`` from its
-    first byte read to the end of the request.
+    """Pure ASGI middleware: each HTTP request's body counted against ``buffered()`` as it
+    arrives, until the end of the request.
 
-    The check is made where the app reads the body (``receive``), so the 503 is raised inside
+    The checks are made where the app reads the body (``receive``), so the 503 is raised inside
     the route and rendered by the app's error handlers like any other error; a request whose
-    body is never read costs nothing.
+    body is never read, or never sent, costs nothing.
     """
 
     def __init__(self, app: ASGIApp, buffered: Callable[[], BufferedBytes]) -> None:
@@ -64,18 +69,17 @@ class BodyBudget:
         budget = self.buffered()
         declared = _content_length(scope)
         held = 0
-        reserved = False
+        checked = False
 
         async def receive_counted() -> Message:
-            nonlocal held, reserved
-            if not reserved and declared:
-                budget.take(declared)  # all of it, before the first byte is read
-                held += declared
-            reserved = True
+            nonlocal held, checked
+            if not checked and declared:
+                budget.check(declared)  # refused at once if it cannot fit, but not reserved
+            checked = True
             message = await receive()
             if message["type"] == "http.request":
                 size = len(message.get("body", b""))
-                if declared is None and size:  # chunked: as it arrives
+                if size:  # as it arrives: a body that never comes holds nothing
                     budget.take(size)
                     held += size
             return message

@@ -11,10 +11,16 @@ The JSON header's structure is checked by strict pydantic models (:class:`Reques
 the OpenAPI document's schema of the body); the binary framing (sizes, offsets, element counts,
 byte order) stays written out here, where its bounds are checked.
 Every problem raises :class:`ProtocolError` with a message that says what was expected.
-The per-tensor steps (:func:`check_input`, :func:`binary_tensor`, :func:`requested_output`,
-:func:`tensor_bytes`) serve the gRPC side too (``service.grpc.server``): its raw tensor contents
-are in the same binary form. Nothing here knows about the model: ``service.http.oip`` checks names,
-shapes and datatypes.
+The per-tensor steps (:func:`check_counts`, :func:`check_input`, :func:`binary_tensor`,
+:func:`requested_outputs`, :func:`tensor_bytes`) serve the gRPC side too
+(``service.grpc.server``): its raw tensor contents are in the same binary form.
+
+A request's cost is bounded by its size with small constants: nothing is compared pairwise,
+and a request that names more inputs or outputs than the model has (:class:`Offered`, given by
+``service.protocol.semantics``) is refused before any of them is read. Names come from the
+client: messages show them through :func:`quoted` and :func:`listed`, which keep them short.
+Beyond those counts nothing here knows about the model: ``service.protocol.semantics`` checks
+names, shapes and datatypes.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import math
 import struct
 import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,19 +42,23 @@ __all__ = [
     "InferRequest",
     "InputHeader",
     "InputTensor",
+    "Offered",
     "OutputHeader",
     "OutputTensor",
     "ProtocolError",
     "RequestHeader",
     "RequestedOutput",
     "binary_tensor",
+    "check_counts",
     "check_input",
     "decompress",
     "encode_response",
     "header_schema",
+    "listed",
     "pack_bytes",
     "parse_request",
-    "requested_output",
+    "quoted",
+    "requested_outputs",
     "tensor_bytes",
     "unpack_bytes",
 ]
@@ -59,6 +70,9 @@ MAX_DIM = 2**31
 #: numpy's bound on an array's elements of the largest datatype (its byte size must fit intp).
 _MAX_ELEMENTS = np.iinfo(np.intp).max // 8
 _END = object()
+#: How much of a client's name a message shows, and how many names of a list.
+NAME_CHARS = 64
+LISTED_NAMES = 5
 
 #: The protocol's datatypes and their numpy types (``BYTES``: Python ``bytes`` elements).
 DATATYPES: dict[str, Any] = {
@@ -84,6 +98,48 @@ class ProtocolError(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+def quoted(value: Any) -> str:
+    """``value`` as ``repr`` shows it, a string cut to its first :data:`NAME_CHARS` characters
+    and its length: names come from the client, and a message echoes them."""
+    if isinstance(value, str) and len(value) > NAME_CHARS:
+        return f"{value[:NAME_CHARS]!r}... ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= NAME_CHARS else f"{text[:NAME_CHARS]}..."
+
+
+def listed(names: Sequence[str]) -> str:
+    """The first :data:`LISTED_NAMES` names, :func:`quoted`, and how many more there are."""
+    shown = ", ".join(quoted(name) for name in names[:LISTED_NAMES])
+    more = len(names) - LISTED_NAMES
+    return f"{shown} and {more:,} more" if more > 0 else shown
+
+
+@dataclass(frozen=True)
+class Offered:
+    """The tensors a model has, by name: a request names at most as many inputs, and asks for
+    at most as many outputs (each at most once)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def check_counts(inputs: int, outputs: int, offered: Offered | None) -> None:
+    """400 when a request has more inputs or asks for more outputs than the model has
+    (``None``: no model to count against); checked before any tensor is read."""
+    if offered is None:
+        return
+    if inputs > len(offered.inputs):
+        raise ProtocolError(
+            f"the request has {inputs:,} inputs; the model has {len(offered.inputs)} "
+            f"({', '.join(offered.inputs)})"
+        )
+    if outputs > len(offered.outputs):
+        raise ProtocolError(
+            f"the request names {outputs:,} outputs; the model has {len(offered.outputs)} "
+            f"({', '.join(offered.outputs)}): ask for each at most once, or for none (all)"
+        )
 
 
 class _Header(BaseModel):
@@ -215,7 +271,7 @@ def decompress(body: bytes | bytearray, encoding: str | None, limit: int) -> byt
     wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding.lower())
     if wbits is None:
         raise ProtocolError(
-            f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none", 415
+            f"Content-Encoding {quoted(encoding)} is not supported; use gzip, deflate or none", 415
         )
     inflater = zlib.decompressobj(wbits)
     try:
@@ -241,19 +297,19 @@ def unpack_bytes(buffer: bytes | memoryview, count: int, name: str) -> list[byte
     items, offset = [], 0
     for i in range(count):
         if offset + 4 > len(buffer):
-            raise ProtocolError(f"input {name!r}: binary BYTES data ends before element {i}")
+            raise ProtocolError(f"input {quoted(name)}: binary BYTES data ends before element {i}")
         (size,) = struct.unpack_from("<I", buffer, offset)
         offset += 4
         if offset + size > len(buffer):
             raise ProtocolError(
-                f"input {name!r}: element {i} says {size} bytes but only "
+                f"input {quoted(name)}: element {i} says {size} bytes but only "
                 f"{len(buffer) - offset} remain"
             )
         items.append(bytes(buffer[offset : offset + size]))
         offset += size
     if offset != len(buffer):
         raise ProtocolError(
-            f"input {name!r}: {len(buffer) - offset} bytes left after {count} BYTES elements "
+            f"input {quoted(name)}: {len(buffer) - offset} bytes left after {count} BYTES elements "
             "(shape and data disagree)"
         )
     return items
@@ -272,7 +328,7 @@ def _flatten(data: Any, rank: int, name: str) -> list[Any]:
             stack.pop()
         elif isinstance(item, list):
             if depth >= max(rank, 1):
-                raise ProtocolError(f"input {name!r}: 'data' is nested deeper than its shape")
+                raise ProtocolError(f"input {quoted(name)}: 'data' is nested deeper than its shape")
             stack.append((iter(item), depth + 1))
         else:
             out.append(item)
@@ -286,13 +342,14 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
         or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < MAX_DIM for d in raw)
     ):
         raise ProtocolError(
-            f"input {name!r}: shape must be a list of at most {MAX_RANK} integers in [0, {MAX_DIM})"
+            f"input {quoted(name)}: shape must be a list of at most {MAX_RANK} integers in "
+            f"[0, {MAX_DIM})"
         )
     # numpy refuses an array whose non-zero dimensions multiply past its index range, even
     # when another dimension is 0 and it holds nothing ([0, 3, 2**31 - 1, 2**31 - 1])
     if math.prod(d for d in raw if d) > _MAX_ELEMENTS:
         raise ProtocolError(
-            f"input {name!r}: shape {raw} describes more elements than an array holds"
+            f"input {quoted(name)}: shape {raw} describes more elements than an array holds"
         )
     return tuple(raw)
 
@@ -305,34 +362,38 @@ def _is_number(value: Any, datatype: str) -> bool:
 
 def _json_data(raw: InputHeader, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
     if "data" not in raw.model_fields_set:
-        raise ProtocolError(f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+        raise ProtocolError(
+            f"input {quoted(name)} has neither 'data' nor parameters.binary_data_size"
+        )
     if raw.data is None:
         raise ProtocolError(
-            f"input {name!r}: 'data' is null; give the tensor's elements as a JSON list, or its "
-            "bytes as binary data (parameters.binary_data_size)"
+            f"input {quoted(name)}: 'data' is null; give the tensor's elements as a JSON list, "
+            "or its bytes as binary data (parameters.binary_data_size)"
         )
     elements = _flatten(raw.data, len(shape), name)
     count = math.prod(shape)
     if len(elements) != count:
         raise ProtocolError(
-            f"input {name!r}: shape {list(shape)} needs {count} elements, 'data' has "
+            f"input {quoted(name)}: shape {list(shape)} needs {count} elements, 'data' has "
             f"{len(elements)}"
         )
     if datatype == "BYTES":
         if not all(isinstance(e, str) for e in elements):
-            raise ProtocolError(f"input {name!r}: BYTES data in JSON must be strings")
+            raise ProtocolError(f"input {quoted(name)}: BYTES data in JSON must be strings")
         try:
             return [e.encode() for e in elements]
         except UnicodeEncodeError:
-            raise ProtocolError(f"input {name!r}: a BYTES string is not valid UTF-8") from None
+            raise ProtocolError(
+                f"input {quoted(name)}: a BYTES string is not valid UTF-8"
+            ) from None
     if not all(_is_number(e, datatype) for e in elements):
         kind = "true or false" if datatype == "BOOL" else "numbers"
-        raise ProtocolError(f"input {name!r}: {datatype} 'data' must be JSON {kind}")
+        raise ProtocolError(f"input {quoted(name)}: {datatype} 'data' must be JSON {kind}")
     try:  # a float out of its datatype's range (1e300 as FP16) is refused, not made inf
         with np.errstate(over="raise", invalid="raise"):
             return np.asarray(elements, dtype=DATATYPES[datatype]).reshape(shape)
     except (TypeError, ValueError, OverflowError, FloatingPointError):
-        raise ProtocolError(f"input {name!r}: 'data' does not fit {datatype}") from None
+        raise ProtocolError(f"input {quoted(name)}: 'data' does not fit {datatype}") from None
 
 
 def binary_tensor(
@@ -346,7 +407,7 @@ def binary_tensor(
     dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
     if len(buffer) != count * dtype.itemsize:
         raise ProtocolError(
-            f"input {name!r}: shape {list(shape)} of {datatype} is {count * dtype.itemsize} "
+            f"input {quoted(name)}: shape {list(shape)} of {datatype} is {count * dtype.itemsize} "
             f"bytes, binary_data_size says {len(buffer)}"
         )
     return np.frombuffer(buffer, dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
@@ -367,7 +428,7 @@ def _not_json(error: ValueError, header_length: int | None) -> str:
 
 
 def _header(
-    body: bytes | bytearray, header_length: int | None, max_json_bytes: int
+    body: bytes | bytearray, header_length: int | None, max_json_bytes: int, offered: Offered | None
 ) -> tuple[RequestHeader, memoryview]:
     if header_length is not None and not 0 < header_length <= len(body):
         raise ProtocolError(f"{HEADER_LENGTH} is {header_length} but the body is {len(body)} bytes")
@@ -384,6 +445,13 @@ def _header(
         raise ProtocolError("the request's JSON is nested too deeply") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, int()'s digit limit
         raise ProtocolError(_not_json(error, header_length)) from None
+    if isinstance(header, dict):  # counted before pydantic builds a model of each tensor
+        inputs, outputs = header.get("inputs"), header.get("outputs")
+        check_counts(
+            len(inputs) if isinstance(inputs, list) else 0,
+            len(outputs) if isinstance(outputs, list) else 0,
+            offered,
+        )
     try:
         parsed = RequestHeader.model_validate(header)
     except ValidationError as error:
@@ -394,7 +462,7 @@ def _header(
 def _flag(parameters: dict[str, Any], key: str, default: bool, where: str) -> bool:
     value = parameters.get(key, default)
     if not isinstance(value, bool):
-        raise ProtocolError(f"{where}: {key} must be true or false, got {value!r}")
+        raise ProtocolError(f"{where}: {key} must be true or false, got {quoted(value)}")
     return value
 
 
@@ -405,14 +473,14 @@ def check_input(
     elements, 413 beyond; None: no limit); its shape."""
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise ProtocolError(
-            f"input {name!r}: datatype {datatype!r} is not one of {sorted(DATATYPES)}"
+            f"input {quoted(name)}: datatype {quoted(datatype)} is not one of {sorted(DATATYPES)}"
         )
     checked = _shape(shape, name)
     if "shared_memory_region" in parameters:
         raise ProtocolError("the shared-memory extension is not supported; send the data")
     if datatype == "BYTES" and max_elements is not None and math.prod(checked) > max_elements:
         raise ProtocolError(
-            f"input {name!r} has {math.prod(checked)} BYTES elements; at most {max_elements} "
+            f"input {quoted(name)} has {math.prod(checked)} BYTES elements; at most {max_elements} "
             "per request",
             413,
         )
@@ -434,12 +502,12 @@ def _inputs(header: RequestHeader, binary: memoryview, max_elements: int) -> lis
         else:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ProtocolError(
-                    f"input {name!r}: binary_data_size must be a number of bytes (an integer, "
-                    f"0 or more), got {str(size)[:40]!r}"
+                    f"input {quoted(name)}: binary_data_size must be a number of bytes (an "
+                    f"integer, 0 or more), got {str(size)[:40]!r}"
                 )
             if offset + size > len(binary):
                 raise ProtocolError(
-                    f"input {name!r}: binary_data_size {size!r} does not fit the "
+                    f"input {quoted(name)}: binary_data_size {size:,} does not fit the "
                     f"{len(binary) - offset} binary bytes left in the body"
                 )
             # a view of the body, not a copy: a 57 MB tensor costs its body once
@@ -459,26 +527,32 @@ def _outputs(header: RequestHeader, binary_default: bool) -> list[RequestedOutpu
     ``binary_data_output`` says."""
     if header.outputs is None:
         return None
+    entries = ((raw.name, raw.parameters or {}) for raw in header.outputs)
+    return requested_outputs(entries, binary_default)
+
+
+def requested_outputs(
+    entries: Iterable[tuple[str, dict[str, Any]]], binary_default: bool
+) -> list[RequestedOutput]:
+    """The requested outputs from their names and ``parameters`` (``classification``,
+    ``binary_data``), in order; an output asked for twice is refused (one set of the names
+    seen: linear in their number)."""
     outputs: list[RequestedOutput] = []
-    for raw in header.outputs:
-        outputs.append(requested_output(raw.name, raw.parameters or {}, binary_default, outputs))
+    seen: set[str] = set()
+    for name, parameters in entries:
+        if "shared_memory_region" in parameters:
+            raise ProtocolError("the shared-memory extension is not supported")
+        k = parameters.get("classification", 0)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ProtocolError(
+                f"output {quoted(name)}: classification must be a non-negative integer"
+            )
+        if name in seen:
+            raise ProtocolError(f"output {quoted(name)} is requested twice")
+        seen.add(name)
+        binary = _flag(parameters, "binary_data", binary_default, f"output {quoted(name)}")
+        outputs.append(RequestedOutput(name, binary, k))
     return outputs
-
-
-def requested_output(
-    name: str, parameters: dict[str, Any], binary_default: bool, earlier: list[RequestedOutput]
-) -> RequestedOutput:
-    """One requested output from its ``parameters`` (``classification``, ``binary_data``),
-    checked against the outputs requested ``earlier`` in the same request."""
-    if "shared_memory_region" in parameters:
-        raise ProtocolError("the shared-memory extension is not supported")
-    k = parameters.get("classification", 0)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ProtocolError(f"output {name!r}: classification must be a non-negative integer")
-    if any(o.name == name for o in earlier):
-        raise ProtocolError(f"output {name!r} is requested twice")
-    binary = _flag(parameters, "binary_data", binary_default, f"output {name!r}")
-    return RequestedOutput(name, binary, k)
 
 
 def parse_request(
@@ -486,13 +560,15 @@ def parse_request(
     header_length: int | None,
     max_json_bytes: int = 4 * 2**20,
     max_elements: int = 1024,
+    offered: Offered | None = None,
 ) -> InferRequest:
     """An inference request from its body (JSON, or JSON + binary tensors).
 
     The JSON part may be at most ``max_json_bytes`` (413 beyond: parsing JSON holds the
-    interpreter) and a ``BYTES`` tensor at most ``max_elements`` elements.
+    interpreter), a ``BYTES`` tensor at most ``max_elements`` elements, and the request names
+    at most as many inputs and outputs as ``offered`` (checked first; None: no model's bound).
     """
-    header, binary = _header(body, header_length, max_json_bytes)
+    header, binary = _header(body, header_length, max_json_bytes, offered)
     parameters = header.parameters or {}
     binary_output = _flag(parameters, "binary_data_output", False, "the request")
     return InferRequest(

@@ -39,11 +39,14 @@ from service.models.repository import Repository
 from service.protocol.codec import (
     InferRequest,
     InputTensor,
+    Offered,
     OutputTensor,
     ProtocolError,
     RequestedOutput,
     decompress,
+    listed,
     parse_request,
+    quoted,
 )
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "index_entries",
     "is_model_ready",
     "is_server_ready",
+    "offered",
     "parse",
     "protocol_error",
     "request_deadline",
@@ -132,6 +136,13 @@ def describe_model(model: LoadedModel) -> dict[str, Any]:
             ),
         ],
     }
+
+
+def offered(model: LoadedModel) -> Offered:
+    """The model's input and output names (:func:`describe_model`'s): a request names at most
+    as many of each."""
+    outputs = OUTPUTS + (TYPICALITY_OUTPUTS if model.typicality is not None else ())
+    return Offered(inputs=(TENSOR_INPUT, BYTES_INPUT), outputs=outputs)
 
 
 def _expected(model: LoadedModel) -> str:
@@ -214,14 +225,16 @@ def _requested(model: LoadedModel, request: InferRequest) -> list[RequestedOutpu
     """The outputs to answer, checked before any inference runs."""
     if not request.outputs:  # absent or empty: logits and embedding
         return [RequestedOutput(name, request.binary_output) for name in OUTPUTS]
-    offered = OUTPUTS + (TYPICALITY_OUTPUTS if model.typicality is not None else ())
+    names = offered(model).outputs
     for output in request.outputs:
-        if output.name not in offered:
+        if output.name not in names:
             raise protocol_error(
-                400, f"unknown output {output.name!r}; outputs: {', '.join(offered)}"
+                400, f"unknown output {quoted(output.name)}; outputs: {', '.join(names)}"
             )
         if output.classification and output.name != "logits":
-            raise protocol_error(400, f"classification applies to 'logits', not {output.name!r}")
+            raise protocol_error(
+                400, f"classification applies to 'logits', not {quoted(output.name)}"
+            )
     return request.outputs
 
 
@@ -291,12 +304,19 @@ def request_deadline(state: ServiceState, request: InferRequest, start: float) -
 
 
 def parse(
-    body: bytes | bytearray, encoding: str | None, length: int | None, settings: Settings
+    body: bytes | bytearray,
+    encoding: str | None,
+    length: int | None,
+    settings: Settings,
+    model: LoadedModel,
 ) -> InferRequest:
-    """The request from its (possibly compressed) body; :class:`ProtocolError` for any flaw."""
+    """The request to ``model`` from its (possibly compressed) body; :class:`ProtocolError`
+    for any flaw."""
     body = decompress(body, encoding, settings.max_request_bytes)
     try:
-        return parse_request(body, length, settings.max_json_bytes, settings.max_files)
+        return parse_request(
+            body, length, settings.max_json_bytes, settings.max_files, offered(model)
+        )
     except ProtocolError:
         raise
     except (ValueError, TypeError, RecursionError, OverflowError) as error:  # a last resort
@@ -310,8 +330,8 @@ async def run_inference(
     decoded (or taken from the tensor) and run through ``model``'s batcher by ``deadline``."""
     wanted = _requested(model, request)
     if len(request.inputs) != 1 or request.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
-        names = [t.name for t in request.inputs]
-        raise protocol_error(400, f"inputs {names} not understood: {_expected(model)}")
+        names = listed([t.name for t in request.inputs])
+        raise protocol_error(400, f"inputs [{names}] not understood: {_expected(model)}")
     tensor = request.inputs[0]
     if tensor.name == TENSOR_INPUT:
         images = _tensor_images(state, model, tensor)

@@ -86,9 +86,12 @@ EXPECTED = {
     "long-query": {"414"},
     "header-bomb": {"431"},
     "header-flood": {"431"},
+    "many-outputs-v2": {"400"},
+    "silent-body": {"client-closed (no error)"},
     "grpc-malformed": {"INVALID_ARGUMENT"},
+    "grpc-many-outputs": {"INVALID_ARGUMENT"},
     "grpc-valid": {"OK", "RESOURCE_EXHAUSTED"},
-    "grpc-burst": {"OK", "RESOURCE_EXHAUSTED"},
+    "grpc-burst": {"OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE (refused stream)"},
 }
 
 
@@ -99,13 +102,15 @@ def test_long_soak_answers_every_attack_as_documented_and_loses_nothing(tmp_path
     proc = run_script("bench.soak", "--minutes", "0.33", "--burst-every-s", "6", "--json", str(out))
     assert out.is_file(), proc.stderr[-3000:]
     soak = json.loads(out.read_text())["soak"]
-    assert soak["http_lost"] == soak["grpc_lost"] == 0, soak["lost_requests"]
+    grpc_codes = {k: v for k, v in soak["by_kind"].items() if k.startswith("grpc")}
+    assert soak["http_lost"] == soak["grpc_lost"] == 0, (soak["lost_requests"], grpc_codes)
     assert soak["status_5xx"] == 0, soak["by_kind"]
     assert soak["valid_http_not_200"] == 0, soak["by_kind"]
     assert soak["server_exit_code"] == soak["server_tracebacks"] == 0
     assert soak["readyz_not_200"] == soak["healthz_not_200"] == 0, soak["probes_not_200"]
     assert soak["idle_connections_held"][:1] == [1000]
     assert soak["repository_changes"] >= 8
+    assert sum(soak["rapid_reset_rounds"].values()) >= 1  # other calls: never CANCELLED (lost)
     for kind, statuses in EXPECTED.items():
         got = soak["by_kind"].get(kind, {})
         # a header bomb may also be cut off while it is sent (unsent), never lost

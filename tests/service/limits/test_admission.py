@@ -142,8 +142,8 @@ def test_smso_serve_refuses_a_model_that_cannot_run_before_serving(shipped_model
     assert proc.returncode == 2
     last = proc.stderr.splitlines()[-1]
     assert last.startswith("smso-serve: error: ")
-    assert "loaded but cannot run" in last
-    assert "renamed" in last
+    # refused at load, where the graph is checked against its card, before any run
+    assert "the graph has the inputs ['renamed']; expected one named 'image'" in last
     assert "Traceback" not in proc.stderr
     assert "Uvicorn running" not in proc.stderr
 

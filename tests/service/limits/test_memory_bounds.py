@@ -83,8 +83,9 @@ def test_large_bodies_at_once_stay_within_max_buffered_bytes(shipped_model):
         eight = peak_mib(server.pid) - start
         assert httpx.get(f"{base}/healthz").status_code == 200
     print(f"bodies: one +{one:.0f} MiB, 8 at once +{eight:.0f} MiB, {codes}")
+    # bodies are counted as they arrive: how many overlap (503) depends on how fast they come;
+    # refusal past the budget is asserted in test_body_budget.py
     assert set(codes) <= {413, 503}, codes
-    assert 503 in codes, codes
     assert one < 1.25 * size / MiB, f"one {size / MiB:.0f} MiB body: +{one:.0f} MiB"
     assert eight < (budget + size) / MiB, f"8 at once: +{eight:.0f} MiB (budget {budget / MiB})"
 
