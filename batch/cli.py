@@ -10,6 +10,7 @@ and the same command with ``--resume`` finishes the job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import ray
 
 from batch.embedder import EmbedOptions
-from batch.inputs import InputError, locate, resolve
+from batch.inputs import InputError, locate, resolve, utf8_path
 from batch.job import (
     JobOptions,
     JobResult,
@@ -28,6 +29,7 @@ from batch.job import (
     default_resources,
     run_job,
 )
+from batch.lock import hold
 from batch.model import ModelError, load_model_file
 from batch.outputs import JobManifest, OutputError, prepare, scan
 from batch.summary import Summary
@@ -89,6 +91,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top-k", type=_positive, default=5, help="classes per image (default 5)")
     p.add_argument("--column", default="path", help="the list's column of paths (default path)")
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="in a folder or glob, follow symbolic links leading outside INPUT too (each folder "
+        "is walked once: loops end); by default they are skipped and counted",
+    )
     tuning = p.add_argument_group("how the work is spread (defaults suit the machine or cluster)")
     tuning.add_argument(
         "--batch-size", type=_positive, default=256, help="images per inference call (256)"
@@ -156,9 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    with contextlib.ExitStack() as held:  # OUT's lock, from before prepare to the last scan
+        return _run(args, held)
+
+
+def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     try:
         model = load_model_file(args.model)
-        inputs = resolve(args.input, args.column)
+        inputs = resolve(args.input, args.column, args.follow_symlinks)
+        utf8_path(args.out)
         out = locate(args.out)
         top_k = min(args.top_k, len(model.card.classes))
         manifest = JobManifest(
@@ -168,7 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             model.card.model.embedding_dim,
             top_k,
             args.normalize,
+            model_sha256=model.sha256,
+            model_file=model.source,
         )
+        held.enter_context(hold(out))
         prepare(out, manifest, args.resume)
         before = scan(out)
     except (ModelError, InputError, OutputError) as error:
@@ -223,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing=sum(uri not in after.done for uri in inputs.uris),
         duplicates=after.duplicates,
         out=out.uri(out.path),
+        input_skipped=inputs.skipped,
     )
     print(json.dumps(summary.as_dict(), indent=2) if args.json else summary.text())
     return 1 if summary.faults else 0

@@ -17,6 +17,7 @@ is what ``/embed`` and ``/classify`` answer for the same file: the embedding (L2
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import pyarrow as pa
 import ray
 
 from batch.inputs import Location
+from batch.walk import open_regular
 from service.core.card import Preprocessing
 from service.dataplane.pipeline import l2_normalised, top_classes
 from service.imaging.images import ImageError, ImageTooLargeError, Preprocessor
@@ -59,17 +61,25 @@ class DecodeOptions:
     max_bytes: int  # one encoded file (the service's max_upload_bytes)
 
 
+def _check_size(size: int, uri: str, options: DecodeOptions) -> None:
+    if size > options.max_bytes:
+        raise _RefusedError(
+            FILE_TOO_LARGE, f"{uri}: {size:,} bytes, more than the {options.max_bytes:,} accepted"
+        )
+
+
 def _read(options: DecodeOptions, uri: str) -> bytes:
+    """The file's bytes: a local one only if it is a regular file (a FIFO named in a list would
+    block the task for ever), refused where it is larger than the service accepts."""
     location = options.location
-    path = uri.removeprefix(f"{location.scheme}://") if location.scheme else uri
-    with location.filesystem.open_input_file(path) as stream:
-        size = stream.size()
-        if size > options.max_bytes:
-            raise _RefusedError(
-                FILE_TOO_LARGE,
-                f"{uri}: {size:,} bytes, more than the {options.max_bytes:,} accepted",
-            )
-        return stream.read()
+    path = location.path_of(uri)
+    if location.scheme:
+        with location.filesystem.open_input_file(path) as stream:
+            _check_size(stream.size(), uri, options)
+            return stream.read()
+    with open_regular(path) as file:
+        _check_size(os.fstat(file.fileno()).st_size, uri, options)
+        return file.read()
 
 
 class _RefusedError(Exception):
@@ -95,8 +105,9 @@ def decode(batch: dict[str, np.ndarray], options: DecodeOptions) -> dict[str, np
             kinds[i], errors[i] = IMAGE_TOO_LARGE, str(error)
         except ImageError as error:
             kinds[i], errors[i] = INVALID_IMAGE, str(error)
-        except OSError as error:  # missing since the listing, permissions, the network
-            kinds[i], errors[i] = UNREADABLE, f"{uri}: cannot be read ({error})"
+        except OSError as error:  # missing, not a regular file, permissions, the network
+            # strerror, not str(error): the latter repeats the path, maybe not valid UTF-8
+            kinds[i], errors[i] = UNREADABLE, f"{uri}: cannot be read ({error.strerror or error})"
         except MemoryError:
             kinds[i], errors[i] = IMAGE_TOO_LARGE, f"{uri}: out of memory while decoding"
     return {

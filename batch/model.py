@@ -3,7 +3,8 @@
 The driver reads the ONNX file's bytes (a local path or a URI), checks that onnxruntime loads it
 and that it carries a model card (the service's :func:`service.runtime.backend.read_card`), and
 puts the bytes into Ray's object store: actors on any node of a cluster get the same file,
-whether or not the driver's path exists there.
+whether or not the driver's path exists there. The file is known by the sha256 of its bytes,
+which OUT's manifest records: another graph carrying the same card is another model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from batch.inputs import InputError, locate
+from batch.inputs import InputError, locate, utf8_path
 from service.core.card import ModelCard
 from service.runtime.backend import read_card
 
@@ -35,6 +36,8 @@ class ModelFile:
     data: bytes  # the ONNX file, as written by smso-export
     card: ModelCard
     card_sha256: str  # sha256 of the card (canonical JSON: sorted keys, no spaces)
+    sha256: str  # sha256 of the file's bytes: what a resume checks (a card can be copied)
+    source: str  # MODEL as the job found it (an absolute path or a URI), for messages
 
     @property
     def name(self) -> str:
@@ -60,6 +63,7 @@ def card_sha256(card: ModelCard) -> str:
 def load_model_file(target: str) -> ModelFile:
     """MODEL's bytes and card; :class:`ModelError` with a one-line reason otherwise."""
     try:
+        utf8_path(target)
         location = locate(target)
         info = location.filesystem.get_file_info(location.path)
         if info.type == pafs.FileType.NotFound:
@@ -82,4 +86,5 @@ def load_model_file(target: str) -> ModelFile:
     finally:
         path.unlink(missing_ok=True)
         os.rmdir(folder)
-    return ModelFile(data, card, card_sha256(card))
+    source = location.uri(location.path)
+    return ModelFile(data, card, card_sha256(card), hashlib.sha256(data).hexdigest(), source)

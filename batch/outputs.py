@@ -2,7 +2,8 @@
 
 Layout of OUT (a local folder or any URI pyarrow writes)::
 
-    OUT/_smso_embed.json           the job: model name, version, card checksum, --normalize, top-k
+    OUT/_smso_embed.json           the job: the model file's and card's checksums, --normalize...
+    OUT/_smso_embed.lock           held by the job running on OUT (:mod:`batch.lock`)
     OUT/embeddings/part-<h>.parquet   one row per image embedded (:func:`embeddings_schema`)
     OUT/errors/part-<h>.parquet       one row per image refused or unreadable (:data:`ERRORS`)
 
@@ -60,7 +61,9 @@ log = logging.getLogger("batch")
 EMBEDDINGS = "embeddings"
 ERRORS = "errors"
 MANIFEST = "_smso_embed.json"
+LOCK = "_smso_embed.lock"  # batch.lock's: a job's lock file, not output (readers skip "_")
 TEMPORARY = ".tmp"
+FORMAT = "smso-embed/2"  # /1 did not record the model file's sha256
 
 #: The errors table: the image, why it was refused (the service's code, or the job's own:
 #: ``batch.embedder``'s kinds) and the message /embed would have answered.
@@ -108,13 +111,43 @@ class JobManifest:
     embedding_dim: int
     top_k: int
     normalize: bool
-    format: str = "smso-embed/1"
+    model_sha256: str = ""  # sha256 of the model file's bytes ("": not recorded, format /1)
+    model_file: str = ""  # where that file was (for messages: a moved copy is the same model)
+    format: str = FORMAT
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JobManifest:
+        """A manifest as :meth:`to_json` wrote it, or as format ``smso-embed/1`` did (without
+        the model file's sha256: the first resume records it). ``ValueError`` otherwise."""
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        if fields.get("format") == "smso-embed/1" and "model_sha256" not in fields:
+            fields["format"] = FORMAT
+        try:
+            return cls(**fields)
+        except TypeError as error:
+            raise ValueError(str(error)) from None
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=2).encode() + b"\n"
 
     def differences(self, other: JobManifest) -> list[str]:
+        """What ``other`` (the manifest found in OUT) computed differently, in words."""
         mine, theirs = asdict(self), asdict(other)
-        return [
-            f"{key} {theirs[key]!r} (now {mine[key]!r})" for key in mine if mine[key] != theirs[key]
+        changed = []
+        if other.model_sha256 and other.model_sha256 != self.model_sha256:
+            changed.append(
+                f"model file {other.model_file or '?'} (sha256 {other.model_sha256[:16]}), not "
+                f"{self.model_file or '?'} (sha256 {self.model_sha256[:16]})"
+            )
+        ignored = {"model_sha256", "model_file"}
+        changed += [
+            f"{key} {theirs[key]!r} (now {mine[key]!r})"
+            for key in mine
+            if key not in ignored and mine[key] != theirs[key]
         ]
+        return changed
 
 
 @dataclass(frozen=True)
@@ -145,7 +178,8 @@ def prepare(out: Location, manifest: JobManifest, resume: bool) -> None:
         raise OutputError(f"{where} is a file; give a folder for the output")
     if kind == pafs.FileType.Directory:
         has_manifest = _exists(out, manifest_path) == pafs.FileType.File
-        entries = out.filesystem.get_file_info(pafs.FileSelector(out.path))
+        selector = pafs.FileSelector(out.path)
+        entries = [e for e in out.filesystem.get_file_info(selector) if e.base_name != LOCK]
         if entries and not resume:
             raise OutputError(
                 f"{where} exists; pass --resume to continue the job written there, or give a "
@@ -156,19 +190,19 @@ def prepare(out: Location, manifest: JobManifest, resume: bool) -> None:
         if has_manifest:
             with out.filesystem.open_input_stream(manifest_path) as stream:
                 try:
-                    found = JobManifest(**json.loads(stream.read()))
-                except (TypeError, ValueError) as error:
+                    found = JobManifest.from_json(stream.read())
+                except ValueError as error:
                     raise OutputError(f"{where}/{MANIFEST} is not readable: {error}") from None
             changed = manifest.differences(found)
             if changed:
                 raise OutputError(
                     f"{where} holds another job's output ({'; '.join(changed)}); resume it "
-                    "with the same model and flags, or give a new folder"
+                    "with the same model file and flags, or give a new folder"
                 )
     for table in (EMBEDDINGS, ERRORS):
         out.filesystem.create_dir(f"{out.path}/{table}", recursive=True)
     with out.filesystem.open_output_stream(manifest_path) as stream:
-        stream.write(json.dumps(asdict(manifest), indent=2).encode() + b"\n")
+        stream.write(manifest.to_json())
 
 
 def _parts(out: Location, table: str) -> list[pafs.FileInfo]:
@@ -198,6 +232,12 @@ def scan(out: Location, clean: bool = True) -> Scan:
                     f"{out.uri(info.path)} is not a readable Parquet file ({error}); it was not "
                     "written by smso-embed (which renames only whole files): move it away"
                 ) from None
+            kind = column.schema.field("path").type
+            if kind != pa.string():
+                raise OutputError(
+                    f"{out.uri(info.path)} has a path column of type {kind}, not string: it was "
+                    "not written by smso-embed: move it away"
+                )
             paths.append(column.column("path"))
             counts[table] += column.num_rows
     every = pa.chunked_array(paths, pa.string()) if paths else pa.chunked_array([], pa.string())

@@ -1,5 +1,9 @@
 """The end of a job: what it did, what OUT now holds, and whether anything was lost.
 
+What a folder or glob left out of INPUT (links leading outside it, loops, FIFOs: batch.walk) is
+said on a line of its own: those entries are not images of INPUT, and their absence is not a
+fault.
+
 A job's own faults (exit status 1): an image of INPUT missing from OUT after the job, an image in
 OUT twice, or a model whose outputs were not finite. Images refused by the service's rules are
 not faults of the job: they are in the errors table, and the job succeeds (exit status 0).
@@ -14,6 +18,22 @@ from batch.embedder import NOT_FINITE
 from batch.progress import format_duration
 
 __all__ = ["Summary"]
+
+#: What each reason of ``input_skipped`` says in the text summary.
+SKIPPED_WORDS = {
+    "links_outside_input": ("links leading outside INPUT", "not followed: --follow-symlinks"),
+    "folders_already_walked": ("folders already walked", "a loop, or a second link to one"),
+    "not_regular_files": ("FIFOs, sockets or devices", "never opened"),
+    "broken_or_unlistable": ("broken links or unlistable folders", "not read"),
+}
+
+
+def _skipped(counts: dict[str, int]) -> str:
+    said = []
+    for reason, n in counts.items():
+        words, why = SKIPPED_WORDS.get(reason, (reason, ""))
+        said.append(f"{words} {n:,}" + (f" ({why})" if why else ""))
+    return "; ".join(said)
 
 
 @dataclass(frozen=True)
@@ -32,6 +52,8 @@ class Summary:
     missing: int  # images of INPUT in neither table
     duplicates: int  # rows of OUT whose image is in another row too
     out: str
+    # what a folder or glob left out of INPUT, by reason (batch.walk.Skipped.as_dict)
+    input_skipped: dict[str, int] = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
 
     @classmethod
@@ -83,5 +105,7 @@ class Summary:
                 else f"{self.missing:,} missing, {self.duplicates:,} repeated"
             )
         )
+        if self.input_skipped:
+            lines.append(f"  skipped    {_skipped(self.input_skipped)}")
         lines += [f"  fault      {fault}" for fault in self.faults]
         return "\n".join(lines)

@@ -4,9 +4,11 @@ folders of Fashion-MNIST test images as PNG files (seeded random ones without th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.dataset as pads
 import pytest
@@ -17,6 +19,7 @@ from bench.lib.payloads import pngs
 from service.core.settings import DEFAULT_MODEL
 
 MODEL = str(DEFAULT_MODEL)
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +62,27 @@ def read(out: Path, table: str = "embeddings") -> list[dict[str, Any]]:
     """A table of OUT as rows, sorted by path (as pyarrow's datasets read it back)."""
     rows = pads.dataset(out / table, format="parquet").to_table().to_pylist()
     return sorted(rows, key=lambda row: row["path"])
+
+
+def in_time(work: Callable[[], T], fifo: Path, seconds: float = 20) -> T:
+    """``work()``'s result, failing the test if it has not returned within ``seconds`` (then a
+    writer is opened on ``fifo`` and closed, so that a reader blocked on it goes on and ends)."""
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(work())
+        except BaseException as error:
+            failed.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    if worker.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # release the reader
+        worker.join(timeout=120)
+        pytest.fail(f"waited on the FIFO {fifo} for {seconds:g} s")
+    if failed:
+        raise failed[0]
+    return done[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -100,3 +101,8 @@ def test_help_runs_without_ray_starting():
     )
     assert "--resume" in done.stdout
     assert "--address" in done.stdout
+
+
+def test_an_output_folder_whose_name_is_not_utf8(capsys, images, tmp_path):
+    out = os.fsdecode(os.fsencode(tmp_path) + b"/out\xff")
+    assert "this name is not valid UTF-8" in fails(capsys, MODEL, images, "-o", out)

@@ -4,6 +4,8 @@ manifest a resume must match, the scan a resume starts from, the progress line."
 from __future__ import annotations
 
 import io
+import json
+from dataclasses import asdict, replace
 
 import numpy as np
 import pyarrow as pa
@@ -89,6 +91,50 @@ def test_a_part_that_is_not_parquet_is_named(tmp_path):
     (tmp_path / EMBEDDINGS / "part-x.parquet").write_bytes(b"nope")
     with pytest.raises(OutputError, match=r"part-x\.parquet is not a readable Parquet file"):
         scan(locate(str(tmp_path)))
+
+
+def test_a_foreign_part_with_an_integer_path_column_is_named_in_one_line(tmp_path):
+    prepare(locate(str(tmp_path)), MANIFEST, resume=False)
+    pq.write_table(pa.table({"path": [1, 2, 3]}), tmp_path / ERRORS / "part-foreign.parquet")
+    with pytest.raises(OutputError) as raised:
+        scan(locate(str(tmp_path)))
+    assert str(raised.value) == (
+        f"{tmp_path}/errors/part-foreign.parquet has a path column of type int64, not string: "
+        "it was not written by smso-embed: move it away"
+    )
+
+
+def test_resume_with_another_model_file_is_refused_naming_both(tmp_path):
+    """Two files with the same card (another graph, the same card copied in) are two models."""
+    out = locate(str(tmp_path / "o"))
+    first = replace(MANIFEST, model_sha256="a" * 64, model_file="/models/a.onnx")
+    prepare(out, first, resume=False)
+    # the same file moved: the same model (the manifest says where it was last)
+    prepare(out, replace(first, model_file="/elsewhere/copy-of-a.onnx"), resume=True)
+    other = replace(first, model_sha256="b" * 64, model_file="/models/b.onnx")
+    with pytest.raises(OutputError) as raised:
+        prepare(out, other, resume=True)
+    assert str(raised.value) == (
+        f"{tmp_path}/o holds another job's output (model file /elsewhere/copy-of-a.onnx (sha256 "
+        "aaaaaaaaaaaaaaaa), not /models/b.onnx (sha256 bbbbbbbbbbbbbbbb)); resume it with the "
+        "same model file and flags, or give a new folder"
+    )
+
+
+def test_a_manifest_of_format_1_is_resumed_and_records_the_model_file(tmp_path):
+    """smso-embed/1 recorded the card only: its first resume (same card and flags) writes the
+    file's sha256, which every later resume checks."""
+    out = tmp_path / "o"
+    out.mkdir()
+    old = {k: v for k, v in asdict(MANIFEST).items() if k not in {"model_sha256", "model_file"}}
+    (out / "_smso_embed.json").write_text(json.dumps(old | {"format": "smso-embed/1"}))
+    now = replace(MANIFEST, model_sha256="a" * 64, model_file="/models/a.onnx")
+    prepare(locate(str(out)), now, resume=True)
+    assert JobManifest.from_json((out / "_smso_embed.json").read_bytes()) == now
+    with pytest.raises(OutputError, match=r"not /models/b\.onnx"):
+        prepare(
+            locate(str(out)), replace(now, model_sha256="b" * 64, model_file="/models/b.onnx"), True
+        )
 
 
 def test_prepare_accepts_its_own_job_and_refuses_another(tmp_path):
