@@ -100,6 +100,19 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
         assert server.wait(timeout=60) == 0
 
 
+def _smso_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``smso-serve ARGS`` run to its end (a refusal: it never serves), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
@@ -114,15 +127,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits(shipped_model):
 def test_a_bad_environment_setting_is_named_as_the_variable_with_its_value(
     variable, value, message, shipped_model
 ):
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--model-path", shipped_model],
-        cwd=ROOT,
-        env={**os.environ, variable: value},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _smso_serve("--model-path", shipped_model, env={**os.environ, variable: value})
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"smso-serve: error: {variable}={message}")
     assert proc.stderr.count("\n") == 1
@@ -130,15 +135,8 @@ def test_a_bad_environment_setting_is_named_as_the_variable_with_its_value(
 
 def test_a_real_api_key_is_never_repeated_in_a_message(shipped_model):
     """A key that is refused for another setting's sake is still not shown."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--model-path", shipped_model],
-        cwd=ROOT,
-        env={**os.environ, "SMSO_API_KEY": "s3cret-value", "SMSO_MAX_BATCH_SIZE": "x"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    secret = {"SMSO_API_KEY": "s3cret-value", "SMSO_MAX_BATCH_SIZE": "x"}
+    proc = _smso_serve("--model-path", shipped_model, env={**os.environ, **secret})
     assert proc.returncode == 2
     assert "s3cret-value" not in proc.stderr
 
@@ -159,14 +157,7 @@ def test_a_real_api_key_is_never_repeated_in_a_message(shipped_model):
 def test_bad_settings_are_one_line_and_exit_2(args, message, shipped_model):
     if args[0] != "--model-path":
         args = ["--model-path", shipped_model, *args]
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _smso_serve(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith("smso-serve: error:")
     assert message in proc.stderr
@@ -176,14 +167,7 @@ def test_bad_settings_are_one_line_and_exit_2(args, message, shipped_model):
 def test_a_file_that_is_not_an_exported_model_is_refused(tmp_path):
     bogus = tmp_path / "model.onnx"
     bogus.write_bytes(b"not onnx")
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--model-path", str(bogus)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _smso_serve("--model-path", str(bogus))
     assert proc.returncode == 2
     assert "not a loadable ONNX model" in proc.stderr
 
@@ -197,14 +181,7 @@ def test_a_model_whose_first_run_never_ends_is_one_line_and_exit_2(tmp_path, wor
 
     endless = model_file(tmp_path / "model.onnx", loop=ENDLESS)
     flags = ["--load-timeout-s", "2", "--workers", workers, "--grpc-port", "0"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--model-path", str(endless), *flags],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _smso_serve("--model-path", str(endless), *flags)
     assert proc.returncode == 2
     assert "did not finish its first run within 2 s (SMSO_LOAD_TIMEOUT_S" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -341,15 +318,7 @@ def serve_on_a_taken_port(
         taken.listen()
         port = str(taken.getsockname()[1])
         ports = [flag, port] if flag == "--port" else ["--port", str(free_port()), flag, port]
-        proc = subprocess.run(
-            [sys.executable, "-m", "service.cli", "--model-path", model, *ports, *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        proc = _smso_serve("--model-path", model, *ports, *args, env=env)
     return port, proc
 
 
