@@ -114,8 +114,10 @@ class ModelCard(_Part):
         return str(self.checkpoint.get("sha256", "unknown"))[:12]
 
 
-#: A JSON string (its escapes included), and what is not a bracket.
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+#: A JSON string (its escapes included; one left open runs to the end of the text, matched once
+#: rather than tried again from each of its quotes, which took time quadratic in its length),
+#: and what is not a bracket.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 
 import pytest
 
@@ -85,6 +86,22 @@ def test_a_card_as_deep_as_allowed_is_read():
     card = copy.deepcopy(CARD)
     card["checkpoint"] = nested(MAX_DEPTH - 2)  # the card and the checkpoint are 2 levels
     assert parse_card({CARD_KEY: json.dumps(card)})[1]["checkpoint"] == card["checkpoint"]
+
+
+def test_a_string_left_open_is_scanned_once_and_refused():
+    """A string that is never closed, full of escaped quotes: the depth scan once tried it again
+    from each quote (8 kB 0.24 s, 32 kB 2.7 s: a 1 MB card about 45 minutes, the GIL held).
+    Now 1 MB is one pass, and the card is refused as JSON that does not parse. The thread and
+    its join are a bound on a hang, not a measure."""
+    text = '"' + '\\"' * 500_000  # 1 MB
+    found: list[int] = []
+    scan = threading.Thread(target=lambda: found.append(nesting_depth(text)), daemon=True)
+    scan.start()
+    scan.join(60)
+    assert found == [0]
+    with pytest.raises(CardError):
+        parse_card(text)
+    assert nesting_depth('{"a": "x\\"", "b": "[[[', limit=5) == 1  # open at the end: no bracket
 
 
 def test_brackets_inside_strings_do_not_count_as_nesting():
