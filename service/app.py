@@ -132,6 +132,8 @@ def create_app(
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
+            if state.repository is not None:  # the repository API's loads too
+                await state.repository.close()
             for model in state.registry.serving():
                 await model.batcher.stop()  # every queued image is answered first
                 close_backend(model.backend)

@@ -53,7 +53,8 @@ class Repository:
 
     async def run(self) -> None:
         """Load every model, then, with ``model_control = "poll"``, follow the folder. Cancelled
-        (the server stops), every load in progress is cancelled too."""
+        (the server stops), every load in progress is cancelled too; returning (``explicit``,
+        once the first scan's models are tried), it leaves the repository API's loads alone."""
         settings, registry = self.state.settings, self.state.registry
         try:
             await self._sync_or_log()
@@ -74,11 +75,17 @@ class Repository:
                 await asyncio.sleep(settings.repository_poll_s)
                 await self._sync_or_log()
             await first
-        finally:
-            loads = list(self._loads.values())
-            for task in loads:
-                task.cancel()
-            await asyncio.gather(*loads, return_exceptions=True)
+        except asyncio.CancelledError:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Cancel every load in progress (the first scan's, a later one's or the repository
+        API's) and wait until each has ended: the server stops."""
+        loads = list(self._loads.values())
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
 
     async def _sync_or_log(self) -> None:
         """One sync; a failure is logged (once until it changes) and the next scan tries again:

@@ -103,6 +103,22 @@ def test_the_load_api_answers_within_the_deadline(serve, tmp_path, shipped_model
     assert client.post("/models/good/classify", files=image()).status_code == 200
 
 
+def test_an_api_load_outlives_the_first_scan_in_explicit_mode(tmp_path):
+    """With ``model_control = "explicit"``, a load asked of the repository API while the first
+    scan's model still loads ends on its own terms (here its own deadline), not cancelled when
+    the first scan's loads end (it answered 503 "changed or was unloaded" and stayed LOADING)."""
+    root = tmp_path / "models"
+    model_file(root / "first" / "1" / "model.onnx", loop=ENDLESS)
+    settings = Settings(model_repository=root, model_control="explicit", load_timeout_s=3)
+    with TestClient(create_app(settings)) as client:
+        model_file(root / "later" / "1" / "model.onnx", loop=ENDLESS)
+        assert index(client)["first"] == ("1", "LOADING")  # the first scan goes on meanwhile
+        answer = client.post("/v2/repository/models/later/load")
+        assert answer.status_code == 400, answer.json()
+        assert "load deadline (3 s, SMSO_LOAD_TIMEOUT_S)" in answer.json()["error"]
+        assert index(client)["later"] == ("1", "UNAVAILABLE")
+
+
 def test_a_result_that_comes_after_the_deadline_is_let_go_of():
     """An onnxruntime session whose constructor returns after its deadline is handed to
     ``abandoned`` (the loader lets go of it), and the thread never held the loop."""
