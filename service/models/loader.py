@@ -111,6 +111,7 @@ async def load_model(
             batcher.start()
             phase = "warming up"
             await _warm_up(backend, run, settings.max_batch_size, name)
+            await _warm_serving_thread(backend, batcher, settings.max_batch_size)
             preprocess = await asyncio.to_thread(_preprocessor, state, card)  # GPU's: a probe
     except asyncio.CancelledError:
         await _discard(state, batcher, backend, name, version)
@@ -328,6 +329,23 @@ async def _discard(
     serving = state.registry.served(name) if name is not None else None
     if name is not None and version and (serving is None or serving.version != version):
         state.metrics.forget(name, version)
+
+
+async def _warm_serving_thread(
+    backend: Backend, batcher: MicroBatcher, max_batch_size: int
+) -> None:
+    """The warm-up batches once more, on the batcher's own inference thread (the one that will
+    serve), now that they are known to end: onnxruntime's CUDA provider keeps its handles and
+    its captured CUDA graphs per thread, so a warm-up on another thread alone would leave the
+    first requests to pay for them. Cancelled (the deadline, a shutdown), the runs are
+    terminated, as in :func:`_warm_up`."""
+    sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
+    try:
+        for images in warm_up_inputs(backend.card.input, sizes):
+            await batcher.run_direct(images)
+    except asyncio.CancelledError:
+        terminate_backend(backend)
+        raise
 
 
 async def _warm_up(backend: Backend, run: RunFn, max_batch_size: int, name: str) -> None:

@@ -141,6 +141,13 @@ def wait_http_ready(
         time.sleep(0.05)
 
 
+def warm_up_calls(max_batch_size: int) -> int:
+    """How many runs a model's warm-up makes: each batch-size bucket twice, once in a thread of
+    its own (with the load deadline) and once on the batcher's inference thread
+    (``service.models.loader``)."""
+    return 2 * len(buckets(max_batch_size))
+
+
 class HeldWarmUp(FakeBackend):
     """Warm-up batches wait for ``release``: the server is still warming up, however slow the
     machine, until the test says."""
@@ -164,7 +171,7 @@ def make_client() -> Iterator[Callable[..., TestClient]]:
         settings.setdefault("max_batch_size", 4)
         backend = backend if backend is not None else FakeBackend()
         if isinstance(backend, FakeBackend):
-            backend.warmups = len(buckets(settings["max_batch_size"]))
+            backend.warmups = warm_up_calls(settings["max_batch_size"])
         client = TestClient(create_app(Settings(**settings), backend))
         client.__enter__()
         clients.append(client)
@@ -195,6 +202,7 @@ __all__ = [
     "png",
     "wait_http_ready",
     "wait_ready",
+    "warm_up_calls",
 ]
 
 

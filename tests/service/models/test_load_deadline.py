@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.core.settings import Settings
 from service.models.threads import in_daemon_thread
-from tests.service.conftest import free_port, wait_gone
+from tests.service.conftest import FakeBackend, free_port, wait_gone
 from tests.service.models.conftest import put
 from tests.service.models.graphs import ENDLESS, model_file
 from tests.service.models.test_model_repository import image, index, until
@@ -188,3 +188,28 @@ def test_sigterm_stops_the_server_while_a_model_warms_up_for_ever(endless):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+class ThreadNames(FakeBackend):
+    """Records the thread each run was made on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def run(self, images):  # type: ignore[no-untyped-def]
+        self.threads.append(threading.current_thread().name)
+        return super().run(images)
+
+
+def test_the_warm_up_runs_on_the_thread_that_serves_too(make_client):
+    """onnxruntime's CUDA provider keeps its handles and captured CUDA graphs per thread: each
+    warm-up batch runs once in a thread of its own (which a deadline may give up on) and once
+    on the batcher's inference thread, the one requests then run on."""
+    backend = ThreadNames()
+    client = make_client(backend, max_batch_size=4)  # buckets 1, 2, 4
+    warm_up = backend.threads[:6]
+    assert warm_up[:3] == ["warm up " + backend.card.name] * 3, warm_up
+    assert all(name.startswith("inference") for name in warm_up[3:]), warm_up
+    assert client.post("/classify", files=image()).status_code == 200
+    assert backend.threads[6].startswith("inference")

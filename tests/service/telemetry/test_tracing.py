@@ -37,7 +37,14 @@ from service.telemetry.tracing import (
     otlp_provider,
     sampling_ratio,
 )
-from tests.service.conftest import FakeBackend, OtlpCollector, free_port, grey, wait_ready
+from tests.service.conftest import (
+    FakeBackend,
+    OtlpCollector,
+    free_port,
+    grey,
+    wait_ready,
+    warm_up_calls,
+)
 
 Collect = Callable[[int], tuple[ReadableSpan, ...]]
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # a caller's sampled span
@@ -73,7 +80,7 @@ def _traced_app(settings: Settings) -> Iterator[tuple[TestClient, Collect]]:
         env.setenv("OTEL_TRACES_SAMPLER_ARG", "1")
         provider = otlp_provider(exporter=exporter)
     backend = FakeBackend()
-    backend.warmups = 3  # buckets 1, 2, 4
+    backend.warmups = warm_up_calls(4)  # buckets 1, 2, 4, twice
     app = create_app(settings, backend, tracer_provider=provider)
 
     def collect(n: int) -> tuple[ReadableSpan, ...]:
