@@ -8,7 +8,8 @@ The series of one model version (labels ``model`` and ``version``) last as long 
 :meth:`Metrics.forget` removes every one of them when it retires, so that the page is bounded by
 what is served now, not by every version ever served. With several worker processes
 (prometheus_client's multiprocess mode, where a series cannot be removed from the files the
-workers write) :func:`exposition` leaves the retired versions' series out of the page instead.
+workers write) :func:`exposition` shows the series of the versions that the answering worker
+has loaded and not retired (:attr:`Metrics.live`), and leaves every other version's out.
 """
 
 from __future__ import annotations
@@ -236,14 +237,16 @@ class Metrics:
                 )
             ),
         ]
-        #: model versions retired and not served again since (left out of a multiprocess page)
-        self.retired: set[tuple[str, str]] = set()
+        #: the model versions this process has loaded and not retired since: with several
+        #: worker processes, the page shows only theirs (a worker started after a version
+        #: was retired elsewhere never loaded it, and so does not show it either)
+        self.live: set[tuple[str, str]] = set()
 
     def batch_observer(self, model: str, version: str) -> Callable[[BatchStats], None]:
         """What a model's batcher calls after each batch: its size, inference time (in all and
         by stage) and each image's wait, labelled with the model (a version served again is
-        no longer retired)."""
-        self.retired.discard((model, version))
+        live again)."""
+        self.live.add((model, version))
         size, inference, round_trip = (
             self.batch_size.labels(model, version),
             self.inference.labels(model, version),
@@ -285,7 +288,7 @@ class Metrics:
         (Prometheus reads a series that ends as stale; ``rate()`` and ``increase()`` over the
         time it served are unchanged). In multiprocess mode the series stay in the workers'
         files and :func:`exposition` leaves them out."""
-        self.retired.add((model, version))
+        self.live.discard((model, version))
         if os.environ.get(MULTIPROC_ENV):
             return  # prometheus_client cannot remove them there (and warns)
         for metric, names in self._per_model:
@@ -313,14 +316,17 @@ def _of(sample: Sample, versions: set[tuple[str, str]]) -> bool:
 
 
 class _Served:
-    """The families of ``collector`` without the samples of the ``retired`` model versions."""
+    """The families of ``collector`` with the samples of the ``live`` model versions only (and
+    every sample that names no model)."""
 
-    def __init__(self, collector: Collector, retired: set[tuple[str, str]]) -> None:
-        self._collector, self._retired = collector, retired
+    def __init__(self, collector: Collector, live: set[tuple[str, str]]) -> None:
+        self._collector, self._live = collector, live
 
     def collect(self) -> Iterable[Metric]:
         for family in self._collector.collect():
-            family.samples = [s for s in family.samples if not _of(s, self._retired)]
+            family.samples = [
+                s for s in family.samples if "model" not in s.labels or _of(s, self._live)
+            ]
             yield family
 
 
@@ -331,8 +337,8 @@ def exposition(metrics: Metrics | None) -> bytes:
     if folder:
         _forget_exited_workers(Path(folder))
         registry = CollectorRegistry()
-        retired = set() if metrics is None else set(metrics.retired)
-        registry.register(_Served(multiprocess.MultiProcessCollector(None), retired))
+        combined = multiprocess.MultiProcessCollector(None)
+        registry.register(combined if metrics is None else _Served(combined, set(metrics.live)))
         return generate_latest(registry)
     return b"" if metrics is None else generate_latest(metrics.registry)
 

@@ -70,17 +70,23 @@ def test_forget_removes_every_series_of_a_version_and_only_its():
 def test_with_several_workers_a_retired_versions_series_are_left_out_of_the_page(
     tmp_path, monkeypatch
 ):
-    """prometheus_client cannot remove a series from the workers' files: the page leaves the
-    retired versions out instead (a version served again is shown again)."""
+    """prometheus_client cannot remove a series from the workers' files: the page shows the
+    versions the answering worker has loaded and not retired, and leaves out the others: one
+    it retired, and one that it never loaded (retired elsewhere before it started). A version
+    served again is shown again; what names no model is always shown."""
     live = worker(tmp_path, 1)
     try:
         monkeypatch.setenv(MULTIPROC_ENV, str(tmp_path))
         metrics = Metrics()
+        for version in ("1", "2"):
+            metrics.batch_observer("m", version)  # loaded by this worker too
         metrics.forget("m", "1")
         text = exposition(metrics).decode()
         assert 'version="1"' not in text
         assert 'smso_images_total{model="m",route="/classify",version="2"} 1.0' in text
+        assert "smso_queue_depth 1.0" in text  # no model label
         metrics.batch_observer("m", "1")  # loaded again
         assert 'version="1"' in exposition(metrics).decode()
+        assert 'version="2"' not in exposition(Metrics()).decode()  # a worker that never did
     finally:
         live.communicate("")
