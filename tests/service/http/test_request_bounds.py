@@ -16,7 +16,8 @@ IMAGE = {"name": "image", "datatype": "FP32", "shape": [1, 1, 28, 28], "data": [
 
 @pytest.mark.parametrize("count", [3, 8_000, 40_000])
 def test_more_outputs_than_the_model_has_are_a_400_at_once(make_client, count):
-    """8,000 outputs stalled /healthz for 5.4 s; 40,000 held a decode thread for 96 s."""
+    """8,000 outputs stalled /healthz for 2.5 s; 40,000 held a decode thread for 173 s (2
+    cores). The bound on the time is one on a hang, not a measure (measured: 0.43 s at most)."""
     client = make_client()
     body = json.dumps({"inputs": [IMAGE], "outputs": [{"name": f"o{i}"} for i in range(count)]})
     start = time.perf_counter()
@@ -25,7 +26,7 @@ def test_more_outputs_than_the_model_has_are_a_400_at_once(make_client, count):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert f"names {count:,} outputs; the model has 2 (logits, embedding)" in error
-    assert seconds < 1.0, f"{seconds:.2f} s"
+    assert seconds < 10.0, f"{seconds:.2f} s"
 
 
 def test_an_unknown_output_with_a_long_name_is_a_short_400(make_client):

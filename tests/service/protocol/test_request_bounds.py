@@ -61,7 +61,7 @@ def test_more_tensors_than_the_model_has_are_refused_before_they_are_read(output
     seconds = time.perf_counter() - start
     assert says in str(refused.value)
     assert refused.value.status == 400
-    assert seconds < 1.0, f"refused after {seconds:.2f} s"
+    assert seconds < 5.0, f"refused after {seconds:.2f} s"  # a bound on a hang
 
 
 def test_as_many_outputs_as_the_model_has_are_accepted():
