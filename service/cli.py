@@ -42,6 +42,7 @@ from service.core.settings import Settings, unknown_variables
 from service.http.connections import ServerConfig
 from service.http.drain import DrainingServer
 from service.http.workers import Workers, inherited
+from service.models.loader import STOPPING_S
 from service.runtime.backend import BackendOptions, OnnxBackend, read_card
 from service.runtime.host_process import HostHandle, start_host
 from service.runtime.providers import (
@@ -273,7 +274,7 @@ def _try_once(backend: OnnxBackend, path: os.PathLike[str], timeout_s: float) ->
     runner.join(timeout_s)
     if runner.is_alive():
         backend.terminate()
-        runner.join(5.0)  # the run ends at its next step (a process exiting under it aborts)
+        runner.join(STOPPING_S)  # it ends at its next node (a process exiting under it aborts)
         raise ModelCannotRunError(
             f"{path} did not finish its first run within {timeout_s:g} s "
             "(SMSO_LOAD_TIMEOUT_S; a model that never ends cannot be served)"

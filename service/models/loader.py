@@ -41,7 +41,14 @@ from service.runtime.hosted_backend import HostedBackend, host_from_environment
 from service.runtime.runner import Batch, buckets
 from service.telemetry import stage_clock
 
-__all__ = ["load_model", "retire", "scored", "typicality_reference", "unload_model"]
+__all__ = [
+    "STOPPING_S",
+    "load_model",
+    "retire",
+    "scored",
+    "typicality_reference",
+    "unload_model",
+]
 
 log = logging.getLogger("service")
 

@@ -100,7 +100,7 @@ def test_a_string_left_open_is_scanned_once_and_refused():
     scan.join(60)
     assert found == [0]
     with pytest.raises(CardError):
-        parse_card(text)
+        parse_card({CARD_KEY: text})
     assert nesting_depth('{"a": "x\\"", "b": "[[[', limit=5) == 1  # open at the end: no bracket
 
 

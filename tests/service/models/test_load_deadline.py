@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -197,7 +198,7 @@ class ThreadNames(FakeBackend):
         super().__init__()
         self.threads: list[str] = []
 
-    def run(self, images):  # type: ignore[no-untyped-def]
+    def run(self, images: Any) -> Any:
         self.threads.append(threading.current_thread().name)
         return super().run(images)
 
