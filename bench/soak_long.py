@@ -91,6 +91,11 @@ IDLE_HOLD_S = 10.0
 GRPC_BURST = 1500
 RESET_STREAMS = 20_000
 GRPC_MANY_OUTPUTS = 16_000
+#: a channel option: the channel's own connection. grpcio shares one connection among the
+#: channels of a process to the same target (its global subchannel pool), so the burst's 30
+#: channels and the valid client's would be one connection, past the server's streams per
+#: connection; separate clients, as they are here, have connections of their own
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 #: gRPC statuses that are answers (the documented refusals), not losses
 GRPC_ANSWERS = {"OK", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE (refused stream)"}
 
@@ -346,11 +351,23 @@ class GrpcTally:
     """Status names of the gRPC calls, by kind."""
 
     codes: dict[str, Counter[str]] = field(default_factory=dict)
+    #: what the first calls that got no documented answer were told (kind, status, details)
+    unanswered: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, kind: str, code: str) -> None:
         with self.lock:
             self.codes.setdefault(kind, Counter())[code] += 1
+
+    def failed(self, kind: str, error: grpc.RpcError) -> None:
+        """A failed call, by :func:`grpc_code`; the details of one that is no documented answer
+        are kept (the first 20), so that a lost call can be told apart."""
+        code = grpc_code(error)
+        self.add(kind, code)
+        if code not in GRPC_ANSWERS:
+            with self.lock:
+                if len(self.unanswered) < 20:
+                    self.unanswered.append(f"{kind}: {code}: {error.details()}")
 
 
 def grpc_traffic(target: str, files: list[bytes], tally: GrpcTally, stop: threading.Event) -> None:
@@ -360,7 +377,7 @@ def grpc_traffic(target: str, files: list[bytes], tally: GrpcTally, stop: thread
     many = infer_request(files[0])
     for i in range(GRPC_MANY_OUTPUTS):
         many.outputs.add(name=f"out{i}")
-    with grpc.insecure_channel(target) as channel:
+    with grpc.insecure_channel(target, options=OWN_CONNECTION) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         raw = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         rng = random.Random(7)
@@ -380,14 +397,14 @@ def grpc_traffic(target: str, files: list[bytes], tally: GrpcTally, stop: thread
                     )
                 tally.add(kind, "OK")
             except grpc.RpcError as error:
-                tally.add(kind, error.code().name)
+                tally.failed(kind, error)
             time.sleep(rng.random() * 0.01)
 
 
 def grpc_burst(target: str, files: list[bytes], tally: GrpcTally) -> None:
     """:data:`GRPC_BURST` concurrent calls, spread over 30 channels."""
     messages = [infer_request(f) for f in files]
-    channels = [grpc.insecure_channel(target) for _ in range(30)]
+    channels = [grpc.insecure_channel(target, options=OWN_CONNECTION) for _ in range(30)]
     try:
         stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
         futures = [
@@ -399,7 +416,7 @@ def grpc_burst(target: str, files: list[bytes], tally: GrpcTally) -> None:
                 future.result()
                 tally.add("grpc-burst", "OK")
             except grpc.RpcError as error:
-                tally.add("grpc-burst", grpc_code(error))
+                tally.failed("grpc-burst", error)
     finally:
         for c in channels:
             c.close()
@@ -648,6 +665,7 @@ def summarize(
         "lost_requests": [o.__dict__ for o, f in zip(outcomes, fates, strict=True) if f == "lost"][
             :20
         ],
+        "grpc_unanswered": tally.unanswered,
     }
     checks = {
         "no accepted request lost": summary["http_lost"] == 0 and grpc_lost == 0,
