@@ -110,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     overrides = parse_args(argv)
+    _cap_malloc_arenas()
     try:
         settings = Settings(**overrides)
         check_tracing()
@@ -297,6 +298,34 @@ def _check_runs(settings: Settings) -> None:
         _give_back_freed_memory()
 
 
+#: glibc's malloc arenas per process at most (``MALLOC_ARENA_MAX``), where the environment does
+#: not say. glibc's default, 8 per core, gives each thread that allocates under contention an
+#: arena of its own; the server's threads come and go (a load, a warm-up, a batcher per model
+#: version), and each arena keeps memory freed in it. Three minutes of the soak (a new version
+#: every 6 s under traffic): peak 373 MiB and rising (medians of the thirds 288 -> 356) with
+#: glibc's default, 246 MiB and flat (231 -> 207) with 2, at no cost in speed (valid requests'
+#: p50 4.9 ms against 5.5, 90,101 answered against 81,318).
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # mallopt's parameter (glibc's malloc.h)
+
+
+def _cap_malloc_arenas() -> None:
+    """At most :data:`MALLOC_ARENAS` malloc arenas in this process from now on, unless
+    ``MALLOC_ARENA_MAX`` is set (glibc applies it itself); nothing where the C library is not
+    glibc. Called before the server's threads allocate."""
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
+
+
+def _arenas_for_workers() -> dict[str, str]:
+    """The environment that gives the worker processes the same cap from their first
+    allocation (glibc reads ``MALLOC_ARENA_MAX`` when a process starts)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return {}
+    return {"MALLOC_ARENA_MAX": str(MALLOC_ARENAS)}
+
+
 def _give_back_freed_memory() -> None:
     """glibc's ``malloc_trim(0)``: the freed session's memory back to the system, which the
     parent of the workers would otherwise keep (94 MiB for ResNet-18 at 224 px); nothing
@@ -394,7 +423,7 @@ def _serve_workers(
     # flags win over the environment, in the workers too; workers=auto as resolved
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     flags["SMSO_WORKERS"] = str(processes)
-    with inherited(flags | (host.environment if host else {})):
+    with inherited(flags | _arenas_for_workers() | (host.environment if host else {})):
         log.info(
             "SMSO service listening on %s (%d workers%s)",
             where_to_go(settings, listener),

@@ -505,3 +505,17 @@ def test_a_ctrl_c_before_the_server_takes_the_signals_ends_it_without_a_tracebac
     )
     assert ended.returncode == -signal.SIGINT
     assert "Traceback" not in ended.stderr, ended.stderr
+
+
+def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch):
+    """glibc takes the cap (mallopt answers 1), and the worker processes get it from their
+    start through ``MALLOC_ARENA_MAX``, unless the user set that variable (then it is theirs)."""
+    import ctypes
+
+    from service.cli import _M_ARENA_MAX, MALLOC_ARENAS, _arenas_for_workers
+
+    assert ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS) == 1
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert _arenas_for_workers() == {"MALLOC_ARENA_MAX": str(MALLOC_ARENAS)}
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert _arenas_for_workers() == {}
