@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything this project checks on a lent GPU, in one call (a device lease is short):
+# Everything this project checks on a GPU, in one command:
 #   1. bench/train_step.py: ResNet-50 at 448 px, SMSO p = 2,048 against the first-order head,
 #      bf16 and fp16 AMP, channels-last (the head should cost under 5 % of the step);
 #   2. the CUDA tests (`pytest -m cuda`: autocast keeps the head in float32, AMP steps, a GPU run);

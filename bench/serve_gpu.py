@@ -36,8 +36,8 @@ would overrun ``--budget-s`` are skipped and say so):
 A stage that fails is recorded with its error and the run goes on. Writes ``OUT/serve_gpu.json``
 (with the end of each server's log), ``OUT/serve_gpu.md`` (the tables, also printed) and
 py-spy's two files. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
-the test suite checks). On a lent machine that files reach in pieces, ``bench/gpu_lease.sh``
-stages onnxruntime-gpu and runs this script over four calls.
+the test suite checks). ``bench/gpu_lease.sh`` installs onnxruntime-gpu from local wheels and
+runs this script in stages, for a machine without access to the package index.
 
     python -m bench.serve_gpu --out /tmp/gpu                  # on a CUDA machine
     python -m bench.serve_gpu --smoke --out /tmp/gpu-smoke    # anywhere, about a minute
@@ -142,7 +142,7 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
 @contextlib.contextmanager
 def stage(report: dict[str, Any], key: str) -> Iterator[None]:
     """Run one stage; an exception is recorded as ``report[key] = {"error": ...}`` and the run
-    goes on (a lent machine's minutes are too few to lose the later stages to one failure)."""
+    goes on (one failure does not cost the later stages their numbers)."""
     try:
         yield
     except Exception as error:  # any failure of one stage: recorded, printed, not fatal
