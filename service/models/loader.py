@@ -117,8 +117,7 @@ async def load_model(
             )
             batcher.start()
             phase = "warming up"
-            await _warm_up(backend, run, settings.max_batch_size, name)
-            await _warm_serving_thread(backend, batcher, settings.max_batch_size)
+            await _warm_up(backend, run, batcher, settings.max_batch_size, name)
             preprocess = await asyncio.to_thread(_preprocessor, state, card)  # GPU's: a probe
     except asyncio.CancelledError:
         await _discard(state, batcher, backend, name, version)
@@ -338,29 +337,16 @@ async def _discard(
         state.metrics.forget(name, version)
 
 
-async def _warm_serving_thread(
-    backend: Backend, batcher: MicroBatcher, max_batch_size: int
+async def _warm_up(
+    backend: Backend, run: RunFn, batcher: MicroBatcher, max_batch_size: int, name: str
 ) -> None:
-    """The warm-up batches once more, on the batcher's own inference thread (the one that will
-    serve), now that they are known to end: onnxruntime's CUDA provider keeps its handles and
-    its captured CUDA graphs per thread, so a warm-up on another thread alone would leave the
-    first requests to pay for them. Cancelled (the deadline, a shutdown), the runs are
-    terminated, as in :func:`_warm_up`."""
-    sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
-    try:
-        for images in warm_up_inputs(backend.card.input, sizes):
-            await batcher.run_direct(images)
-    except asyncio.CancelledError:
-        terminate_backend(backend)
-        raise
-
-
-async def _warm_up(backend: Backend, run: RunFn, max_batch_size: int, name: str) -> None:
     """Run the backend's warm-up batches (by default each batch-size bucket: 1, 2, 4, ...,
-    ``max_batch_size``) through ``run`` so that no request pays for a first call, in a daemon
-    thread (:func:`in_daemon_thread`); each batch's logits and embedding must have the card's
-    shapes (:func:`check_outputs`). Cancelled (the deadline, a shutdown), the backend's runs are
-    terminated."""
+    ``max_batch_size``) so that no request pays for a first call: through ``run`` in a daemon
+    thread (:func:`in_daemon_thread`), each batch's logits and embedding checked against the
+    card's shapes (:func:`check_outputs`); then, known to end, once more on the batcher's own
+    inference thread, the one that will serve (onnxruntime's CUDA provider keeps its handles
+    and captured CUDA graphs per thread). Cancelled (the deadline, a shutdown), the backend's
+    runs are terminated."""
     sizes = getattr(backend, "warmup_batches", None) or buckets(max_batch_size)
     card = backend.card
 
@@ -371,11 +357,13 @@ async def _warm_up(backend: Backend, run: RunFn, max_batch_size: int, name: str)
     done = in_daemon_thread(warm_up, name=f"warm up {name}")
     try:
         await asyncio.shield(done)
+        for images in warm_up_inputs(card.input, sizes):
+            await batcher.run_direct(images)
     except asyncio.CancelledError:
         terminate_backend(backend)
         # the run stops at its next node (or Loop iteration): wait for it, so that no run is in
         # the session when it is let go of, or when the process exits
         await asyncio.wait([done], timeout=STOPPING_S)
-        if done.done():
+        if done.done() and not done.cancelled():
             done.exception()  # retrieved: the terminated run's error is no news
         raise
