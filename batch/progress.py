@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from batch.inputs import Location
 from batch.outputs import EMBEDDINGS, ERRORS
 
-__all__ = ["Progress", "format_duration"]
+__all__ = ["Progress", "format_duration", "format_rate"]
 
 
 def format_duration(seconds: float) -> str:
@@ -32,6 +32,16 @@ def format_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}:{secs:02d}"
     return f"{secs} s"
+
+
+def format_rate(per_s: float) -> str:
+    """``1,234``, ``12.3`` or ``0.38``: at least two significant digits, so that a job of a few
+    images does not read as 0 images/s."""
+    if per_s >= 100:
+        return f"{per_s:,.0f}"
+    if per_s >= 1:
+        return f"{per_s:.1f}"
+    return f"{per_s:.2g}"
 
 
 class Progress:
@@ -102,7 +112,8 @@ class Progress:
         if done <= first_done or elapsed <= first_s:
             return f"{head}, starting ({format_duration(elapsed)})" if not done else head
         rate = (done - first_done) / (elapsed - first_s)
-        return f"{head}, {rate:,.0f} images/s, {format_duration((self.total - done) / rate)} left"
+        left = format_duration((self.total - done) / rate)
+        return f"{head}, {format_rate(rate)} images/s, {left} left"
 
     def _run(self) -> None:
         last_logged = time.perf_counter()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batch.embedder import NOT_FINITE
-from batch.progress import format_duration
+from batch.progress import format_duration, format_rate
 
 __all__ = ["Summary"]
 
@@ -94,7 +94,7 @@ class Summary:
         ]
         if self.todo:
             lines.append(
-                f"  speed      {self.images_per_s:,.0f} images/s "
+                f"  speed      {format_rate(self.images_per_s)} images/s "
                 f"({format_duration(self.seconds)}; Ray started in {self.ray_start_seconds:.1f} s)"
             )
         lines.append(

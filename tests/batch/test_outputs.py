@@ -24,7 +24,7 @@ from batch.outputs import (
     prepare,
     scan,
 )
-from batch.progress import Progress, format_duration
+from batch.progress import Progress, format_duration, format_rate
 
 MANIFEST = JobManifest("m", "1", "c" * 64, 4, 2, False)
 
@@ -156,3 +156,13 @@ def test_the_progress_line(tmp_path):
     assert line == "smso-embed: 2,500 / 10,000 images (25%), 500 images/s, 15 s left"
     assert format_duration(3_725) == "1:02:05"
     assert format_duration(65) == "1:05"
+
+
+def test_a_rate_keeps_two_significant_digits() -> None:
+    # a job of 3 images in 8 s runs at 0.38 images/s, not "0 images/s"
+    assert [format_rate(r) for r in (3 / 8, 2.5, 57.25, 2_656.4)] == [
+        "0.38",
+        "2.5",
+        "57.2",
+        "2,656",
+    ]
