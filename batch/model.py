@@ -50,7 +50,7 @@ class ModelFile:
     @property
     def has_typicality(self) -> bool:
         """Whether the card has a typicality reference (the score and p-value are written)."""
-        return bool((self.card.model_extra or {}).get("typicality"))
+        return self.card.typicality is not None
 
 
 def card_sha256(card: ModelCard) -> str:

@@ -150,23 +150,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         parity = result.parity
         diffs = ", ".join(f"{k} {v:.2g}" for k, v in parity.max_relative_difference.items())
-        metrics = result.card["metrics"]
-        served = result.card["served"]
+        card = result.card
         print(
             f"wrote {result.path} ({result.size_bytes / 2**20:.2f} MiB), served as "
-            f"{served['name']!r} version {served['version']!r}"
+            f"{card.served.name!r} version {card.served.version!r}"
         )
         print(
             f"parity ({parity.precision}, batch sizes {parity.batch_sizes}, inputs "
             f"{'+'.join(parity.inputs)}): max relative difference {diffs}; top-1 agreement "
             f"{parity.top1_agreement:.0%}"
         )
-        if metrics["test_accuracy"] is not None:
-            print(f"test accuracy in the card: {metrics['test_accuracy']:.4f}")
-        section = result.card.get("typicality")
+        if card.metrics is not None and card.metrics.test_accuracy is not None:
+            print(f"test accuracy in the card: {card.metrics.test_accuracy:.4f}")
         print(
-            f"typicality: reference from {section['images']} validation images"
-            if section
+            f"typicality: reference from {card.typicality.images} validation images"
+            if card.typicality is not None
             else "typicality: none (see the warning above)"
         )
         return 0

@@ -23,9 +23,14 @@
 5. where the checkpoint's validation split is at hand and the embedding is small enough, fit
    the typicality reference (``export.typicality``) on the exported graph's outputs for those
    images, into the card's ``typicality`` section (``typicality=False`` skips it);
-6. write the model card (``export.card``) into the metadata, run ``onnx.checker`` with
+6. write the model card (:class:`modelcard.card.ModelCard`) into the metadata, drop the stack
+   traces torch.onnx records on each node (:func:`drop_stack_traces`), run ``onnx.checker`` with
    ``full_check``, and move the file into place: a failure at any step leaves no file behind (and
    an existing file at the destination untouched).
+
+Exporting one checkpoint twice with the same ``SOURCE_DATE_EPOCH``, on one machine, gives the same
+bytes wherever the repository lies. Another CPU's numerical kernels (numpy's BLAS, PyTorch's and
+onnxruntime's) may round the typicality statistics and the parity differences differently.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import onnxruntime as ort
 import torch
 import torchvision
 
-from export.card import CARD_KEY, card_json, check_served_name, file_sha256
+from export.card import check_served_name, file_sha256
 from export.graph import (
     ExportForm,
     ExportModel,
@@ -64,6 +69,22 @@ from export.typicality_graph import (
     score_parity,
     strip_score,
 )
+from modelcard import CARD_FORMAT, CARD_KEY, CARD_VERSION
+from modelcard.card import (
+    Checkpoint,
+    ExportInfo,
+    FormCosts,
+    HeadFormChoice,
+    InputSpec,
+    Metrics,
+    ModelCard,
+    ModelInfo,
+    Outputs,
+    Preprocessing,
+    Served,
+    TypicalitySection,
+    Versions,
+)
 from modelcard.typicality import Typicality
 from training.backbones import backbone_spec
 from training.checkpoint import check_finite, held_val_accuracy, load_model
@@ -78,6 +99,7 @@ __all__ = [
     "ExportResult",
     "FormChoice",
     "dataset_splits",
+    "drop_stack_traces",
     "export_checkpoint",
     "real_images",
 ]
@@ -101,7 +123,7 @@ class ExportResult:
     """Where the file went, its model card and the parity it passed."""
 
     path: Path
-    card: dict[str, Any]
+    card: ModelCard
     parity: ParityReport
     size_bytes: int
 
@@ -123,17 +145,23 @@ def exported_at() -> str:
     return when.isoformat(timespec="seconds")
 
 
-def _input_geometry(model: SecondOrderNet, payload: dict[str, Any]) -> tuple[int, int]:
-    """(channels, side) the model was trained on: the preset's crop, else 224."""
+def _input_geometry(model: SecondOrderNet, payload: dict[str, Any]) -> tuple[Literal[1, 3], int]:
+    """(channels, side) the model was trained on: the preset's crop, else 224; ``ValueError``
+    for images that are neither grey (1 channel) nor RGB (3), which no card describes."""
     spec = backbone_spec(model.config.backbone)
     channels = model.config.in_channels or spec.in_channels
+    if channels not in (1, 3):
+        raise ValueError(
+            f"the model takes images of {channels} channels: a model card describes grey (1) "
+            "or RGB (3) images only"
+        )
     side = int(payload.get("preset", {}).get("image_size", 224))
-    return channels, side
+    return (1 if channels == 1 else 3), side
 
 
 def _head_form(
     model: SecondOrderNet, requested: FormChoice, side: int, stride: int
-) -> tuple[ExportForm, dict[str, Any] | None]:
+) -> tuple[ExportForm, HeadFormChoice | None]:
     """The form the SMSO head is traced in and, for the card, the choice: that form, the form
     asked for, and the modelled multiply-adds per image of both forms at the trained size, with
     ``n = (side // stride)^2`` positions. Other heads have one form: ``("conv", None)``."""
@@ -145,7 +173,12 @@ def _head_form(
     form = cheaper_form(head.in_channels, head.dim, positions) if requested == "auto" else requested
     message = "SMSO head in the %s form (asked: %s); modelled multiply-adds per image at n = %d: %s"
     log.info(message, form, requested, positions, costs)
-    choice = {"form": form, "requested": requested, "positions": positions, "multiply_adds": costs}
+    choice = HeadFormChoice(
+        form=form,
+        requested=requested,
+        positions=positions,
+        multiply_adds=FormCosts(conv=costs["conv"], covariance=costs["covariance"]),
+    )
     return form, choice
 
 
@@ -249,6 +282,22 @@ def _optimize(proto: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
     return onnx.load(target)
 
 
+#: The key under which torch.onnx records, on each node, the Python stack that made it: absolute
+#: paths of the repository's and the virtual environment's files, with line numbers. Kept, it
+#: made the file's bytes depend on where the repository lies and on edits that move a line of
+#: export/graph.py or training/; nothing reads it.
+STACK_TRACE = "pkg.torch.onnx.stack_trace"
+
+
+def drop_stack_traces(proto: onnx.ModelProto) -> None:
+    """Remove each node's :data:`STACK_TRACE` entry, in place (its other metadata stays)."""
+    for node in proto.graph.node:
+        kept = [entry for entry in node.metadata_props if entry.key != STACK_TRACE]
+        if len(kept) < len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+
+
 def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -282,32 +331,28 @@ def real_images(splits: Splits, count: int = 8) -> np.ndarray | None:
     return torch.stack(images).numpy().astype(np.float32) if images else None
 
 
-def _versions() -> dict[str, str]:
+def _versions() -> Versions:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         smso = version("smso")
     except PackageNotFoundError:
         smso = "unknown"
-    return {
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": ort.__version__,
-        "python": platform.python_version(),
-        "smso": smso,
-    }
+    return Versions(
+        torch=torch.__version__,
+        torchvision=torchvision.__version__,
+        onnx=onnx.__version__,
+        onnxruntime=ort.__version__,
+        python=platform.python_version(),
+        smso=smso,
+    )
 
 
-def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
+def _metrics(checkpoint: Path, payload: dict[str, Any]) -> Metrics:
     """Validation accuracy of what the checkpoint holds (after Sigma's re-estimation, when it
     was kept); test accuracy from its ``test.json``, if any."""
-    metrics = {
-        "epoch": payload.get("epoch"),
-        "val_accuracy": held_val_accuracy(payload),
-        "test_accuracy": None,
-        "test_images": None,
-    }
+    epoch, val_accuracy = payload.get("epoch"), held_val_accuracy(payload)
+    tested: dict[str, Any] = {"test_accuracy": None, "test_images": None}
     report_path = checkpoint.parent / "test.json"
     if report_path.is_file():
         from training.json_lines import read_json_record
@@ -324,9 +369,8 @@ def _metrics(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]:
         if report.get("epoch") == payload.get("epoch") and report.get(
             "recalibration"
         ) == payload.get("recalibration"):
-            metrics["test_accuracy"] = report.get("test_accuracy")
-            metrics["test_images"] = report.get("test_images")
-    return metrics
+            tested = {key: report.get(key) for key in tested}
+    return Metrics(epoch=epoch, val_accuracy=val_accuracy, **tested)
 
 
 def export_checkpoint(
@@ -371,6 +415,12 @@ def export_checkpoint(
     model, payload = load_model(checkpoint)
     check_finite(model, checkpoint)  # NaN weights: nothing correct to export
     metrics = _metrics(checkpoint, payload)  # a broken test.json fails here, before tracing
+    source = Checkpoint(file=checkpoint.name, sha256=file_sha256(checkpoint))
+    dataset = str(payload.get("train_config", {}).get("dataset", "unknown"))
+    served = Served(
+        name=name or f"{dataset}-{model.config.backbone}-{model.config.head}",
+        version=version or source.sha256[:12],
+    )
     # the dataset for the parity check on real images and the typicality reference: one that
     # --data-root names must be there, one the checkpoint names may be on another machine
     splits, unavailable = dataset_splits(checkpoint, data_root)
@@ -430,19 +480,6 @@ def export_checkpoint(
             inputs["real"] = real
         session = _session(proto)  # the file as written, on the CPU: parity, then typicality
         parity = check_parity(session, module, inputs, batch_sizes, precision)
-        card = _card(model, payload, checkpoint, channels, side, dynamic_size, form_choice, metrics)
-        card["served"] = {
-            "name": name or f"{card['dataset']}-{model.config.backbone}-{model.config.head}",
-            "version": version or card["checkpoint"]["sha256"][:12],
-        }
-        card["export"] = {
-            "opset": graph_opset(proto),
-            "precision": precision,
-            "optimized": optimized,
-            "exported_at": exported_at(),
-        }
-        card["parity"] = parity.to_dict()
-        card["versions"] = _versions()
         why_not: str | None
         if not typicality:
             section, why_not = None, "not asked for (--no-typicality)"
@@ -450,25 +487,49 @@ def export_checkpoint(
             section, why_not = None, f"no validation images at hand ({unavailable})"
         else:
             section, why_not = reference_section(session, splits, model.embedding_dim)
+        reference = None
         if section is not None:
-            section = _score_in_graph(proto, section, [*inputs.values()])
-            card["typicality"] = section
+            reference = _score_in_graph(proto, section, [*inputs.values()])
             log.info(
                 "typicality reference from %d validation images; %s",
-                section["images"],
-                f"the file computes the score (output {section['output']!r})"
-                if "output" in section
+                reference.images,
+                f"the file computes the score (output {reference.output!r})"
+                if reference.output
                 else "the service computes the score",
             )
         else:
             log.warning("no typicality reference: %s", why_not)
+        card = ModelCard(
+            format=CARD_FORMAT,
+            version=CARD_VERSION,
+            classes=list(payload.get("classes") or _numbered(model.config.num_classes)),
+            input=InputSpec(channels=channels, height=side, width=side, dynamic_size=dynamic_size),
+            preprocessing=_preprocessing(payload, channels, side),
+            model=_model_info(model, form_choice),
+            outputs=Outputs(
+                logits=("N", model.config.num_classes),
+                embedding=("N", model.embedding_dim),
+                features=("N", model.backbone.out_channels),
+            ),
+            dataset=dataset,
+            served=served,
+            metrics=metrics,
+            checkpoint=source,
+            export=ExportInfo(
+                opset=opset, precision=precision, optimized=optimized, exported_at=exported_at()
+            ),
+            parity=parity,
+            versions=_versions(),
+            typicality=reference,
+        )
         del proto.metadata_props[:]
-        proto.metadata_props.add(key=CARD_KEY, value=card_json(card))
+        proto.metadata_props.add(key=CARD_KEY, value=card.to_json())
         proto.producer_name = "smso-export"
         proto.doc_string = (
             f"SMSO model card in metadata_props[{CARD_KEY!r}]: {model.config.backbone} + "
-            f"{model.config.head} on {card['dataset']}"
+            f"{model.config.head} on {card.dataset}"
         )
+        drop_stack_traces(proto)
         onnx.checker.check_model(proto, full_check=True)
         output.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(output, lambda file: onnx.save(proto, file))
@@ -477,77 +538,57 @@ def export_checkpoint(
 
 def _score_in_graph(
     proto: onnx.ModelProto, section: dict[str, Any], inputs: list[np.ndarray]
-) -> dict[str, Any]:
+) -> TypicalitySection:
     """Append the typicality score to ``proto`` (``export.typicality_graph``), checked against
-    numpy's on ``inputs``; the section, saying which output holds it and how close it came. A
-    graph whose score differs by more than ``SCORE_TOLERANCE`` is left without it (warned):
-    the service computes the score from the other outputs instead."""
+    numpy's on ``inputs``; the card's section, saying which output holds it and how close it
+    came. A graph whose score differs by more than ``SCORE_TOLERANCE`` is left without it
+    (warned): the service computes the score from the other outputs instead."""
     typicality = Typicality.from_card(section)  # the numbers as stored: what the service reads
     append_score(proto, typicality)
     session = _session(proto)
     difference = max(score_parity(session, typicality, images) for images in inputs)
-    if difference > SCORE_TOLERANCE:
-        strip_score(proto)  # the service then scores the file in numpy, as older files
-        log.warning(
-            "typicality score left out of the graph: it differs from numpy's by %.2g of the "
-            "reference scores' spread (at most %g); the service will compute it",
-            difference,
-            SCORE_TOLERANCE,
-        )
-        return section
-    return section | {"output": OUTPUT, "output_max_difference": difference}
+    if difference <= SCORE_TOLERANCE:
+        scored = {"output": OUTPUT, "output_max_difference": difference}
+        return TypicalitySection.model_validate(section | scored)
+    strip_score(proto)  # the service then scores the file in numpy, as older files
+    log.warning(
+        "typicality score left out of the graph: it differs from numpy's by %.2g of the "
+        "reference scores' spread (at most %g); the service will compute it",
+        difference,
+        SCORE_TOLERANCE,
+    )
+    return TypicalitySection.model_validate(
+        section | {"output": None, "output_max_difference": None}
+    )
 
 
-def _card(
-    model: SecondOrderNet,
-    payload: dict[str, Any],
-    checkpoint: Path,
-    channels: int,
-    side: int,
-    dynamic_size: bool,
-    form_choice: dict[str, Any] | None,
-    metrics: dict[str, Any],
-) -> dict[str, Any]:
-    config = model.config
+def _numbered(classes: int) -> list[str]:
+    """Class names for a checkpoint that has none: ``"0"`` to ``str(classes - 1)``."""
+    return [str(k) for k in range(classes)]
+
+
+def _preprocessing(payload: dict[str, Any], channels: int, side: int) -> Preprocessing:
+    """The training preset's evaluation transform; without a preset, ``side`` px crops of images
+    scaled to [0, 1]. Images of any size are resized first: a preset without a resize (small
+    images already at the input size) resizes the shorter side to the crop."""
     preset = payload.get("preset", {})
-    train_config = payload.get("train_config", {})
-    classes = payload.get("classes") or [str(k) for k in range(config.num_classes)]
-    return {
-        "classes": list(classes),
-        "input": {
-            "name": "image",
-            "layout": "NCHW",
-            "dtype": "float32",
-            "channels": channels,
-            "height": side,
-            "width": side,
-            "dynamic_size": dynamic_size,
-        },
-        "preprocessing": {
-            # images of any size are resized first; a preset without a resize (small images
-            # already at the input size) resizes the shorter side to the crop
-            "colour": "L" if channels == 1 else "RGB",
-            "resize": preset.get("resize") or side,
-            "crop": side,
-            "scale": 1 / 255,
-            "mean": list(preset.get("mean", [0.0] * channels)),
-            "std": list(preset.get("std", [1.0] * channels)),
-        },
-        "outputs": {
-            "logits": ["N", config.num_classes],
-            "embedding": ["N", model.embedding_dim],
-            "features": ["N", model.backbone.out_channels],
-        },
-        "model": {
-            "backbone": config.backbone,
-            "head": config.head,
-            "head_options": dict(config.head_options),
-            "reduce_dim": config.reduce_dim,
-            "embedding_dim": model.embedding_dim,
-            "form": None if form_choice is None else form_choice["form"],
-            "form_choice": form_choice,
-        },
-        "dataset": train_config.get("dataset", "unknown"),
-        "metrics": metrics,
-        "checkpoint": {"file": checkpoint.name, "sha256": file_sha256(checkpoint)},
-    }
+    return Preprocessing(
+        colour="L" if channels == 1 else "RGB",
+        resize=preset.get("resize") or side,
+        crop=side,
+        mean=[float(m) for m in preset.get("mean", [0.0] * channels)],
+        std=[float(s) for s in preset.get("std", [1.0] * channels)],
+    )
+
+
+def _model_info(model: SecondOrderNet, form_choice: HeadFormChoice | None) -> ModelInfo:
+    config = model.config
+    return ModelInfo(
+        backbone=config.backbone,
+        head=config.head,
+        head_options=dict(config.head_options),
+        reduce_dim=config.reduce_dim,
+        embedding_dim=model.embedding_dim,
+        form=None if form_choice is None else form_choice.form,
+        form_choice=form_choice,
+    )

@@ -14,12 +14,13 @@ disagreements allowed only where the model's own top-2 logits are within that to
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from modelcard.card import ExportPrecision, ParityReport
 
 __all__ = ["TOLERANCE", "ParityError", "ParityReport", "check_parity"]
 
@@ -30,24 +31,6 @@ OUTPUTS = ("logits", "embedding", "features")
 
 class ParityError(RuntimeError):
     """The exported file does not compute what the PyTorch model computes."""
-
-
-@dataclass
-class ParityReport:
-    """What the checks found: the worst relative difference per output over all runs."""
-
-    precision: str
-    tolerance: float
-    batch_sizes: list[int]
-    inputs: list[str]  # names of the input sets, e.g. "random", "real"
-    max_relative_difference: dict[str, float] = field(default_factory=dict)
-    top1_agreement: float = 1.0  # fraction of images whose top-1 class agrees
-    top1_mismatches_allowed: int = 0  # float16: near-ties that may flip
-    images: int = 0
-    passed: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _run_torch(module: nn.Module, images: np.ndarray) -> dict[str, np.ndarray]:
@@ -61,14 +44,15 @@ def check_parity(
     module: nn.Module,
     input_sets: dict[str, np.ndarray],
     batch_sizes: Sequence[int] = (1, 3, 8),
-    precision: str = "float32",
+    precision: ExportPrecision = "float32",
 ) -> ParityReport:
     """Compare ``session`` (an onnxruntime session) with ``module`` (eval mode); raise on failure.
 
     ``input_sets`` maps a name to float32 images ``(M, C, H, W)``; each batch size ``b`` uses the
     first ``b`` images of each set (a set smaller than ``b`` is repeated to fill the batch).
-    Returns the :class:`ParityReport`; raises :class:`ParityError` naming every output over
-    tolerance and its max difference, or the number of top-1 disagreements.
+    Returns the card's :class:`~modelcard.card.ParityReport`; raises :class:`ParityError`
+    naming every output over tolerance and its max difference, or the number of top-1
+    disagreements.
     """
     tolerance = TOLERANCE[precision]
     worst = dict.fromkeys(OUTPUTS, 0.0)
@@ -96,16 +80,6 @@ def check_parity(
                 top2 = np.sort(expected["logits"], axis=1)[:, -2:]
                 near = (top2[:, 1] - top2[:, 0]) <= tolerance * np.abs(expected["logits"]).max()
                 allowed += int((~same & near).sum())
-    report = ParityReport(
-        precision,
-        tolerance,
-        list(batch_sizes),
-        list(input_sets),
-        worst,
-        agree / max(total, 1),
-        allowed,
-        total,
-    )
     problems = [
         f"{name}: max relative difference {diff:.3g} > {tolerance:g}"
         for name, diff in worst.items()
@@ -118,5 +92,14 @@ def check_parity(
         raise ParityError(
             f"the exported model does not match PyTorch ({precision}): " + "; ".join(problems)
         )
-    report.passed = True
-    return report
+    return ParityReport(
+        precision=precision,
+        tolerance=tolerance,
+        batch_sizes=list(batch_sizes),
+        inputs=list(input_sets),
+        max_relative_difference=worst,
+        top1_agreement=agree / max(total, 1),
+        top1_mismatches_allowed=allowed,
+        images=total,
+        passed=True,
+    )

@@ -38,7 +38,6 @@ Reduced-precision products (CUDA's TF32 matrix products, TensorRT in float16) wi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +45,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from export.card import CARD_KEY, card_json
+from modelcard import CARD_KEY
+from modelcard.card import ModelCard
 from modelcard.typicality import Precision, Typicality
 
 __all__ = ["OUTPUT", "SCORE_TOLERANCE", "append_score", "score_parity", "strip_score"]
@@ -193,9 +193,10 @@ def strip_score(proto: onnx.ModelProto) -> bool:
     graph.output.extend(outputs)
     for prop in proto.metadata_props:  # the card no longer says the file computes the score
         if prop.key == CARD_KEY:
-            card = json.loads(prop.value)
-            section = card.get("typicality") or {}
-            if section.pop("output", None) is not None:
-                section.pop("output_max_difference", None)
-                prop.value = card_json(card)
+            card = ModelCard.from_json(prop.value)
+            section = card.typicality
+            if section is not None and section.output is not None:
+                scored_by_service = {"output": None, "output_max_difference": None}
+                update = {"typicality": section.model_copy(update=scored_by_service)}
+                prop.value = card.model_copy(update=update).to_json()
     return removed > 0

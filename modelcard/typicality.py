@@ -191,16 +191,16 @@ class Typicality:
         return (1.0 + at_least) / (n + 1.0)
 
     def to_card(self) -> dict[str, Any]:
-        """The card's ``typicality`` section."""
-        features = {}
+        """The card's ``typicality`` section (:class:`modelcard.card.TypicalitySection` but for
+        its ``output``, which the exported graph decides)."""
+        features = None
         if self.feature_means is not None and self.feature_within is not None:
             features = {
-                "features": {
-                    "class_means": encode_array(self.feature_means),
-                    "within": self.feature_within.to_card(),
-                }
+                "class_means": encode_array(self.feature_means),
+                "within": self.feature_within.to_card(),
             }
-        return features | {
+        return {
+            "features": features,
             "format": FORMAT,
             "score": SCORE + (FEATURE_TERM if features else ""),
             "images": self.images,

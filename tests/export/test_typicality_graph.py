@@ -4,6 +4,8 @@ features term; and the output removed again."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,6 +21,7 @@ from export.typicality_graph import (
     score_parity,
     strip_score,
 )
+from modelcard.migration import migrate
 from modelcard.typicality import Typicality
 
 K, P, C = 4, 12, 9  # classes, embedding, features
@@ -151,14 +154,20 @@ def test_the_score_is_appended_once_and_stripped_back_to_the_original():
 def test_stripping_the_score_also_drops_the_cards_note_of_it():
     """The card's ``typicality.output`` says the file computes the score (``/metadata`` shows
     it): a stripped file's card no longer says so, and keeps its reference."""
-    import json
-
     from export.card import CARD_KEY, card_from_proto
+    from modelcard.card import ModelCard
+    from tests.modelcard.test_card import MINIMAL
 
     proto = outputs_model(features=True)
     append_score(proto, reference(features=True))
-    section = {"format": 1, "images": 600, "output": OUTPUT, "output_max_difference": 1e-6}
-    proto.metadata_props.add(key=CARD_KEY, value=json.dumps({"typicality": section}))
+    section = reference(features=True).to_card() | {
+        "output": OUTPUT,
+        "output_max_difference": 1e-6,
+    }
+    card = ModelCard.model_validate(migrate(MINIMAL) | {"typicality": section})
+    proto.metadata_props.add(key=CARD_KEY, value=card.to_json())
     assert strip_score(proto)
-    card = card_from_proto(proto)
-    assert card["typicality"] == {"format": 1, "images": 600}
+    stripped = card_from_proto(proto)["typicality"]
+    assert stripped["output"] is stripped["output_max_difference"] is None
+    kept = {k: v for k, v in section.items() if k not in ("output", "output_max_difference")}
+    assert {k: stripped[k] for k in kept} == json.loads(json.dumps(kept))

@@ -6,12 +6,16 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
 from service.core.card import MAX_DEPTH, MAX_SIDE, CardError, nesting_depth, parse_card
 from service.runtime.backend import _card_of
 from tests.service.conftest import CARD, CARD_KEY
+
+#: The shipped model's card as its file held it (a copy kept with the card's own tests).
+SHIPPED_CARD = Path(__file__).parents[2] / "modelcard" / "fixtures" / "shipped-f2652572.json"
 
 
 def card_with(**changes: dict) -> dict[str, str]:
@@ -84,8 +88,19 @@ def test_a_card_nested_too_deep_is_refused_before_it_is_parsed(depth):
 
 def test_a_card_as_deep_as_allowed_is_read():
     card = copy.deepcopy(CARD)
-    card["checkpoint"] = nested(MAX_DEPTH - 2)  # the card and the checkpoint are 2 levels
-    assert parse_card({CARD_KEY: json.dumps(card)})[1]["checkpoint"] == card["checkpoint"]
+    card["model"]["head_options"] = nested(MAX_DEPTH - 2)  # below the card and its model
+    assert nesting_depth(json.dumps(card)) == MAX_DEPTH
+    read = parse_card({CARD_KEY: json.dumps(card)})[1]
+    assert read["model"]["head_options"] == card["model"]["head_options"]
+
+
+def test_the_card_served_is_the_files_card_value_for_value():
+    """``GET /metadata`` serves the card as the file holds it (the shipped model's, before
+    its typicality arrays are summarised): the type keeps every value and adds none."""
+    text = SHIPPED_CARD.read_text()
+    card, served = parse_card({CARD_KEY: text})
+    assert served == json.loads(text)
+    assert card.name == "fashion_mnist-small_cnn-smso"
 
 
 def test_a_string_left_open_is_scanned_once_and_refused():
