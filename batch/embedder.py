@@ -176,7 +176,7 @@ class Embedder:
             self.backend = OnnxBackend(path, backend_options)
         self.k = min(options.top_k, len(self.backend.card.classes))
         typicality = typicality_reference(self.backend, True, self.backend.card.name)
-        self.run = scored(self.backend.run, typicality, self.backend.outputs)
+        self.run = scored(self.backend.run, typicality)
         self.schema = row_schema(self.backend.card.model.embedding_dim, self.k)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
@@ -194,14 +194,15 @@ class Embedder:
         typicality = np.full((n, 2), np.nan)
         if ok.any():
             images = np.ascontiguousarray(batch["image"][ok], dtype=np.float32)  # (M, C, S, S)
-            logits, vectors, *scored_ = self.run(images)  # (M, K), (M, p)[, (M, 2)]
+            outputs = self.run(images)
+            logits, vectors = outputs.logits, outputs.embedding  # (M, K), (M, p)
             scores, order = top_classes(logits, self.k)  # (M, K), (M, k)
             vectors = l2_normalised(vectors) if self.options.normalize else vectors
             embedding[ok] = vectors
             indices[ok] = order
             top_scores[ok] = np.take_along_axis(scores, order, axis=-1)
-            if scored_:
-                typicality[ok] = scored_[0]
+            if outputs.typicality is not None and outputs.p_value is not None:
+                typicality[ok] = np.stack([outputs.typicality, outputs.p_value], axis=-1)
             finite = np.isfinite(vectors).all(axis=-1) & np.isfinite(logits).all(axis=-1)
             for row in np.flatnonzero(ok)[~finite]:
                 kinds[row] = NOT_FINITE

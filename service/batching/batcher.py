@@ -16,7 +16,8 @@ every job in it. No polling: the consumer sleeps on the queue. A full queue rais
 :class:`QueueFullError` at once (the app answers 503 with ``Retry-After``); jobs whose caller has
 gone (deadline passed) are dropped before they reach the model. An image whose outputs hold NaN or
 infinite values gets :class:`NonFiniteOutputError` instead of them (checked once per batch in the
-inference thread, not per image on the event loop).
+inference thread, not per image on the event loop). What it does is told to its observer
+(:mod:`service.batching.observer`): the queue's depth, each batch run and answered.
 """
 
 from __future__ import annotations
@@ -28,17 +29,27 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import ParamSpec
 
 import numpy as np
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
+from service.batching.observer import BatchObserver, NoBatchObserver
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch
 from service.telemetry import access, stage_clock
 from service.telemetry.metrics import BatchStats
-from service.telemetry.tracing import Spans
 
-__all__ = ["PATIENCE", "BatchStats", "MicroBatcher", "NonFiniteOutputError", "QueueFullError"]
+__all__ = [
+    "PATIENCE",
+    "BatchStats",
+    "MicroBatcher",
+    "NonFiniteOutputError",
+    "QueueFullError",
+    "RunFn",
+    "finite_rows",
+]
 
 log = logging.getLogger("service.batcher")  # stable for logging configs, wherever the module lives
 
@@ -47,9 +58,11 @@ log = logging.getLogger("service.batcher")  # stable for logging configs, wherev
 PATIENCE = 0.25
 
 #: A batch's N images (``service.runtime.runner.Batch``: the jobs' ``(C, H, W)`` arrays, or one
-#: ``(N, C, H, W)`` array) -> its outputs, each with N rows: logits and embedding, and the
-#: typicality scores where the model has a reference (``service.models.loader.scored``).
-RunFn = Callable[[Batch], tuple[np.ndarray, ...]]
+#: ``(N, C, H, W)`` array) -> their N rows of each output: logits and embedding, and the
+#: typicality score and p-value where the model has a reference (``service.models.loader.scored``).
+RunFn = Callable[[Batch], BackendOutputs]
+
+_Event = ParamSpec("_Event")
 
 
 class QueueFullError(RuntimeError):
@@ -61,16 +74,17 @@ class NonFiniteOutputError(ArithmeticError):
     image's: JSON cannot carry them, and no class or embedding can be read from them)."""
 
 
-def finite_rows(outputs: Sequence[np.ndarray]) -> np.ndarray:
+def finite_rows(outputs: BackendOutputs) -> np.ndarray:
     """``(N,)`` bool: row ``n`` of every output (each ``(N, ...)``) is finite throughout."""
-    rows = len(outputs[0])
-    return np.logical_and.reduce([np.isfinite(o.reshape(rows, -1)).all(axis=1) for o in outputs])
+    rows = len(outputs)
+    finite = [np.isfinite(o.reshape(rows, -1)).all(axis=1) for o in outputs.named().values()]
+    return np.logical_and.reduce(finite)
 
 
 @dataclass
 class _Job:
     image: np.ndarray  # (C, H, W) float32
-    future: asyncio.Future[tuple[np.ndarray, ...]]
+    future: asyncio.Future[BackendOutputs]  # the image's row of each output
     enqueued: float = field(default_factory=time.perf_counter)
     #: the submitting request's span (OpenTelemetry; invalid when nothing is traced) and when
     #: the job was queued, in the clock spans use
@@ -81,21 +95,21 @@ class _Job:
 
 
 class MicroBatcher:
-    """Gathers single images into batches of at most ``max_batch``, waiting at most ``max_wait``."""
+    """Gathers single images into batches of at most ``max_batch``, waiting at most
+    ``max_wait_s``, and runs them through ``run``; ``queue_size`` images wait at most. The rest
+    is described in the module's docstring; ``observer`` is told what happens."""
 
     def __init__(
         self,
         run: RunFn,
+        *,
         max_batch: int,
         max_wait_s: float,
         queue_size: int,
-        on_batch: Callable[[BatchStats], None] | None = None,
         wait_for_announced: bool = False,
         patience: float = PATIENCE,
-        on_depth: Callable[[int], None] | None = None,
-        spans: Spans | None = None,
-        span_attributes: dict[str, str] | None = None,
         in_flight: int = 1,
+        observer: BatchObserver | None = None,
     ) -> None:
         if in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, not {in_flight}")
@@ -108,10 +122,7 @@ class MicroBatcher:
         self._announced = 0  # images callers said are on their way, not yet submitted
         self._last_inference_s = 0.0
         self._arrived = asyncio.Event()  # set on every submit and when nothing is on its way
-        self._on_batch = on_batch
-        self._on_depth = on_depth  # told the images waiting after a request's and a batch's turn
-        self._spans = spans or Spans(trace.get_tracer(__name__))
-        self._span_attributes = span_attributes or {}
+        self._observer = observer or NoBatchObserver()
         #: batches dispatched before the last one's results are back: with 2, the next batch
         #: waits in the inference thread's queue and starts the moment the thread is free,
         #: not when the event loop has taken the last one's results
@@ -148,10 +159,10 @@ class MicroBatcher:
         if self._announced == 0:
             self._arrived.set()
 
-    def submit(self, image: np.ndarray) -> asyncio.Future[tuple[np.ndarray, ...]]:
-        """Queue one image; the future resolves to its row of each output: ``(logits (K,),
-        embedding (p,))``, and its typicality ``(2,)`` where the run function adds it."""
-        future: asyncio.Future[tuple[np.ndarray, ...]] = asyncio.get_running_loop().create_future()
+    def submit(self, image: np.ndarray) -> asyncio.Future[BackendOutputs]:
+        """Queue one image; the future resolves to its row of each output (one row each:
+        logits ``(1, K)``, embedding ``(1, p)``, and what else the run function answers)."""
+        future: asyncio.Future[BackendOutputs] = asyncio.get_running_loop().create_future()
         job = _Job(image, future)
         try:
             self._queue.put_nowait(job)
@@ -162,9 +173,7 @@ class MicroBatcher:
         self._arrived.set()
         return future
 
-    def submit_all(
-        self, images: Sequence[np.ndarray]
-    ) -> list[asyncio.Future[tuple[np.ndarray, ...]]]:
+    def submit_all(self, images: Sequence[np.ndarray]) -> list[asyncio.Future[BackendOutputs]]:
         """Queue every image of a request, or none: :class:`QueueFullError` (the images already
         queued cancelled) when they do not all fit. The queue's new depth is reported once."""
         futures = []
@@ -179,14 +188,19 @@ class MicroBatcher:
         return futures
 
     def _report_depth(self) -> None:
-        """Tell ``on_depth`` the images waiting; a failing hook is logged, never raised."""
-        if self._on_depth is not None:
-            try:
-                self._on_depth(self._queue.qsize())
-            except Exception:  # as for on_batch: the consumer must go on
-                log.exception("the on_depth hook failed")
+        """Tell the observer the images waiting."""
+        self._tell(self._observer.queue_changed, self._queue.qsize())
 
-    async def run_direct(self, images: Batch) -> tuple[np.ndarray, ...]:
+    @staticmethod
+    def _tell(event: Callable[_Event, None], *args: _Event.args, **kwargs: _Event.kwargs) -> None:
+        """Call the observer's ``event``; one that raises is logged, never raised: the consumer
+        must go on (every later job would hang)."""
+        try:
+            event(*args, **kwargs)
+        except Exception:
+            log.exception("the batch observer's %s failed", getattr(event, "__name__", event))
+
+    async def run_direct(self, images: Batch) -> BackendOutputs:
         """Run a whole batch in the worker thread, bypassing the queue (warm-up)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._run, images)
@@ -243,29 +257,9 @@ class MicroBatcher:
             for _ in jobs:
                 self._queue.task_done()
 
-    def _trace(self, jobs: list[_Job], start_ns: int, end_ns: int) -> None:
-        """For each traced request with images in this batch, a ``queue`` span (from its first
-        image queued to the batch's start) and an ``inference`` span (the batch, with its size
-        and the request's images in it), children of the request's span: two spans per request
-        and batch, not per image (a 64-image request in one batch makes two, not 128)."""
-        # request (trace and span id) -> (its span, earliest queued, images in this batch)
-        first: dict[tuple[int, int], tuple[SpanContext, int, int]] = {}
-        for job in jobs:
-            span = job.span
-            if span.is_valid and span.trace_flags.sampled:  # else not traced (the default)
-                key = (span.trace_id, span.span_id)
-                _, queued, images = first.get(key, (span, job.enqueued_ns, 0))
-                first[key] = (span, min(queued, job.enqueued_ns), images + 1)
-        attributes = {**self._span_attributes, "smso.batch_size": len(jobs)}
-        for span, queued, images in first.values():
-            self._spans.finished("queue", span, queued, start_ns)
-            self._spans.finished(
-                "inference", span, start_ns, end_ns, {**attributes, "smso.images": images}
-            )
-
     def _run_batch(
         self, images: list[np.ndarray]
-    ) -> tuple[list[tuple[np.ndarray, ...] | None], float, dict[str, float]]:
+    ) -> tuple[list[BackendOutputs | None], float, dict[str, float]]:
         """Run the batch's images in the worker thread; the run function copies them where it
         needs them (a batch of 64 ImageNet-sized images is 38 MB, which would hold up the event
         loop for milliseconds). Returns each image's row of the outputs, ``None`` where a row is
@@ -275,13 +269,11 @@ class MicroBatcher:
         start = time.perf_counter()
         outputs = self._run(images)
         seconds = time.perf_counter() - start
+        if len(outputs) != len(images):
+            raise ValueError(f"{len(outputs)} rows of outputs for {len(images)} images")
         finite = finite_rows(outputs).tolist()
-        rows = zip(*outputs, strict=True)  # each output has the batch's N rows
-        return (
-            [r if ok else None for r, ok in zip(rows, finite, strict=True)],
-            seconds,
-            stage_clock.take(),
-        )
+        rows = [outputs.rows(n, n + 1) if ok else None for n, ok in enumerate(finite)]
+        return rows, seconds, stage_clock.take()
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         start, start_ns = time.perf_counter(), time.time_ns()
@@ -305,10 +297,7 @@ class MicroBatcher:
                 record.note_ended(end)
         round_trip = end - start
         self._last_inference_s = inference
-        try:
-            self._trace(jobs, start_ns, time.time_ns())
-        except Exception:  # a tracing fault must not fail the batch's requests
-            log.exception("recording the batch's spans failed")
+        self._tell(self._observer.batch_ran, jobs, start_ns, time.time_ns())
         for job, row in zip(jobs, rows, strict=True):
             if job.future.done():
                 continue
@@ -316,8 +305,11 @@ class MicroBatcher:
                 job.future.set_exception(NonFiniteOutputError("NaN or infinite outputs"))
             else:
                 job.future.set_result(row)
-        if self._on_batch is not None:
-            try:
-                self._on_batch(BatchStats(len(jobs), waits, inference, round_trip, stages))
-            except Exception:  # a metrics hook must not stop the consumer: every later job hangs
-                log.exception("the on_batch hook failed")
+        stats = BatchStats(
+            size=len(jobs),
+            queue_wait_s=waits,
+            inference_s=inference,
+            round_trip_s=round_trip,
+            stages=stages,
+        )
+        self._tell(self._observer.batch_answered, stats)

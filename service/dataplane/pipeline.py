@@ -23,10 +23,10 @@ from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.imaging.images import ImageError, ImageTooLargeError
 from service.models.registry import LoadedModel
+from service.runtime.outputs import BackendOutputs
 from service.telemetry import access
 
 __all__ = [
-    "Outputs",
     "decode_all",
     "l2_normalised",
     "run_batched",
@@ -35,10 +35,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("service")
-
-#: One image's ``(logits (K,), embedding (p,))``, then ``typicality (2,)`` (score, p-value)
-#: where the model has a typicality reference.
-Outputs = tuple[np.ndarray, ...]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -203,8 +199,9 @@ async def run_batched(
     images: Sequence[np.ndarray],
     deadline: float,
     route: str,
-) -> list[Outputs]:
-    """Each ``(C, H, W)`` image through ``model``'s micro-batcher; its outputs, in order.
+) -> BackendOutputs:
+    """Each ``(C, H, W)`` image through ``model``'s micro-batcher; the outputs of all, row ``n``
+    image ``n``'s: logits and embedding, and with a typicality reference the score and p-value.
 
     413 when there are more images than the queue can ever hold, 503 when it is full, 504 once
     ``deadline`` (a ``time.perf_counter()`` value) passes, 500 when the batch the image ran in
@@ -228,7 +225,7 @@ async def run_batched(
         ) from None
     try:
         async with asyncio.timeout(max(deadline - time.perf_counter(), 0)):
-            outputs = await asyncio.gather(*futures)
+            rows = await asyncio.gather(*futures)
     except TimeoutError:
         for future in futures:
             future.cancel()
@@ -263,10 +260,11 @@ async def run_batched(
         log.error("inference failed: %s", error)
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
     state.metrics.images.labels(route, model.name, model.version).inc(len(images))
-    if model.drift is not None:  # the scores ride as a third output (service.models.loader.scored)
-        typicality = np.stack([o[2] for o in outputs])  # (N, 2): score, p-value
+    outputs = BackendOutputs.concatenate(rows)
+    # scored where the model has a reference (service.models.loader.scored), as is its drift
+    if model.drift is not None and outputs.typicality is not None and outputs.p_value is not None:
         histogram = state.metrics.typicality.labels(model.name, model.version)
-        for score in typicality[:, 0].tolist():
+        for score in outputs.typicality.tolist():
             histogram.observe(score)
-        model.drift.observe(typicality[:, 1])
-    return list(outputs)
+        model.drift.observe(outputs.p_value)
+    return outputs

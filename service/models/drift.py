@@ -9,8 +9,8 @@ such images is then binomial, ``k ~ B(W, 0.01)``, and the drift p-value is its u
 The monitor alarms while ``p_drift < alarm_p``. The default ``alarm_p = 1e-7`` at ``W = 200``
 (an alarm at 14 rare images of 200) was chosen on Fashion-MNIST, in a simulation on the served
 model's outputs: no alarm over 50 orders of the 10,000 test images slid image by image. Through
-the real server (``bench/typicality.py``, docs/results/typicality.md): no alarm in 3 streams of
-10,000 in-distribution requests, and the alarm a median of 161 requests after 10 % of the
+the real server (``experiments/typicality.py``, docs/results/typicality.md): no alarm in 3
+streams of 10,000 in-distribution requests, and the alarm a median of 161 requests after 10 % of the
 traffic turned out of distribution. A window slides by every image: its many overlapping tests
 are why the threshold is so far below a single test's usual 1e-3.
 

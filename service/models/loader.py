@@ -21,7 +21,6 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +37,10 @@ from service.models.threads import in_daemon_thread
 from service.runtime.backend import Backend, BackendOptions, OnnxBackend, warm_up_inputs
 from service.runtime.graph import check_outputs
 from service.runtime.hosted_backend import HostedBackend, host_from_environment
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch, buckets
 from service.telemetry import stage_clock
+from service.telemetry.batch_telemetry import BatchTelemetry
 
 __all__ = [
     "STOPPING_S",
@@ -101,19 +102,23 @@ async def load_model(
             name, version = name or card.name, version or card.model_version
             registry.mark(name, version, ModelStatus.LOADING, source=source)
             typicality = typicality_reference(backend, settings.typicality, name)
-            run = scored(backend.run, typicality, _outputs(backend))
+            run = scored(backend.run, typicality)
+            telemetry = BatchTelemetry(
+                metrics=state.metrics,
+                spans=state.spans,
+                model=name,
+                version=version,
+                total_depth=registry.queue_depth,
+            )
             batcher = MicroBatcher(
                 run,
-                settings.max_batch_size,
-                settings.max_wait_ms / 1e3,
-                settings.queue_size,
-                on_batch=state.metrics.batch_observer(name, version),
+                max_batch=settings.max_batch_size,
+                max_wait_s=settings.max_wait_ms / 1e3,
+                queue_size=settings.queue_size,
                 wait_for_announced=True,
                 patience=settings.batch_patience,
-                on_depth=_depth_reporter(state, name, version),
-                spans=state.spans,
-                span_attributes={"smso.model": name, "smso.model_version": version},
                 in_flight=settings.batches_in_flight,
+                observer=telemetry,
             )
             batcher.start()
             phase = "warming up"
@@ -159,13 +164,13 @@ async def load_model(
             state.metrics.drift_reporter(name, version),
         )
     model = LoadedModel(
-        name,
-        version,
-        card,
-        backend,
-        preprocess,
-        batcher,
-        source,
+        name=name,
+        version=version,
+        card=card,
+        backend=backend,
+        preprocess=preprocess,
+        batcher=batcher,
+        source=source,
         typicality=typicality,
         drift=drift,
     )
@@ -279,42 +284,30 @@ def _outputs(backend: Backend) -> list[str]:
     return list(getattr(backend, "outputs", None) or ["logits", "embedding"])
 
 
-def scored(run: RunFn, typicality: Typicality | None, outputs: list[str] | None = None) -> RunFn:
-    """``run`` (a batch -> the ``outputs``: logits, embedding[, typicality or features])
-    answering logits and embedding, and with a reference each image's typicality score and
-    p-value as a third output ``(N, 2)``, in the inference thread. The score is the file's own
-    output ``typicality`` where it has one (computed by onnxruntime, in float32), else computed
-    here in numpy from the logits, embedding and features (the stage ``score`` of
-    :mod:`service.telemetry.stage_clock`)."""
-    in_graph = outputs is not None and "typicality" in outputs
+def scored(run: RunFn, typicality: Typicality | None) -> RunFn:
+    """``run`` answering logits and embedding only, and with a ``typicality`` reference each
+    image's typicality score ``(N,)`` float64 and its ``p_value`` ``(N,)``, in the inference
+    thread. The score is the file's own output ``typicality`` where it has one (computed by
+    onnxruntime, in float32), else computed here in numpy from the logits, embedding and
+    ``features`` (the stage ``score`` of :mod:`service.telemetry.stage_clock`)."""
 
-    def run_and_score(images: Batch) -> tuple[np.ndarray, ...]:
-        logits, embedding, *extra = run(images)
+    def run_and_score(images: Batch) -> BackendOutputs:
+        outputs = run(images)
+        logits, embedding = outputs.logits, outputs.embedding
         if typicality is None:
-            return logits, embedding
+            return BackendOutputs(logits=logits, embedding=embedding)
         start = time.perf_counter()
-        if in_graph:
-            scores = extra[0].astype(np.float64)
+        if outputs.typicality is not None:  # the file's own
+            scores = outputs.typicality.astype(np.float64)
         else:
-            scores = typicality.score(logits, embedding, extra[0] if extra else None)
-        scored = np.stack([scores, typicality.p_value(scores)], axis=1)
+            scores = typicality.score(logits, embedding, outputs.features).astype(np.float64)
+        p_value = typicality.p_value(scores).astype(np.float64)
         stage_clock.record("score", start)
-        return logits, embedding, scored
+        return BackendOutputs(
+            logits=logits, embedding=embedding, typicality=scores, p_value=p_value
+        )
 
     return run_and_score
-
-
-def _depth_reporter(state: Host, name: str, version: str) -> Callable[[int], None]:
-    """What a model's batcher calls when its queue's depth changes: the model's gauge and the
-    total over all models."""
-    metrics = state.metrics
-    gauge = metrics.model_queue_depth.labels(name, version)
-
-    def report(depth: int) -> None:
-        gauge.set(depth)
-        metrics.queue_depth.set(state.registry.queue_depth())
-
-    return report
 
 
 async def _discard(

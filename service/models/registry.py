@@ -47,7 +47,7 @@ class _Users:
         self.idle.set()
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class LoadedModel:
     """One version of one model, loaded and warmed up: everything a request needs of it."""
 

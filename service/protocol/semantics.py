@@ -31,7 +31,7 @@ import numpy as np
 
 from service.core.errors import ServiceError, too_large
 from service.core.settings import Settings
-from service.dataplane.pipeline import Outputs, decode_all, run_batched, top_classes
+from service.dataplane.pipeline import decode_all, run_batched, top_classes
 from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.models.registry import LoadedModel
@@ -48,6 +48,7 @@ from service.protocol.codec import (
     parse_request,
     quoted,
 )
+from service.runtime.outputs import BackendOutputs
 
 __all__ = [
     "EXTENSIONS",
@@ -248,10 +249,10 @@ def _classification(model: LoadedModel, logits: np.ndarray, k: int) -> list[byte
 
 
 def _answer(
-    model: LoadedModel, wanted: list[RequestedOutput], outputs: list[Outputs]
+    model: LoadedModel, wanted: list[RequestedOutput], outputs: BackendOutputs
 ) -> list[OutputTensor]:
-    logits = np.stack([o[0] for o in outputs])  # (N, K)
-    embedding = np.stack([o[1] for o in outputs])  # (N, p)
+    logits, embedding = outputs.logits, outputs.embedding  # (N, K), (N, p)
+    typicality = {"typicality": outputs.typicality, "typicality_p_value": outputs.p_value}
     tensors = []
     for output in wanted:
         if output.classification:
@@ -261,9 +262,11 @@ def _answer(
                 OutputTensor("logits", "BYTES", (len(logits), k), strings, output.binary)
             )
         else:
-            if output.name in TYPICALITY_OUTPUTS:  # the third output: (score, p-value) per image
-                column = TYPICALITY_OUTPUTS.index(output.name)
-                array = np.array([o[2][column] for o in outputs], np.float32)
+            if output.name in TYPICALITY_OUTPUTS:  # (N,) each, offered only where scored
+                scores = typicality[output.name]
+                if scores is None:
+                    raise ValueError(f"model {model.name} answered no {output.name}")
+                array = scores.astype(np.float32)
             else:
                 array = logits if output.name == "logits" else embedding
             tensors.append(OutputTensor(output.name, "FP32", array.shape, array, output.binary))

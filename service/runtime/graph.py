@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import numpy as np
-
 from service.core.card import CardError, ModelCard
+from service.runtime.outputs import BackendOutputs
 
 __all__ = ["INPUT", "OUTPUTS", "check_graph", "check_outputs"]
 
@@ -88,11 +87,13 @@ def check_graph(card: ModelCard, inputs: Sequence[_Arg], outputs: Sequence[_Arg]
             )
 
 
-def check_outputs(card: ModelCard, images: int, outputs: Sequence[np.ndarray]) -> None:
-    """:class:`CardError` where a batch of ``images`` answered ``logits`` or ``embedding``
-    (the first two ``outputs``) of another shape than ``(images, values)`` with the card's
-    values: what the warm-up checks, for graphs whose dimensions are symbolic."""
-    for (name, (field, value)), output in zip(_expected(card).items(), outputs, strict=False):
+def check_outputs(card: ModelCard, images: int, outputs: BackendOutputs) -> None:
+    """:class:`CardError` where a batch of ``images`` answered ``logits`` or ``embedding`` of
+    another shape than ``(images, values)`` with the card's values: what the warm-up checks,
+    for graphs whose dimensions are symbolic."""
+    answered = outputs.named()
+    for name, (field, value) in _expected(card).items():
+        output = answered[name]
         if output.shape != (images, value):
             raise _contradiction(
                 field,

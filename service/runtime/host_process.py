@@ -72,7 +72,7 @@ def _host_main(
     except Exception as error:
         parent.send(("error", f"{type(error).__name__}: {' '.join(str(error).split())}"))
         return
-    host = SessionHost(backend, options.max_batch, listener, busy)
+    host = SessionHost(backend, max_batch=options.max_batch, listener=listener, busy=busy)
     threading.Thread(target=host.accept_forever, daemon=True).start()
     parent.send(("ok", list(backend.providers)))
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
@@ -80,7 +80,7 @@ def _host_main(
         host.serve_forever()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HostHandle:
     """A running host: where it listens, its key, its process and providers, and the pipe
     whose closing stops it."""
@@ -138,7 +138,9 @@ def start_host(path: str | Path, options: Any, timeout_s: float = 900) -> HostHa
     )
     process.start()
     theirs.close()
-    handle = HostHandle(address, key, process, [], folder, mine, busy=busy)
+    handle = HostHandle(
+        address=address, key=key, process=process, providers=[], folder=folder, pipe=mine, busy=busy
+    )
     try:
         if not mine.poll(timeout_s):
             raise TimeoutError(f"the session host did not load {path} within {timeout_s:.0f} s")

@@ -32,6 +32,7 @@ from service.core.card import parse_card
 from service.core.errors import BackendUnavailableError
 from service.runtime.host_link import connect
 from service.runtime.host_process import ADDRESS_ENV, KEY_ENV
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch, fill
 from service.runtime.session_host import shared_view
 from service.telemetry import stage_clock
@@ -120,10 +121,10 @@ class HostedBackend:
             slot.connection.close()
             slot.connection = None
 
-    def run(self, images: Batch) -> tuple[np.ndarray, ...]:
-        """N images ``(C, H, W)`` float32 (:data:`service.runtime.runner.Batch`) -> the outputs, in
-        the order of ``outputs``. Records ``stack`` (the images into the shared memory) and
-        ``handoff`` (the messages both ways), with the host's stages."""
+    def run(self, images: Batch) -> BackendOutputs:
+        """N images ``(C, H, W)`` float32 (:data:`service.runtime.runner.Batch`) -> their rows of
+        the outputs the host's model answers (``outputs``). Records ``stack`` (the images into
+        the shared memory) and ``handoff`` (the messages both ways), with the host's stages."""
         n = len(images)
         if n > self.max_batch:
             raise ValueError(f"a batch of {n} is larger than the host's {self.max_batch}")
@@ -160,7 +161,9 @@ class HostedBackend:
         for name, seconds in stages.items():
             stage_clock.add(name, seconds)
         stage_clock.add("handoff", max(0.0, elapsed - sum(stages.values())))
-        return tuple(outputs)
+        if not isinstance(outputs, BackendOutputs):
+            raise RuntimeError(f"the session host answered {type(outputs).__name__}, not outputs")
+        return outputs
 
     def close(self) -> None:
         """Close the connections and free the shared memory (the host lets go of it when its

@@ -58,7 +58,7 @@ ACCELERATED = (TENSORRT, CUDA)
 ProviderSpec = tuple[str, dict[str, str]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Accelerator:
     """How to configure the GPU providers for one model (ignored on the CPU)."""
 
@@ -201,6 +201,7 @@ def quiet_native_output() -> Iterator[None]:
 def _session(
     path: Path,
     providers: list[ProviderSpec],
+    *,
     threads: int,
     spinning: bool,
     free_dims: Mapping[str, int] | None = None,
@@ -233,6 +234,7 @@ def _with_options(names: list[str], accelerator: Accelerator | None) -> list[Pro
 def shaped_session(
     path: Path,
     providers: list[str],
+    *,
     threads: int,
     spinning: bool,
     accelerator: Accelerator | None,
@@ -242,18 +244,23 @@ def shaped_session(
     (``free_dims``, e.g. ``{"batch": 8, "height": 224, "width": 224}``): every shape is then
     known when the graph is optimised, its shape arithmetic folds into constants, and every
     node can run on the accelerator (which a CUDA graph requires)."""
-    return _session(path, _with_options(providers, accelerator), threads, spinning, free_dims)
+    specs = _with_options(providers, accelerator)
+    return _session(path, specs, threads=threads, spinning=spinning, free_dims=free_dims)
 
 
 def choose_providers(
     spec: str,
     path: Path,
+    *,
     threads: int = 0,
     spinning: bool = False,
     accelerator: Accelerator | None = None,
 ) -> tuple[ort.InferenceSession, list[str]]:
     """A session on the providers ``spec`` names (``"auto"`` or a comma-separated list), and
     the providers it really runs on."""
+
+    def session_on(providers: list[ProviderSpec]) -> ort.InferenceSession:
+        return _session(path, providers, threads=threads, spinning=spinning)
 
     def with_options(names: list[str]) -> list[ProviderSpec]:
         return _with_options(names, accelerator)
@@ -263,7 +270,7 @@ def choose_providers(
         wanted = check_providers(spec)
         if TENSORRT in wanted:
             prepare_engine_cache(cache)
-        session = _session(path, with_options(wanted), threads, spinning)
+        session = session_on(with_options(wanted))
         used = session.get_providers()
         if wanted[0] in ACCELERATED and used[0] != wanted[0]:
             # onnxruntime falls back to the next provider, with its reason in its own log
@@ -290,12 +297,12 @@ def choose_providers(
         try:
             # a missing CUDA library is reported by the C++ logger and print()
             with quiet_native_output():
-                session = _session(path, with_options(names), threads, spinning)
+                session = session_on(with_options(names))
         except Exception as error:  # onnxruntime raises bare RuntimeErrors of its own types
             log.info("%s is not usable here (%s)", accelerated, str(error).splitlines()[0][:200])
             continue
         if session.get_providers()[0] == accelerated:
             return session, session.get_providers()
         log.info("%s is not usable here (its libraries did not load)", accelerated)
-    session = _session(path, [(CPU, {})], threads, spinning)
+    session = session_on([(CPU, {})])
     return session, session.get_providers()

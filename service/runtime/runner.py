@@ -24,11 +24,11 @@ cores the one copy takes 2.1 times less at 31 images, 1.6 at 64 (``bench/batch_c
 * :class:`PlainRunner`: ``session.run`` on numpy arrays (onnxruntime copies the input to the
   device and the outputs back inside the call).
 * :class:`BoundRunner`: a host array of the largest bucket's rows, and per bucket an IO binding
-  of an input and two outputs that live on the device at fixed addresses, reused by every call:
+  of an input and the outputs that live on the device at fixed addresses, reused by every call:
   the images are copied into the host array, its bucket's rows to the device in place, the
-  outputs copied back once. Fixed
-  addresses are what a CUDA graph needs (``gpu_graph_id`` = bucket number + 1); the same class
-  runs on the CPU (``device="cpu"``), which is how it is tested without a GPU.
+  outputs copied back once. Fixed addresses are what a CUDA graph needs (``gpu_graph_id`` =
+  bucket number + 1); the same class runs on the CPU (``device="cpu"``), which is how it is
+  tested without a GPU.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from typing import TypeAlias, TypeGuard
 import numpy as np
 import onnxruntime as ort
 
+from service.runtime.graph import INPUT, OUTPUTS
+from service.runtime.outputs import BackendOutputs
 from service.telemetry import stage_clock
 
 __all__ = [
@@ -59,8 +61,8 @@ __all__ = [
 #: N images ``(C, H, W)`` float32: a sequence of them, or one ``(N, C, H, W)`` array.
 Batch: TypeAlias = np.ndarray | Sequence[np.ndarray]
 
-#: ``Batch -> (logits (N, K), embedding (N, p)[, typicality (N,) or features (N, C_b)])``.
-Runner: TypeAlias = Callable[[Batch], tuple[np.ndarray, ...]]
+#: ``Batch`` of N images -> their N rows of each output (:class:`BackendOutputs`).
+Runner: TypeAlias = Callable[[Batch], BackendOutputs]
 
 
 class _Terminable:
@@ -141,13 +143,14 @@ def stacked(images: Batch) -> np.ndarray:
 
 class PlainRunner(_Terminable):
     """``session.run`` on numpy arrays; pads to a bucket (and takes its session) where
-    ``sizes`` is given."""
+    ``sizes`` is given. ``outputs``: the graph's outputs it answers, by name."""
 
     def __init__(
         self,
         session: Sessions,
+        *,
         sizes: Sequence[int] | None = None,
-        outputs: Sequence[str] = ("logits", "embedding"),
+        outputs: Sequence[str] = OUTPUTS,
     ) -> None:
         self.outputs = list(outputs)
         self._options = [ort.RunOptions()]
@@ -160,7 +163,12 @@ class PlainRunner(_Terminable):
             self.sessions = _per_bucket(session, self.sizes)
             self.session = self.sessions[self.sizes[-1]]
 
-    def __call__(self, images: Batch) -> tuple[np.ndarray, ...]:
+    @property
+    def mode(self) -> str:
+        """``plain`` (every batch as it comes) or ``buckets`` (padded to one)."""
+        return "plain" if self.sizes is None else "buckets"
+
+    def __call__(self, images: Batch) -> BackendOutputs:
         """Records the stages ``stack`` (the images into one array, zero rows after them up
         to the bucket; none for an array that is the bucket already) and ``run``
         (:mod:`service.telemetry.stage_clock`)."""
@@ -178,9 +186,9 @@ class PlainRunner(_Terminable):
                 batch = np.empty((size, *images[0].shape), np.float32)
                 batch[fill(batch, images) :] = 0
         start = stage_clock.record("stack", start)
-        outputs = session.run(self.outputs, {"image": batch}, self._options[0])
+        outputs = session.run(self.outputs, {INPUT: batch}, self._options[0])
         stage_clock.record("run", start)
-        return tuple(out[:n] for out in outputs)
+        return BackendOutputs.from_named(dict(zip(self.outputs, outputs, strict=True))).rows(0, n)
 
 
 class BoundRunner(_Terminable):
@@ -190,17 +198,18 @@ class BoundRunner(_Terminable):
     def __init__(
         self,
         session: Sessions,
+        *,
         input_shape: tuple[int, int, int],
-        num_classes: int,
-        embedding_dim: int,
+        outputs: Mapping[str, tuple[int, ...]],
         sizes: Sequence[int],
         device: str = "cuda",
         device_id: int = 0,
         graphs: bool = False,
-        extra: Sequence[tuple[str, tuple[int, ...]]] = (),
     ) -> None:
-        """``extra``: further outputs after logits and embedding, ``(name, shape after the
-        batch dimension)`` each: ``("features", (128,))``, ``("typicality", ())``."""
+        """``input_shape``: ``(C, H, W)``; ``outputs``: each output bound, by name, with its
+        shape after the batch dimension: ``{"logits": (10,), "embedding": (64,),
+        "typicality": ()}`` (or ``"features": (128,)``)."""
+        self.outputs = list(outputs)
         self.sizes = list(sizes)
         self.sessions = _per_bucket(session, self.sizes)
         self.session = self.sessions[self.sizes[-1]]
@@ -219,10 +228,8 @@ class BoundRunner(_Terminable):
             image = value((size, *input_shape))
             image.update_inplace(np.zeros((size, *input_shape), np.float32))
             binding = self.sessions[size].io_binding()
-            binding.bind_ortvalue_input("image", image)
-            binding.bind_ortvalue_output("logits", value((size, num_classes)))
-            binding.bind_ortvalue_output("embedding", value((size, embedding_dim)))
-            for name, tail in extra:
+            binding.bind_ortvalue_input(INPUT, image)
+            for name, tail in outputs.items():
                 binding.bind_ortvalue_output(name, value((size, *tail)))
             options = ort.RunOptions()
             if graphs:
@@ -230,7 +237,12 @@ class BoundRunner(_Terminable):
             self._slots[size] = (binding, image, options)
             self._options.append(options)
 
-    def __call__(self, images: Batch) -> tuple[np.ndarray, ...]:
+    @property
+    def mode(self) -> str:
+        """``io-binding``, or ``cuda-graphs`` where each bucket's run is a CUDA graph."""
+        return "cuda-graphs" if self.graphs else "io-binding"
+
+    def __call__(self, images: Batch) -> BackendOutputs:
         """Records the stages ``stack`` (the images into the bucket's host array, with the
         wait for another call's buffers), ``upload``, ``run`` and ``download``
         (:mod:`service.telemetry.stage_clock`). An array of exactly the bucket's rows (the session
@@ -252,4 +264,4 @@ class BoundRunner(_Terminable):
             start = stage_clock.record("run", start)
             outputs = binding.copy_outputs_to_cpu()  # in the order bound
             stage_clock.record("download", start)
-        return tuple(out[:n] for out in outputs)
+        return BackendOutputs.from_named(dict(zip(self.outputs, outputs, strict=True))).rows(0, n)

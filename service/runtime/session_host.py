@@ -106,10 +106,14 @@ class _Round:
 class SessionHost:
     """The serving side: the listener, a reader thread per connection, the batching loop."""
 
-    def __init__(self, backend: Any, max_batch: int, listener: Listener, busy: Any = None) -> None:
-        """``busy``: a shared ``multiprocessing.Value("d")`` that holds the ``time.monotonic()``
-        at which the running round started, 0 between rounds (the parent's watcher reads it:
-        a round that never ends is a hung device)."""
+    def __init__(
+        self, backend: Any, *, max_batch: int, listener: Listener, busy: Any = None
+    ) -> None:
+        """``backend``: an :class:`~service.runtime.backend.OnnxBackend` (its card, buckets,
+        outputs and session's metadata, and ``run``); ``busy``: a shared
+        ``multiprocessing.Value("d")`` that holds the ``time.monotonic()`` at which the running
+        round started, 0 between rounds (the parent's watcher reads it: a round that never ends
+        is a hung device)."""
         self.backend = backend
         self.busy = busy
         self.max_batch = max_batch
@@ -286,7 +290,7 @@ class SessionHost:
         stages = stage_clock.take()
         total = round_.offsets[-1][1]
         for batch, (begin, end) in zip(round_.batches, round_.offsets, strict=True):
-            mine = tuple(np.ascontiguousarray(out[begin:end]) for out in outputs)
+            mine = outputs.rows(begin, end).map(np.ascontiguousarray)  # a BackendOutputs
             batch.answer("ok", mine, {**stages, "share": start - batch.received}, total)
 
 

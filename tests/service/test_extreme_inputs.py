@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.core.settings import Settings
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch
 from tests.service.conftest import FakeBackend, grey, wait_ready
 from tests.service.http.test_oip import INFER, tensor_input
@@ -18,18 +19,21 @@ from tests.service.http.test_oip import INFER, tensor_input
 class Overflowing(FakeBackend):
     """Like a real network: a row whose values are huge gives infinite logits."""
 
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> BackendOutputs:
         with np.errstate(all="ignore"):  # the fake's statistics overflow too
-            logits, embedding = super().run(images)
+            outputs = super().run(images)
+        logits, embedding = outputs.logits, outputs.embedding
         huge = np.abs(np.asarray(images)).reshape(len(logits), -1).max(axis=1) > 1e15
         logits[huge] = np.inf
-        return logits, embedding
+        return BackendOutputs(logits=logits, embedding=embedding)
 
 
 class Broken(FakeBackend):
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
-        logits, embedding = super().run(images)
-        return np.full_like(logits, np.nan), embedding
+    def run(self, images: Batch) -> BackendOutputs:
+        outputs = super().run(images)
+        return BackendOutputs(
+            logits=np.full_like(outputs.logits, np.nan), embedding=outputs.embedding
+        )
 
 
 def test_extreme_values_are_the_inputs_fault_and_the_other_rows_are_answered(make_client):

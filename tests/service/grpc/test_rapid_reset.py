@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.grpc_flood import reset_case
 from tests.service.limits.test_memory_bounds import linux_only
+from tests.soak.grpc_flood import reset_case
 
 
 @linux_only

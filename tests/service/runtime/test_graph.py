@@ -11,6 +11,7 @@ import pytest
 from service.core.card import CARD_KEY, CardError, parse_card
 from service.runtime.backend import OnnxBackend
 from service.runtime.graph import check_outputs
+from service.runtime.outputs import BackendOutputs
 from tests.service.models.graphs import card, model_file
 
 
@@ -52,9 +53,10 @@ def test_symbolic_dimensions_are_left_to_the_outputs_check(tmp_path):
 
 def test_outputs_of_another_shape_than_the_card_says_are_refused_naming_the_field():
     parsed = parse_card({CARD_KEY: json.dumps(card(classes=["a", "b", "c"]))})[0]
-    logits, embedding = np.zeros((2, 10), np.float32), np.zeros((2, 4), np.float32)
+    ten, three = np.zeros((2, 10), np.float32), np.zeros((2, 3), np.float32)
+    four, wide = np.zeros((2, 4), np.float32), np.zeros((2, 64), np.float32)
     with pytest.raises(CardError, match=r"^the model card contradicts its graph: classes says 3, "):
-        check_outputs(parsed, 2, (logits, embedding))
-    check_outputs(parsed, 2, (np.zeros((2, 3), np.float32), embedding))
+        check_outputs(parsed, 2, BackendOutputs(logits=ten, embedding=four))
+    check_outputs(parsed, 2, BackendOutputs(logits=three, embedding=four))
     with pytest.raises(CardError, match=r"model\.embedding_dim says 4"):
-        check_outputs(parsed, 2, (np.zeros((2, 3), np.float32), np.zeros((2, 64), np.float32)))
+        check_outputs(parsed, 2, BackendOutputs(logits=three, embedding=wide))

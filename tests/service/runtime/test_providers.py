@@ -22,7 +22,13 @@ from service.runtime.providers import (
     provider_options,
 )
 
-ACCELERATOR = Accelerator((3, 224, 224), 64, Path("/cache/trt"), trt_fp16=True, cuda_graphs=True)
+ACCELERATOR = Accelerator(
+    input_shape=(3, 224, 224),
+    max_batch=64,
+    engine_cache_dir=Path("/cache/trt"),
+    trt_fp16=True,
+    cuda_graphs=True,
+)
 
 
 def test_tensorrt_gets_one_profile_for_every_batch_and_a_persistent_engine_cache():
@@ -35,14 +41,16 @@ def test_tensorrt_gets_one_profile_for_every_batch_and_a_persistent_engine_cache
     assert options["trt_timing_cache_enable"] == "1"
     assert options["trt_timing_cache_path"] == "/cache/trt"
     assert options["trt_fp16_enable"] == "1"
-    plain = provider_options(TENSORRT, Accelerator((1, 28, 28), 16))
+    plain = provider_options(TENSORRT, Accelerator(input_shape=(1, 28, 28), max_batch=16))
     assert "trt_engine_cache_enable" not in plain
     assert plain["trt_fp16_enable"] == "0"
 
 
 def test_cuda_gets_graphs_only_when_asked():
     assert provider_options(CUDA, ACCELERATOR)["enable_cuda_graph"] == "1"
-    assert "enable_cuda_graph" not in provider_options(CUDA, Accelerator((1, 28, 28), 16))
+    assert "enable_cuda_graph" not in provider_options(
+        CUDA, Accelerator(input_shape=(1, 28, 28), max_batch=16)
+    )
     assert provider_options(CPU, ACCELERATOR) == {}
     assert provider_options(CUDA, None) == {}
 
@@ -79,7 +87,7 @@ class Started:
 def test_an_explicit_list_passes_each_provider_its_options(monkeypatch, shipped_model, accelerator):
     calls = []
 
-    def fake_session(path, specs, threads, spinning):
+    def fake_session(path, specs, *, threads, spinning):
         calls.append(specs)
         return Started([name for name, _ in specs])
 
@@ -112,7 +120,7 @@ def test_an_accelerator_asked_for_by_name_is_never_replaced_by_the_cpu(monkeypat
         f"driver): give providers 'auto', which runs on the CPU here, or {CPU!r}"
     )
     monkeypatch.setattr(providers, "has_nvidia_gpu", lambda: True)
-    monkeypatch.setattr(providers, "_session", lambda *args: Started([CPU]))
+    monkeypatch.setattr(providers, "_session", lambda *args, **kwargs: Started([CPU]))
     with pytest.raises(ValueError, match=rf"{CUDA} was asked for and onnxruntime could not start"):
         choose_providers(f"{CUDA},{CPU}", Path(shipped_model))
     _, used = choose_providers(CPU, Path(shipped_model))  # the CPU by name is fine
@@ -124,7 +132,7 @@ def test_auto_tries_tensorrt_then_cuda_on_a_gpu_machine(monkeypatch, shipped_mod
     a session that does not start on the accelerator is not kept."""
     calls = []
 
-    def fake_session(path, specs, threads, spinning):
+    def fake_session(path, specs, *, threads, spinning):
         calls.append(specs)
         if specs[0][0] == TENSORRT:
             raise RuntimeError("libnvinfer.so.10: cannot open shared object file")
@@ -150,7 +158,7 @@ def gpu_machine(monkeypatch) -> list[list[str]]:
     session started, in order."""
     calls: list[list[str]] = []
 
-    def fake_session(path, specs, threads, spinning):
+    def fake_session(path, specs, *, threads, spinning):
         calls.append([name for name, _ in specs])
         return ort.InferenceSession(str(path), providers=[CPU])
 
@@ -170,7 +178,7 @@ def test_the_engine_cache_folder_is_made_with_its_parents_before_tensorrt_starts
     made: list[bool] = []
     gpu_machine(monkeypatch)
 
-    def fake_session(*args: object) -> Started:
+    def fake_session(*args: object, **kwargs: object) -> Started:
         made.append(cache.is_dir())
         return Started([TENSORRT, CPU])
 
@@ -207,7 +215,16 @@ def test_settings_give_the_backend_its_options(shipped_model, tmp_path):
         cuda_graphs=True,
     )
     options = BackendOptions.from_settings(settings)
-    assert options == BackendOptions("auto", 0, False, 32, tmp_path, True, False, True)
+    assert options == BackendOptions(
+        providers="auto",
+        threads=0,
+        spinning=False,
+        max_batch=32,
+        engine_cache_dir=tmp_path,
+        trt_fp16=True,
+        io_binding=False,
+        cuda_graphs=True,
+    )
     default = BackendOptions.from_settings(Settings(model_path=shipped_model))
     assert default.engine_cache_dir is not None
     assert default.engine_cache_dir.parts[-2:] == ("smso", "tensorrt")

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from service.runtime.backend import BackendOptions, OnnxBackend
+from service.runtime.outputs import BackendOutputs
 from service.runtime.providers import CPU, CUDA, has_nvidia_gpu, shaped_session
 from service.runtime.runner import BoundRunner, PlainRunner, bucket_for, buckets, fill, stacked
 from service.telemetry import stage_clock
@@ -47,8 +48,26 @@ def session(shipped_model):
     return ort.InferenceSession(shipped_model, providers=["CPUExecutionProvider"])
 
 
-def reference(session, images):
-    return session.run(["logits", "embedding"], {"image": images})
+def reference(session, images, names=("logits", "embedding")) -> BackendOutputs:
+    """The session's own answer, by name."""
+    arrays = session.run(list(names), {"image": images})
+    return BackendOutputs.from_named(dict(zip(names, arrays, strict=True)))
+
+
+def bound(session, sizes, **options) -> BoundRunner:
+    """An IO-binding runner of the shipped model on the CPU."""
+    shapes = {"logits": (10,), "embedding": (64,), **options.pop("extra", {})}
+    return BoundRunner(
+        session, input_shape=(1, 28, 28), outputs=shapes, sizes=sizes, device="cpu", **options
+    )
+
+
+def assert_close(got: BackendOutputs, want: BackendOutputs, tolerance: float = 1e-5) -> None:
+    """The same outputs, of the same shapes, with values within ``tolerance``."""
+    assert list(got.named()) == list(want.named())
+    for name, array in want.named().items():
+        assert got.named()[name].shape == array.shape, name
+        np.testing.assert_allclose(got.named()[name], array, rtol=tolerance, atol=tolerance)
 
 
 def images(n: int, seed: int = 0) -> np.ndarray:
@@ -56,25 +75,16 @@ def images(n: int, seed: int = 0) -> np.ndarray:
 
 
 def test_plain_runner_pads_to_buckets_without_changing_the_answers(session):
-    runner = PlainRunner(session, buckets(8))
+    runner = PlainRunner(session, sizes=buckets(8))
     for n in (1, 3, 5, 8):
         batch = images(n, seed=n)
-        logits, embedding = runner(batch)
-        want_logits, want_embedding = reference(session, batch)
-        assert logits.shape == want_logits.shape
-        assert embedding.shape == want_embedding.shape
-        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+        assert_close(runner(batch), reference(session, batch))
 
 
 def test_the_runners_record_their_stages_on_the_calling_threads_clock(session):
-    plain, bound = (
-        PlainRunner(session, buckets(8)),
-        BoundRunner(session, (1, 28, 28), 10, 64, buckets(8), device="cpu"),
-    )
     for runner, stages in (
-        (plain, {"stack", "run"}),
-        (bound, {"stack", "upload", "run", "download"}),
+        (PlainRunner(session, sizes=buckets(8)), {"stack", "run"}),
+        (bound(session, buckets(8)), {"stack", "upload", "run", "download"}),
     ):
         stage_clock.take()
         start = time.perf_counter()
@@ -86,27 +96,18 @@ def test_the_runners_record_their_stages_on_the_calling_threads_clock(session):
         assert sum(times.values()) <= wall
         assert times["run"] > 0
     stage_clock.take()
+    assert PlainRunner(session).mode == "plain"
     PlainRunner(session)(list(images(3)))  # no buckets: stacked as they are
     assert set(stage_clock.take()) == {"stack", "run"}
 
 
 def test_bound_runner_on_the_cpu_reuses_its_buffers_and_gives_the_same_answers(session):
-    runner = BoundRunner(
-        session,
-        (1, 28, 28),
-        10,
-        64,
-        buckets(8),
-        device="cpu",
-        extra=[("features", (128,)), ("typicality", ())],
-    )
+    runner = bound(session, buckets(8), extra={"features": (128,), "typicality": ()})
+    assert runner.mode == "io-binding"
+    names = ("logits", "embedding", "typicality", "features")
     for n in (2, 7, 8, 1, 7):  # a bucket reused with other data must not leak old rows
         batch = images(n, seed=10 + n)
-        got = runner(batch)
-        want = session.run(["logits", "embedding", "features", "typicality"], {"image": batch})
-        assert [a.shape for a in got] == [a.shape for a in want]
-        for got_one, expected in zip(got, want, strict=True):
-            np.testing.assert_allclose(got_one, expected, rtol=1e-5, atol=1e-5)
+        assert_close(runner(batch), reference(session, batch, names))
 
 
 def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_session(
@@ -117,22 +118,25 @@ def test_a_session_per_bucket_with_its_shape_fixed_answers_as_one_dynamic_sessio
     sizes = buckets(8)
     per_bucket = {
         size: shaped_session(
-            Path(shipped_model), [CPU], 1, False, None, {"batch": size, "height": 28, "width": 28}
+            Path(shipped_model),
+            [CPU],
+            threads=1,
+            spinning=False,
+            accelerator=None,
+            free_dims={"batch": size, "height": 28, "width": 28},
         )
         for size in sizes
     }
     assert [per_bucket[size].get_inputs()[0].shape for size in sizes] == [
         [size, 1, 28, 28] for size in sizes
     ]
-    runner = PlainRunner(per_bucket, sizes)
+    runner = PlainRunner(per_bucket, sizes=sizes)
+    assert runner.mode == "buckets"
     for n in (3, 1, 8, 5):
         batch = images(n, seed=30 + n)
-        logits, embedding = runner(batch)
-        want_logits, want_embedding = reference(session, batch)
-        np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(embedding, want_embedding, rtol=1e-5, atol=1e-5)
+        assert_close(runner(batch), reference(session, batch))
     with pytest.raises(ValueError, match="no session for the buckets"):
-        PlainRunner({1: per_bucket[1]}, sizes)
+        PlainRunner({1: per_bucket[1]}, sizes=sizes)
 
 
 def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
@@ -142,11 +146,15 @@ def test_cpu_backend_runs_exact_batches_and_warms_up_each_bucket(shipped_model):
     assert backend.providers == ["CPUExecutionProvider"]
     assert backend.mode == "plain"
     assert backend.warmup_batches == [1, 2, 4, 8, 16]
+    assert backend.buckets is None
     assert backend.outputs == ["logits", "embedding", "typicality"]  # the file scores itself
-    logits, embedding, score = backend.run(images(5))
-    assert logits.shape == (5, 10)
-    assert embedding.shape == (5, 64)
-    assert score.shape == (5,)
+    outputs = backend.run(images(5))
+    assert outputs.logits.shape == (5, 10)
+    assert outputs.embedding.shape == (5, 64)
+    assert outputs.typicality is not None
+    assert outputs.typicality.shape == (5,)
+    assert outputs.features is None
+    assert outputs.p_value is None  # scored by the service, not the file
 
 
 cuda = pytest.mark.skipif(
@@ -177,11 +185,10 @@ def test_cuda_runners_agree_with_the_cpu(shipped_model, session, mode):
         backend.run(images(size))
     for n in (1, 3, 8, 3):
         batch = images(n, seed=20 + n)
-        logits, embedding, _ = backend.run(batch)
-        want_logits, want_embedding = reference(session, batch)
+        outputs, want = backend.run(batch), reference(session, batch)
         # CUDA's convolutions use TF32 (10-bit mantissa) by default: 1.2e-3 seen on an H100
-        np.testing.assert_allclose(logits, want_logits, rtol=5e-3, atol=5e-3)
-        np.testing.assert_allclose(embedding, want_embedding, rtol=5e-3, atol=5e-3)
+        np.testing.assert_allclose(outputs.logits, want.logits, rtol=5e-3, atol=5e-3)
+        np.testing.assert_allclose(outputs.embedding, want.embedding, rtol=5e-3, atol=5e-3)
 
 
 def test_fill_copies_a_list_or_an_array_into_the_first_rows_and_refuses_an_overflow():
@@ -202,16 +209,9 @@ def test_fill_copies_a_list_or_an_array_into_the_first_rows_and_refuses_an_overf
 @pytest.mark.parametrize("kind", ["plain", "bound"])
 def test_the_runners_answer_a_list_of_images_as_the_same_batch_as_an_array(session, kind):
     sizes = buckets(8)
-    runner = (
-        PlainRunner(session, sizes)
-        if kind == "plain"
-        else BoundRunner(session, (1, 28, 28), 10, 64, sizes, device="cpu")
-    )
+    runner = PlainRunner(session, sizes=sizes) if kind == "plain" else bound(session, sizes)
     for n in (3, 4, 8):  # padded, and exactly a bucket (an array of it is used as it is)
         batch = images(n, seed=20 + n)
         from_array = runner(batch)
-        from_list = runner(list(batch))
-        want = reference(session, batch)
-        for got_array, got_list, expected in zip(from_array, from_list, want, strict=True):
-            np.testing.assert_array_equal(got_array, got_list)
-            np.testing.assert_allclose(got_array, expected, rtol=1e-5, atol=1e-5)
+        assert_close(runner(list(batch)), from_array, 0.0)
+        assert_close(from_array, reference(session, batch))

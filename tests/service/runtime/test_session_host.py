@@ -25,6 +25,7 @@ from service.runtime.backend import BackendOptions, OnnxBackend
 from service.runtime.host_link import connect
 from service.runtime.host_process import HostHandle, start_host
 from service.runtime.hosted_backend import HostedBackend
+from service.runtime.outputs import BackendOutputs
 from service.runtime.session_host import SessionHost, _Batch, shared_view
 from service.telemetry import stage_clock
 from tests.service.conftest import process_running, wait_gone
@@ -55,8 +56,10 @@ def test_a_hosted_backend_answers_what_the_model_answers(host: HostHandle, shipp
         assert hosted.providers == host.providers == ["CPUExecutionProvider"]
         batch = images(5)
         stage_clock.take()
-        for got, want in zip(hosted.run(batch), direct.run(batch), strict=True):
-            np.testing.assert_array_equal(got, want)
+        got, want = hosted.run(batch).named(), direct.run(batch).named()
+        assert list(got) == list(want) == hosted.outputs
+        for name, array in want.items():
+            np.testing.assert_array_equal(got[name], array)
         # the host's stages, and the worker's share of the call
         assert {"run", "share", "handoff"} <= set(stage_clock.take())
     finally:
@@ -75,8 +78,8 @@ def test_workers_calling_at_once_each_get_their_own_rows(host: HostHandle, shipp
     def call(backend: HostedBackend, caller: int) -> None:
         for i in range(30):
             batch = images(i % 4 + 1, seed=100 * caller + i)
-            logits = backend.run(batch)[0]
-            if not np.allclose(logits, direct.run(batch)[0], atol=1e-5):
+            logits = backend.run(batch).logits
+            if not np.allclose(logits, direct.run(batch).logits, atol=1e-5):
                 wrong.append(f"caller {caller}, call {i}")
             calls[caller] += 1
 
@@ -104,11 +107,12 @@ class _Recorder:
         self.card = SimpleNamespace(input=SimpleNamespace(channels=1, height=2, width=2))
         self.buckets: list[int] | None = None  # as OnnxBackend's on the CPU: no padding
 
-    def run(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+    def run(self, batch: np.ndarray) -> BackendOutputs:
         self.sizes.append(len(batch))
         if self.fail:
             raise RuntimeError("device lost")
-        return (batch.reshape(len(batch), -1)[:, :1].copy(),)
+        rows = batch.reshape(len(batch), -1)[:, :1].copy()
+        return BackendOutputs(logits=rows, embedding=rows)
 
 
 class _Pipe:
@@ -135,7 +139,7 @@ def test_the_host_merges_waiting_batches_up_to_its_largest():
     """Batches of 3, 4 and 2 waiting with a largest batch of 8: one round of 7 (the first two),
     then the third alone; each batch gets its own rows back."""
     backend = _Recorder()
-    host = SessionHost(backend, 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(backend, max_batch=8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [3, 4, 2])
     host.run_round(*host.next_round())
     host.run_round(*host.next_round())
@@ -143,7 +147,7 @@ def test_the_host_merges_waiting_batches_up_to_its_largest():
     for k, (pipe, n) in enumerate(zip(pipes, [3, 4, 2], strict=True)):
         ((status, seq, outputs, stages, merged),) = pipe.sent
         assert (status, seq) == ("ok", k)
-        np.testing.assert_array_equal(outputs[0], np.full((n, 1), float(k)))
+        np.testing.assert_array_equal(outputs.logits, np.full((n, 1), float(k)))
         assert merged == (7 if k < 2 else 2)
         assert stages["share"] >= 0
     assert host.waiting.empty()
@@ -154,17 +158,17 @@ def test_the_host_pads_a_merged_batch_to_its_bucket_in_place():
     buffer (no second copy), and each batch still gets only its own rows."""
     backend = _Recorder()
     backend.buckets = [1, 2, 4, 8]
-    host = SessionHost(backend, 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(backend, max_batch=8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [2, 3])
     host.run_round(*host.next_round())
     assert backend.sizes == [8]
-    assert [len(p.sent[0][2][0]) for p in pipes] == [2, 3]
+    assert [len(p.sent[0][2]) for p in pipes] == [2, 3]
 
 
 def test_a_round_that_cannot_be_gathered_is_answered_the_error():
     """Whatever fails in a round (here the copy: rows of the wrong shape) is every batch's
     answer, and the host goes on."""
-    host = SessionHost(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(_Recorder(), max_batch=8, listener=None)  # type: ignore[arg-type]
     good, bad = _Pipe(), _Pipe()
     rows = [np.zeros((1, 1, 2, 2), np.float32), np.zeros((1, 1, 3, 3), np.float32)]
     pairs = zip([good, bad], rows, strict=True)
@@ -176,7 +180,7 @@ def test_a_round_that_cannot_be_gathered_is_answered_the_error():
 
 
 def test_a_failed_round_fails_every_batch_in_it():
-    host = SessionHost(_Recorder(fail=True), 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(_Recorder(fail=True), max_batch=8, listener=None)  # type: ignore[arg-type]
     pipes = _queue(host, [1, 2])
     host.run_round(*host.next_round())
     assert [p.sent for p in pipes] == [
@@ -197,13 +201,13 @@ def test_the_host_marks_the_round_it_runs_for_the_watcher():
     seen: list[float] = []
 
     class Watched(_Recorder):
-        def run(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+        def run(self, batch: np.ndarray) -> BackendOutputs:
             seen.append(busy.value)
             return super().run(batch)
 
     for backend in (Watched(), Watched(fail=True)):
         busy = _Busy()
-        host = SessionHost(backend, 8, listener=None, busy=busy)  # type: ignore[arg-type]
+        host = SessionHost(backend, max_batch=8, listener=None, busy=busy)  # type: ignore[arg-type]
         _queue(host, [2])
         before = time.monotonic()
         host.run_round(*host.next_round())
@@ -228,7 +232,9 @@ def _sleeper(seconds: float) -> multiprocessing.process.BaseProcess:
 def _handle(process: multiprocessing.process.BaseProcess, busy: object) -> HostHandle:
     folder = tempfile.TemporaryDirectory()
     pipe, _ = multiprocessing.Pipe()
-    return HostHandle("", b"", process, [], folder, pipe, busy=busy)
+    return HostHandle(
+        address="", key=b"", process=process, providers=[], folder=folder, pipe=pipe, busy=busy
+    )
 
 
 def test_a_round_that_never_ends_gets_the_host_killed_and_the_server_stopped():
@@ -309,7 +315,14 @@ def fake_host(
                 answer(connection, seq)
 
     threading.Thread(target=serve, daemon=True).start()
-    handle = HostHandle(address, key, None, ["Fake"], folder, None)  # type: ignore[arg-type]
+    handle = HostHandle(
+        address=address,
+        key=key,
+        process=None,  # type: ignore[arg-type]
+        providers=["Fake"],
+        folder=folder,
+        pipe=None,  # type: ignore[arg-type]
+    )
     try:
         yield handle
     finally:
@@ -337,13 +350,14 @@ def test_answers_to_earlier_batches_are_not_taken_for_this_ones(shipped_model):
 
     def twice(connection: Connection, seq: int) -> None:
         connection.send(("error", seq - 1, "late, for the batch before"))
-        connection.send(("ok", seq, (logits * seq, embedding), {"run": 0.001}, 1))
+        outputs = BackendOutputs(logits=logits * seq, embedding=embedding)
+        connection.send(("ok", seq, outputs, {"run": 0.001}, 1))
 
     with fake_host(shipped_model, twice) as host:
         hosted = HostedBackend(shipped_model, host.address, host.key)
         try:
             for seq in range(3):
-                assert hosted.run(images(1))[0][0, 0] == seq
+                assert hosted.run(images(1)).logits[0, 0] == seq
         finally:
             hosted.close()
 
@@ -440,7 +454,7 @@ def test_the_host_goes_on_after_a_round_that_failed(shipped_model: str):
     """The host's own loop (two threads, two buffers): a batch that cannot be gathered is
     answered its error, and the rounds after it (more than there are buffers) are served."""
     backend = _Recorder()
-    host = SessionHost(backend, 8, listener=None)  # type: ignore[arg-type]
+    host = SessionHost(backend, max_batch=8, listener=None)  # type: ignore[arg-type]
     threading.Thread(target=host.serve_forever, daemon=True).start()
     bad = _Pipe()
     host.waiting.put(_Batch(bad, 0, np.zeros((1, 1, 3, 3), np.float32), 0.0))  # type: ignore[arg-type]
@@ -456,7 +470,7 @@ def test_the_host_goes_on_after_a_round_that_failed(shipped_model: str):
             assert time.monotonic() < deadline, f"round {k} was not served"
             time.sleep(0.01)
         assert good.sent[0][:2] == ("ok", k)
-        np.testing.assert_array_equal(good.sent[0][2][0], np.full((2, 1), k))
+        np.testing.assert_array_equal(good.sent[0][2].logits, np.full((2, 1), k))
 
 
 def test_a_gone_workers_memory_is_closed_only_once_its_batches_are_done():
@@ -464,7 +478,7 @@ def test_a_gone_workers_memory_is_closed_only_once_its_batches_are_done():
     batch's round is over (closing it under the batch's view would crash the host)."""
     memory = SharedMemory(create=True, size=4 * 8 * 4)
     try:
-        host = SessionHost(_Recorder(), 8, listener=None)  # type: ignore[arg-type]
+        host = SessionHost(_Recorder(), max_batch=8, listener=None)  # type: ignore[arg-type]
         batch = shared_view(memory, 0, (8, 1, 2, 2))[:3]  # what a waiting batch holds
         host._let_go(memory)  # the reader thread's clean-up
         assert host._orphans == [memory]
@@ -482,7 +496,7 @@ def test_a_failed_handshake_does_not_stop_the_host_accepting(host: HostHandle, s
         Client(host.address, "AF_UNIX", authkey=b"wrong" * 8)
     hosted = HostedBackend(shipped_model, host.address, host.key)
     try:
-        assert hosted.run(images(1))[0].shape == (1, 10)
+        assert hosted.run(images(1)).logits.shape == (1, 10)
     finally:
         hosted.close()
 

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch
 from service.telemetry.logs import JsonFormatter, RequestIdFilter, TextFormatter
 from tests.service.conftest import FakeBackend, grey
@@ -81,7 +82,7 @@ class _HeldBackend(FakeBackend):
         super().__init__()
         self.started, self.release = threading.Event(), threading.Event()
 
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> BackendOutputs:
         if self.calls >= self.warmups:
             self.started.set()
             self.release.wait(30)
