@@ -1,13 +1,12 @@
 """The FastAPI app, assembled: ``create_app(settings, backend=None)``.
 
-The state (``service.dataplane.pipeline.ServiceState``), the lifespan that loads the models (one
+The state (``service.dataplane.state.ServiceState``), the lifespan that loads the models (one
 file, or a repository followed by ``service.models.repository``) and stops them, the middleware
-(request id and access line, metrics, client gone, body budget, drain), and the routes:
-``service.http.routes`` (health,
-metrics, and each model's ``/classify``, ``/embed`` and ``/metadata``), ``service.http.oip`` (the
-Open Inference Protocol under ``/v2``) and ``service.http.docs`` (the OpenAPI docs, offline). The
-lifespan also runs the protocol's gRPC side (``service.grpc.server``) on ``settings.grpc_port``,
-unless 0.
+(request id and access line, drain, metrics, requests in progress, body budget, client gone),
+and the routes: ``service.http.routes`` (health, metrics, and each model's ``/classify``,
+``/embed`` and ``/metadata``), ``service.http.oip`` (the Open Inference Protocol under ``/v2``)
+and ``service.http.docs`` (the OpenAPI docs, offline). The lifespan also runs the protocol's gRPC
+side (``service.grpc.server``) on ``settings.grpc_port``, unless 0.
 """
 
 from __future__ import annotations
@@ -26,14 +25,14 @@ from threadpoolctl import threadpool_limits
 
 from service.core.settings import Settings
 from service.dataplane.state import ServiceState
-from service.http.access import AccessLog
+from service.http.access_log import AccessLog
 from service.http.disconnect import CancelWhenGone
 from service.http.docs import install_docs
 from service.http.drain import CloseWhenDraining
 from service.http.errors import install_error_handlers
-from service.http.inflight import HoldInFlight
-from service.http.metrics import MetricsMiddleware
+from service.http.inflight_limit import HoldInFlight
 from service.http.oip import build_router
+from service.http.request_metrics import MetricsMiddleware
 from service.http.routes import build_routes
 from service.limits.bodies import BodyBudget
 from service.models.loader import close_backend, load_model
@@ -54,8 +53,9 @@ log = logging.getLogger("service")
 
 
 class _App(FastAPI):
-    """FastAPI with :class:`~service.http.access.AccessLog` outside Starlette's own error layer, so
-    that a last-resort 500 too carries the request's id (``add_middleware`` nests inside it)."""
+    """FastAPI with :class:`~service.http.access_log.AccessLog` outside Starlette's own error
+    layer, so that a last-resort 500 too carries the request's id (``add_middleware`` nests
+    inside it)."""
 
     def build_middleware_stack(self) -> ASGIApp:
         state = getattr(self.state, "smso", None)

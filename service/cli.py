@@ -2,10 +2,12 @@
 
 Every setting is a flag (``--max-batch-size 32``) or an environment variable with the prefix
 ``SMSO_`` (``SMSO_MAX_BATCH_SIZE=32``); flags win. Settings are validated once, here: a wrong
-one prints one line saying what is accepted and exits with status 2. Once it listens it logs
-where to go (the address, and the API docs at ``/docs`` where they are served). SIGTERM (or
-Ctrl-C) stops taking new connections, answers the requests in flight and exits with status 0
-(a second Ctrl-C cuts the drain short: status 1).
+one prints one line saying what is accepted and exits with status 2, and so does a port that
+is taken (:mod:`service.http.listeners`: the line says how to choose another). Once its port
+accepts connections it logs where to go (the address, and the API docs at ``/docs`` where they
+are served), and once ``/readyz`` answers 200 (the models loaded and warmed up) that it is
+ready. SIGTERM (or Ctrl-C) stops taking new connections, answers the requests in flight and
+exits with status 0 (a second Ctrl-C cuts the drain short: status 1).
 
 With ``--workers N`` (N > 1; the default, ``auto``, is one per usable core on the CPU, at most
 ``--max-auto-workers``, and one on a GPU) N server processes (:mod:`service.http.workers`) serve the
@@ -19,6 +21,7 @@ true`` a session host process loads the model first and the workers hand it thei
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import gc
@@ -30,7 +33,9 @@ import socket
 import sys
 import threading
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event as ProcessEvent
 from typing import Any
 
 import numpy as np
@@ -39,8 +44,10 @@ from pydantic import SecretStr, ValidationError
 from service.app import app_from_environment, create_app
 from service.core.card import CardError
 from service.core.settings import Settings, unknown_variables
+from service.dataplane.state import ServiceState
 from service.http.connections import ServerConfig
 from service.http.drain import DrainingServer
+from service.http.listeners import BACKLOG, base_url, bind_ports, where_to_go
 from service.http.workers import Workers, inherited
 from service.models.loader import STOPPING_S
 from service.runtime.backend import BackendOptions, OnnxBackend, read_card
@@ -133,8 +140,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         # bind, load and run the model once here, before the server starts: a taken port, a bad
         # model file or a model that loads but cannot run is one line and exit status 2
-        _check_grpc_port(settings)
-        listener = _listen(settings.host, settings.port)
+        listener = bind_ports(settings)
     except OSError as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
@@ -151,10 +157,12 @@ def _main(argv: Sequence[str] | None) -> int:
     app = create_app(settings, backend)
     config = _config(settings, app)
     state = app.state.smso
+    ready_line = _ready_line(settings, listener)
     server = _Server(
         config,
         on_drain=lambda: setattr(state, "draining", True),
         where="SMSO service listening on " + where_to_go(settings, listener),
+        when_ready=WhenReady(ready=lambda: _serves(state), then=lambda: log.info(ready_line)),
     )
     try:
         server.run(sockets=[listener])
@@ -165,19 +173,28 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0 if server.started and not server.force_exit else 1
 
 
-def where_to_go(settings: Settings, listener: socket.socket) -> str:
-    """For the start-up line: the service's address and where its API docs are (or why not)."""
-    host, port = settings.host, listener.getsockname()[1]
-    # a wildcard address listens everywhere but is no address to open: name the loopback one
-    shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
-    everywhere = f" (listening on {host or 'every address'})" if shown != host else ""
-    grpc = settings.grpc_port
-    where = f"[{shown}]:{grpc}" if ":" in shown else f"{shown}:{grpc}"
-    doors = f"{base}{everywhere}, gRPC on {where}" if grpc else f"{base}{everywhere}, no gRPC"
-    if settings.api_key is None or settings.docs_public:
-        return f"{doors} - API docs at {base}/docs"
-    return f"{doors} - API docs closed (SMSO_API_KEY is set; SMSO_DOCS_PUBLIC=true opens /docs)"
+def _ready_line(settings: Settings, listener: socket.socket) -> str:
+    """The line logged once /readyz first answers 200 (the models loaded and warmed up)."""
+    return f"SMSO service ready: {base_url(settings, listener)}/readyz answers 200"
+
+
+def _serves(state: ServiceState) -> bool:
+    """Whether the app's /readyz answers 200: its models ready, and not draining."""
+    return not state.draining and state.registry.readiness() == "ready"
+
+
+@dataclass(frozen=True)
+class WhenReady:
+    """What a server does once its app is ready: ``ready()`` is polled on the event loop every
+    :data:`READY_POLL_S` from the moment the server listens, and ``then()`` called once, the
+    first time it holds (the start-up's "ready" line, or a worker telling its supervisor)."""
+
+    ready: Callable[[], bool]
+    then: Callable[[], None]
+
+
+#: How often a server asks whether its app has become ready (a call on the event loop).
+READY_POLL_S = 0.05
 
 
 #: The signals that stop smso-serve (uvicorn's own: Ctrl-C, and SIGTERM from a supervisor).
@@ -186,26 +203,30 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class _Server(DrainingServer):
     """The server as smso-serve runs it, alone or in each worker process: logs ``where`` (if
-    given) once it listens, and after the drain that SIGTERM or Ctrl-C started, returns instead
-    of dying of that signal. uvicorn raises each signal it caught again once it has shut down,
-    after putting back the handlers it found (the process would end killed by it, and ``make
-    serve`` print "Interrupt" or "Error 130" for a clean stop); the handlers it finds are
-    :meth:`run`'s, which ignore a signal raised again, and stop a server that it has not yet
-    started (a signal that came before uvicorn took them). Signals outside ``stop_signals``
-    are left alone: a worker of ``--workers`` stops on SIGTERM only (its supervisor turns a
-    Ctrl-C into SIGTERM; the group's SIGINT as well would be a second signal, uvicorn's
-    "force quit")."""
+    given) once it listens, tells ``when_ready`` (if given) once its app is ready, and after the
+    drain that SIGTERM or Ctrl-C started, returns instead of dying of that signal. uvicorn
+    raises each signal it caught again once it has shut down, after putting back the handlers
+    it found (the process would end killed by it, and ``make serve`` print "Interrupt" or
+    "Error 130" for a clean stop); the handlers it finds are :meth:`run`'s, which ignore a
+    signal raised again, and stop a server that it has not yet started (a signal that came
+    before uvicorn took them). Signals outside ``stop_signals`` are left alone: a worker of
+    ``--workers`` stops on SIGTERM only (its supervisor turns a Ctrl-C into SIGTERM; the
+    group's SIGINT as well would be a second signal, uvicorn's "force quit")."""
 
     def __init__(
         self,
         config: ServerConfig,
         on_drain: Any,
+        *,
         where: str | None = None,
+        when_ready: WhenReady | None = None,
         stop_signals: tuple[int, ...] = _STOP_SIGNALS,
     ) -> None:
         super().__init__(config, on_drain)
         self.where = where
+        self.when_ready = when_ready
         self.stop_signals = stop_signals
+        self._watch: asyncio.Task[None] | None = None  # held: the loop keeps weak references
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig in self.stop_signals:
@@ -229,14 +250,26 @@ class _Server(DrainingServer):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started and self.where:  # uvicorn logs no address for sockets it was given
+        if not self.started:
+            return
+        if self.where:  # uvicorn logs no address for sockets it was given
             log.info("%s", self.where)
+        if self.when_ready is not None:
+            watch = self._say_when_ready(self.when_ready)
+            self._watch = asyncio.get_running_loop().create_task(watch, name="ready")
+
+    async def _say_when_ready(self, when: WhenReady) -> None:
+        while not self.should_exit:
+            if when.ready():
+                when.then()
+                return
+            await asyncio.sleep(READY_POLL_S)
 
 
 def _config(settings: Settings, app: Any) -> ServerConfig:
     """uvicorn's settings for ``app``: address, read bounds, connection limit, drain bound.
     Its loggers go to the service's handler (no logging configuration of its own) and its access
-    log is off: :class:`service.http.access.AccessLog` writes one line per request instead."""
+    log is off: :class:`service.http.access_log.AccessLog` writes one line per request instead."""
     return ServerConfig(
         app,
         host=settings.host,
@@ -248,8 +281,9 @@ def _config(settings: Settings, app: Any) -> ServerConfig:
         body_timeout_s=settings.request_timeout_s,
         timeout_keep_alive=settings.keep_alive_s,
         # no limit_concurrency: uvicorn's counts idle connections too and answers in plain
-        # text; requests in progress are bounded by the app (service.http.inflight)
+        # text; requests in progress are bounded by the app (service.http.inflight_limit)
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,
+        backlog=BACKLOG,  # as the supervisor of --workers listens before the workers start
     )
 
 
@@ -345,34 +379,6 @@ def _check_decoding(settings: Settings) -> None:
         check_available(settings.decode_device)
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The server's socket, bound here rather than by uvicorn: uvicorn logs a failed bind and
-    calls ``sys.exit(3)``, where smso-serve answers one line and exit status 2 (the port is
-    taken, the host does not exist). Raises ``OSError`` saying which address."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family=family)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-    except OSError as error:
-        listener.close()
-        reason = error.strerror or str(error)
-        raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
-    listener.set_inheritable(True)  # the worker processes of --workers serve on it
-    return listener
-
-
-def _check_grpc_port(settings: Settings) -> None:
-    """``OSError`` saying so when another process listens on the gRPC port: the app's lifespan
-    binds it with ``SO_REUSEPORT`` (for the workers to share it), which would not refuse a port
-    that another process of the same user holds with that option too; a plain bind here does."""
-    if settings.grpc_port:
-        try:
-            _listen(settings.host, settings.grpc_port).close()
-        except OSError as error:
-            raise OSError(f"{error} (the gRPC port; --grpc-port 0 turns gRPC off)") from None
-
-
 def _check_default_model(settings: Settings, served: str) -> None:
     """``ValueError`` when ``--default-model`` names another model than the one model file
     served (by its card): /classify would answer 404 and /readyz never 200."""
@@ -398,8 +404,7 @@ def _serve_workers(
             _check_default_model(settings, read_card(settings.model_path).name)
         if TENSORRT in check_providers(settings.providers):
             prepare_engine_cache(settings.engine_cache)
-        _check_grpc_port(settings)
-        listener = _listen(settings.host, settings.port)
+        listener = bind_ports(settings)
     except (CardError, OSError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
@@ -424,13 +429,19 @@ def _serve_workers(
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     flags["SMSO_WORKERS"] = str(processes)
     with inherited(flags | _arenas_for_workers() | (host.environment if host else {})):
+        # the port takes connections from here on: the kernel queues them until a worker
+        # accepts them, which it does once its model serves (service.app's serve_when_loaded)
+        listener.listen(BACKLOG)
         log.info(
             "SMSO service listening on %s (%d workers%s)",
             where_to_go(settings, listener),
             processes,
             ", one per usable core: --workers auto" if auto else "",
         )
-        workers = Workers(_serve_worker, (listener,), processes, sockets=[listener])
+        ready, done = multiprocessing.get_context("spawn").Event(), threading.Event()
+        told = (ready, done, _ready_line(settings, listener))
+        threading.Thread(target=_log_once_ready, args=told, daemon=True).start()
+        workers = Workers(_serve_worker, (listener, ready), processes, sockets=[listener])
         if host is not None:
             hung_after = 2 * settings.request_timeout_s
             watch = (host, workers, hung_after)
@@ -438,6 +449,7 @@ def _serve_workers(
         try:
             workers.run()
         finally:
+            done.set()
             listener.close()
             if host is not None:  # after the workers: they answered what was in flight
                 host.stop()
@@ -446,16 +458,27 @@ def _serve_workers(
     return 1 if workers.failed else 0
 
 
-def _serve_worker(listener: socket.socket) -> None:
+def _log_once_ready(ready: ProcessEvent, done: threading.Event, line: str) -> None:
+    """The supervisor's "ready" line, once a worker has set ``ready``; nothing once ``done``
+    (the workers stopped first)."""
+    while not ready.wait(0.5):
+        if done.is_set():
+            return
+    log.info("%s", line)
+
+
+def _serve_worker(listener: socket.socket, ready: ProcessEvent) -> None:
     """One worker process of ``--workers``: its own app from the ``SMSO_*`` environment (the
     parent's flags, metrics folder and session host), served on the parent's listening socket
-    by the same draining server as a single process. A server that cannot start exits with
-    status 3 (uvicorn's ``sys.exit``), which stops the others."""
+    by the same draining server as a single process; ``ready`` set once its app is (the
+    supervisor says so). A server that cannot start exits with status 3 (uvicorn's
+    ``sys.exit``), which stops the others."""
     app = app_from_environment()
     state = app.state.smso
     server = _Server(
         _config(state.settings, app),
         on_drain=lambda: setattr(state, "draining", True),
+        when_ready=WhenReady(ready=lambda: _serves(state), then=ready.set),
         stop_signals=(signal.SIGTERM,),  # SIGINT is the supervisor's (service.http.workers)
     )
     server.run(sockets=[listener])

@@ -9,6 +9,11 @@ favicon: the same majors FastAPI points at); nothing on the pages leaves the ser
 The docs are installed only when they are served at all: without an API key, or with one and
 ``docs_public``. Otherwise ``/docs``, ``/redoc``, ``/docs-assets/...`` and ``/`` are unknown
 paths (404 JSON, like any other), so nobody without the key learns the routes and limits.
+
+The assets' mount and the schema's route name themselves in the request's scope, as FastAPI's
+own routes do, so that their requests are labelled by their templates (``/docs-assets/{path}``,
+``/openapi.json``) in the access log and the metrics (:func:`service.http.request_metrics.labels`),
+not as ``unmatched``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import BaseRoute, Match, Mount, Route
+from starlette.types import Scope
 
 __all__ = ["ASSETS_URL", "install_docs"]
 
@@ -35,7 +42,9 @@ def install_docs(app: FastAPI) -> None:
     openapi_url = app.openapi_url
     if openapi_url is None:
         raise ValueError("install_docs: the app serves no OpenAPI schema to document")
-    app.mount(ASSETS_URL, StaticFiles(directory=_ASSETS), name="docs-assets")
+    mount = _NamedMount(ASSETS_URL, app=StaticFiles(directory=_ASSETS), name="docs-assets")
+    app.router.routes.append(mount)
+    _name_schema_route(app, openapi_url)
 
     def urls(request: Request) -> tuple[str, str]:
         """The schema's and the assets' URLs, under the proxy's prefix (``root_path``) if any."""
@@ -71,3 +80,40 @@ def install_docs(app: FastAPI) -> None:
             redoc_favicon_url=f"{assets}/favicon.png",
             with_google_fonts=False,
         )
+
+
+class _NamedMount(Mount):
+    """A mount that names itself in the scope of the requests it takes (``scope["route"]``)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return _named(self, *super().matches(scope))
+
+
+class _NamedRoute(Route):
+    """A plain Starlette route that names itself in the scope of the requests it takes."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return _named(self, *super().matches(scope))
+
+
+def _named(route: BaseRoute, match: Match, child_scope: Scope) -> tuple[Match, Scope]:
+    """``route`` as the request's ``scope["route"]`` where it matched (its path, or its path and
+    not its method), as FastAPI's ``APIRoute`` sets itself."""
+    if match is not Match.NONE:
+        child_scope = {**child_scope, "route": route}
+    return match, child_scope
+
+
+def _name_schema_route(app: FastAPI, openapi_url: str) -> None:
+    """FastAPI's route of the schema (a plain Starlette route, which names no route in the
+    scope), replaced in place by a :class:`_NamedRoute` with the same endpoint."""
+    routes = app.router.routes
+    for index, route in enumerate(routes):
+        if type(route) is Route and route.path == openapi_url:
+            routes[index] = _NamedRoute(
+                route.path,
+                route.endpoint,
+                methods=sorted(route.methods or ()),
+                name=route.name,
+                include_in_schema=False,
+            )

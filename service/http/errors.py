@@ -2,10 +2,11 @@
 under ``/v2`` (the Open Inference Protocol) it is the protocol's ``{"error": "message"}``.
 
 The handlers installed by :func:`install_error_handlers` render :class:`ServiceError`, FastAPI's
-validation errors (422), Starlette's HTTP errors (404, 405, ...), a client that closed the
-connection before its request was read (499, nginx's "client closed request": one log line,
-counted as the client's doing, not the server's) and, as a last resort, unexpected exceptions
-(500, logged with their traceback, never shown to the client).
+validation errors (422), Starlette's HTTP errors (404, 405 naming the methods that the route
+accepts in its message and its ``Allow`` header, ...), a client that closed the connection before
+its request was read (499, nginx's "client closed request": one log line, counted as the client's
+doing, not the server's) and, as a last resort, unexpected exceptions (500, logged with their
+traceback, never shown to the client).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 from starlette.types import Scope
 
 from service.core.errors import CLIENT_CLOSED, ServiceError, error_body
@@ -68,6 +70,39 @@ def _validation_message(error: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods that the app's routes of ``request``'s path accept, sorted: every route of
+    that path, not only the first that Starlette tried (``/readyz`` is a GET and a HEAD route)."""
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        methods = getattr(route, "methods", None)
+        if methods and route.matches(request.scope)[0] is not Match.NONE:
+            allowed |= methods
+    return sorted(allowed)
+
+
+def _method_not_allowed(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """405 saying which methods the route accepts (``/classify accepts POST, not GET``), with
+    the ``Allow`` header listing them."""
+    allowed = _allowed_methods(request)
+    if not allowed:  # (no route of the app: a mounted app's own 405)
+        return _render(request, 405, "method_not_allowed", str(exc.detail), exc.headers)
+    route = getattr(request.scope.get("route"), "path_format", None) or "this path"
+    method = request.method if len(request.method) <= _SHOWN_METHOD else "this method"
+    message = f"{route} accepts {_listed(allowed)}, not {method}"
+    headers = {**(exc.headers or {}), "Allow": ", ".join(allowed)}
+    return _render(request, 405, "method_not_allowed", message, headers)
+
+
+#: A client's method is named in a 405 when it is at most this long (the standard ones are).
+_SHOWN_METHOD = 16
+
+
+def _listed(words: list[str]) -> str:
+    """``A``, ``A and B``, ``A, B and C``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Render every error as ``{"error": {"code", "message"}}`` (``{"error": "message"}`` under
     ``/v2``)."""
@@ -82,7 +117,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        if exc.status_code == 405:
+            return _method_not_allowed(request, exc)
+        code = {404: "not_found"}.get(exc.status_code, "http_error")
         return _render(request, exc.status_code, code, str(exc.detail), exc.headers)
 
     @app.exception_handler(ClientDisconnect)

@@ -23,19 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from modelcard.typicality import summary
 from service.core.errors import ServiceError
-from service.dataplane.pipeline import (
-    Outputs,
-    decode_all,
-    l2_normalised,
-    run_batched,
-    top_classes,
-)
+from service.dataplane.pipeline import decode_all, l2_normalised, run_batched, top_classes
 from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.http import schemas
 from service.http.dependencies import State, authorize
 from service.http.inputs import MAX_FILENAME, read_uploads
 from service.models.registry import LoadedModel
+from service.runtime.outputs import BackendOutputs
 from service.telemetry.access import note_model
 from service.telemetry.metrics import exposition
 
@@ -224,7 +219,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         async with state.registry.using(*named) as model:
             uploads, outputs = await _infer(state, model, request, "/classify")
         classes = model.card.classes
-        scores, order = top_classes(np.stack([o[0] for o in outputs]), top_k)
+        scores, order = top_classes(outputs.logits, top_k)
         results = [
             {
                 "filename": upload.filename,
@@ -233,7 +228,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
                     for i in order[n]
                 ],
             }
-            | _typicality(outputs[n])
+            | _typicality(outputs, n)
             for n, upload in enumerate(uploads)
         ]
         # a Response skips FastAPI's re-validation of the payload (response_model documents it)
@@ -259,23 +254,24 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         async with state.registry.using(*named) as model:
             uploads, outputs = await _infer(state, model, request, "/embed")
         results = []
-        for upload, output in zip(uploads, outputs, strict=True):
-            vector = output[1].astype(np.float64)
+        for n, upload in enumerate(uploads):
+            vector = outputs.embedding[n].astype(np.float64)
             if normalize:
                 vector = l2_normalised(vector)
             results.append(
                 {"filename": upload.filename, "embedding": _encoded(vector, encoding, dtype)}
-                | _typicality(output)
+                | _typicality(outputs, n)
             )
         dim = model.card.model.embedding_dim
         return JSONResponse({"model": _ref(model), "dim": dim, "results": results})
 
 
-def _typicality(output: Outputs) -> dict[str, Any]:
-    """``{"typicality": {"score", "p_value"}}`` where the model scores typicality, else ``{}``."""
-    if len(output) < 3:
+def _typicality(outputs: BackendOutputs, n: int) -> dict[str, Any]:
+    """Image ``n``'s ``{"typicality": {"score", "p_value"}}`` where the model scores
+    typicality, else ``{}``."""
+    if outputs.typicality is None or outputs.p_value is None:
         return {}
-    score, p_value = output[2].tolist()
+    score, p_value = float(outputs.typicality[n]), float(outputs.p_value[n])
     return {"typicality": {"score": round(score, 4), "p_value": round(p_value, 6)}}
 
 
@@ -294,7 +290,7 @@ def _ref(model: LoadedModel) -> dict[str, str]:
 
 async def _infer(
     state: ServiceState, model: LoadedModel, request: Request, route: str
-) -> tuple[list[Upload], list[Outputs]]:
+) -> tuple[list[Upload], BackendOutputs]:
     """Read, decode and run the request's images under its deadline."""
     note_model(model)
     settings = state.settings

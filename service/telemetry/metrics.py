@@ -1,8 +1,8 @@
 """Prometheus metrics of one app, in its own registry (a fresh app per test, no global state).
 
-Requests are counted by :mod:`service.http.metrics` (HTTP) and :mod:`service.grpc.server`, each
-label from a closed set: a client cannot grow the page. Names end in ``_total`` or ``_seconds``
-(or name a plain quantity: batch size, queue depth).
+Requests are counted by :mod:`service.http.request_metrics` (HTTP) and
+:mod:`service.grpc.server`, each label from a closed set: a client cannot grow the page. Names end
+in ``_total`` or ``_seconds`` (or name a plain quantity: batch size, queue depth).
 
 The series of one model version (labels ``model`` and ``version``) last as long as it serves:
 :meth:`Metrics.forget` removes every one of them when it retires, so that the page is bounded by

@@ -1,6 +1,6 @@
 """OpenTelemetry tracing, when configured: a span per HTTP request (``Spans.start_request``,
-opened by ``service.http.access.AccessLog``; health checks and scrapes have none) and per gRPC call
-(``Spans.start_rpc``, by ``service.grpc.server``; not the probes), and the service's spans
+opened by ``service.http.access_log.AccessLog``; health checks and scrapes have none) and per gRPC
+call (``Spans.start_rpc``, by ``service.grpc.server``; not the probes), and the service's spans
 inside it: ``decode`` (the request's images), and per batch its images ran in ``queue``
 (their wait in the model's batcher) and ``inference`` (the batch, with its size and the
 request's images in it).
@@ -176,8 +176,8 @@ def otlp_provider(
 
 
 #: FastAPI's ``telemetry`` setting: all off. The request's span is the service's own
-#: (``Spans.start_request``, from ``service.http.access.AccessLog``), metrics are Prometheus's and
-#: logs the service's; ``create_app`` sets up the export itself (``otlp_provider``).
+#: (``Spans.start_request``, from ``service.http.access_log.AccessLog``), metrics are Prometheus's
+#: and logs the service's; ``create_app`` sets up the export itself (``otlp_provider``).
 TELEMETRY_OFF: dict[str, Any] = {
     "tracing": False,
     "metrics": False,

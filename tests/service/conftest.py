@@ -1,4 +1,8 @@
-"""Fixtures for service tests: a fake backend (fast, slow or failing), clients, test images."""
+"""Fixtures for service tests: a fake backend (fast, slow or failing), clients, test images.
+
+Nothing here imports torch or training: tests/service runs in the serving environment
+(``pip install -e '.[serving-cpu,serving-test]'``) as well as in the development one.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import gzip
 import http.server
 import io
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,9 +26,12 @@ from PIL import Image
 from service.app import create_app
 from service.core.card import CARD_KEY, ModelCard, parse_card
 from service.core.settings import DEFAULT_MODEL, Settings
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch, buckets, stacked
 from service.telemetry import stage_clock
 
+#: Debian's Fashion-MNIST idx files (``make data`` installs them): real images for the tests.
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 CLASSES = [f"class{k}" for k in range(10)]
 CARD: dict[str, Any] = {
     "format": "smso-model-card",
@@ -51,7 +59,7 @@ class FakeBackend:
         self.calls = 0
         self.lock = threading.Lock()
 
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> BackendOutputs:
         with self.lock:
             self.calls += 1
             warming = self.calls <= self.warmups
@@ -74,9 +82,24 @@ class FakeBackend:
             ],
             axis=1,
         )
-        return logits.astype(np.float32), embedding.astype(np.float32)
+        return BackendOutputs(
+            logits=logits.astype(np.float32), embedding=embedding.astype(np.float32)
+        )
 
     warmups = 0  # calls that are warm-up (set by make_client: one per batch-size bucket)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An idx file of bytes (gzip-compressed where the name ends in ``.gz``) as a uint8 array:
+    the header is two zero bytes, the type ``0x08``, the number of dimensions d and d big-endian
+    uint32 sizes, then the values in C order (``(N, 28, 28)`` images, ``(N,)`` labels)."""
+    raw = path.read_bytes()
+    raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
+    if raw[:3] != b"\0\0\x08":
+        raise ValueError(f"{path} is not an idx file of bytes")
+    ndim = raw[3]
+    shape = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 def png(array: np.ndarray, fmt: str = "PNG", **save: Any) -> bytes:
@@ -156,7 +179,7 @@ class HeldWarmUp(FakeBackend):
         super().__init__()
         self.release = threading.Event()
 
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, images: Batch) -> BackendOutputs:
         if self.calls < self.warmups:
             self.release.wait(30)
         return super().run(images)
@@ -194,12 +217,14 @@ def shipped_model() -> str:
 __all__ = [
     "CARD",
     "CLASSES",
+    "FASHION_MNIST",
     "FakeBackend",
     "HeldWarmUp",
     "ModelCard",
     "free_port",
     "grey",
     "png",
+    "read_idx",
     "wait_http_ready",
     "wait_ready",
     "warm_up_calls",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch
 
 from .conftest import CLASSES, FakeBackend, HeldWarmUp, grey, png, warm_up_calls
@@ -255,9 +257,9 @@ def test_a_failing_batch_fails_every_request_in_it_with_json(make_client):
 class NaNBackend(FakeBackend):
     """A broken model: NaN logits for every image."""
 
-    def run(self, images: Batch) -> tuple[np.ndarray, np.ndarray]:
-        logits, embedding = super().run(images)
-        return np.full_like(logits, np.nan), embedding
+    def run(self, images: Batch) -> BackendOutputs:
+        outputs = super().run(images)
+        return dataclasses.replace(outputs, logits=np.full_like(outputs.logits, np.nan))
 
 
 def test_a_model_that_gives_nan_is_a_500_that_says_so_on_every_route(make_client, caplog):

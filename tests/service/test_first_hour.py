@@ -1,14 +1,19 @@
-"""What a new user meets first: ``GET /`` leads to the docs, the docs work offline, a raw-body
+"""What a new user meets first: the address is printed once the port takes connections and a
+line once the service is ready, ``GET /`` leads to the docs, the docs work offline, a raw-body
 image can name itself, and ``make serve`` stops quietly on Ctrl-C and SIGTERM."""
 
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import typing
 from pathlib import Path
 
 import httpx
@@ -18,6 +23,71 @@ from .conftest import free_port, grey, wait_http_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTENT_TYPES = {".js": "javascript", ".css": "text/css", ".png": "image/png"}
+
+
+class _Lines:
+    """A process's output, line by line, as it comes (read by a thread: no read blocks)."""
+
+    def __init__(self, stream: typing.IO[str]) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self.stream = stream
+        self.reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.reader.start()
+
+    def close(self) -> None:
+        """Once the process has exited: its output read to the end, the pipe closed."""
+        self.reader.join(timeout=30)
+        self.stream.close()
+
+    def _read(self, stream: typing.IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def until(self, text: str, timeout_s: float = 120) -> str:
+        """The first line from now on that holds ``text``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.001))
+            assert line is not None, f"the server exited before saying {text!r}: {self.seen}"
+            self.seen.append(line)
+            if text in line:
+                return line
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_address_is_printed_once_the_port_takes_connections(shipped_model, workers):
+    """The start-up line says where to go only once a connection to the port succeeds (with
+    ``--workers``, the supervisor listens before the workers have loaded their models: the
+    connections wait for them instead of being refused), and a second line says when the
+    service is ready: /readyz answers 200 from then on."""
+    port = free_port()
+    args = ["--model-path", shipped_model, "--port", str(port), "--grpc-port", "0"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args, "--workers", workers],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stderr is not None  # stderr=PIPE
+    output = _Lines(server.stderr)
+    try:
+        said = output.until("SMSO service listening on")
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the port takes connections once the line is out
+        assert f"http://127.0.0.1:{port}, no gRPC - API docs at" in said
+        ready = output.until("SMSO service ready:")
+        assert f"http://127.0.0.1:{port}/readyz answers 200" in ready
+        readyz = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30)
+        assert readyz.status_code == 200
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        output.close()
 
 
 def _local_urls(html: str) -> list[str]:
@@ -187,8 +257,8 @@ def test_make_serve_says_where_to_go_and_stops_quietly(tmp_path, shipped_model, 
 def test_the_start_up_line_names_the_grpc_port_or_says_there_is_none():
     import socket
 
-    from service.cli import where_to_go
     from service.core.settings import Settings
+    from service.http.listeners import where_to_go
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
+
+pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (dev extra)")
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from PIL import Image
 
 from service.core.card import Preprocessing
 from service.imaging.gpu_jpeg import GpuJpegPreprocessor

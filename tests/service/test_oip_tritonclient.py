@@ -16,10 +16,11 @@ from PIL import Image
 
 from service.app import create_app
 from service.core.settings import Settings
-from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
-from .conftest import free_port, wait_http_ready
+from .conftest import FASHION_MNIST as DEFAULT_ROOT
+from .conftest import free_port, read_idx, wait_http_ready
 
+pytest.importorskip("geventhttpclient", reason="tritonclient[http]: the dev extra")
 tritonclient = pytest.importorskip("tritonclient.http")
 from tritonclient.http import InferenceServerClient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402

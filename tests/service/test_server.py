@@ -25,9 +25,9 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.cli import main
 from service.core.settings import Settings
-from training.datasets.fashion_mnist import DEFAULT_ROOT, read_idx
 
-from .conftest import free_port, png, process_running, wait_http_ready, wait_ready
+from .conftest import FASHION_MNIST as DEFAULT_ROOT
+from .conftest import free_port, png, process_running, read_idx, wait_http_ready, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -329,7 +329,9 @@ def test_a_busy_port_is_one_line_and_exit_2(workers, shipped_model):
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"smso-serve: error: cannot listen on 127.0.0.1:{port}")
+    assert lines[0].startswith(f"smso-serve: error: cannot listen on 127.0.0.1:{port} (HTTP)")
+    assert "another smso-serve may already be running" in lines[0]
+    assert re.search(r"SMSO_PORT=\d+ .*make serve, or smso-serve --port \d+", lines[0])
     assert proc.stdout == ""
 
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.http.metrics import METHODS
 from service.http.oip import build_router
+from service.http.request_metrics import METHODS
 from service.http.routes import build_routes
 from tests.service.conftest import grey
 from tests.service.test_server import real_server
@@ -51,7 +51,7 @@ def test_random_methods_leave_the_metrics_page_small_and_every_label_closed(make
     assert abs(len(text) - size) < 1024  # only counts change, no new series
     # the app holds its routers whole: their routes are read from them
     routes = [*client.app.routes, *build_routes().routes, *build_router().routes]
-    templates = {getattr(route, "path", None) for route in routes}
+    templates = {getattr(route, "path_format", None) for route in routes}
     for labels in request_labels(text):
         assert labels["method"] in METHODS | {"other"}
         assert labels["route"] in templates | {"unmatched"}

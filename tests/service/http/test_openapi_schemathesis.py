@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
+pytest.importorskip("schemathesis", reason="schemathesis (dev extra) generates the requests")
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -21,6 +21,8 @@ from service.imaging.preprocess_graph import GRAPH, build
 from service.runtime.providers import CUDA, has_nvidia_gpu
 from tests.service.conftest import png, wait_ready
 
+pytest.importorskip("nvidia.nvimgcodec", reason="nvImageCodec: the gpu-decode extra")
+
 IMAGENET = Preprocessing(
     colour="RGB", resize=256, crop=224, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
 )

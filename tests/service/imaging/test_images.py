@@ -14,6 +14,8 @@ from PIL import Image
 from service.core.card import Preprocessing
 from service.imaging.images import ImageError, ImageTooLargeError, Preprocessor
 from tests.service.conftest import png
+
+pytest.importorskip("torch", reason="the reference is training's transform: torch (dev extra)")
 from training.datasets.presets import PRESETS, Preset
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,10 +22,12 @@ from fastapi.testclient import TestClient
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator, default_getter
+from opentelemetry.trace import SpanKind, StatusCode
+
+pytest.importorskip("opentelemetry.sdk", reason="the OpenTelemetry SDK: the tracing extra")
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, StatusCode
 
 from service.app import create_app
 from service.core.settings import Settings

@@ -39,9 +39,11 @@ def counted(path: str) -> bool:
 def labels(scope: Scope, status: int) -> tuple[str, str, str]:
     """``(method, route, status)`` of a request, each from a closed set whatever the client
     sent: a standard method or "other", one of the app's route templates or "unmatched", and a
-    status code of 100-599 (499: the client closed the connection before the answer)."""
+    status code of 100-599 (499: the client closed the connection before the answer). A route's
+    template is its ``path_format`` (``/models/{model_name}/classify``; a mount's ends in
+    ``/{path}``: ``/docs-assets/{path}``)."""
     method = scope["method"] if scope["method"] in METHODS else "other"
-    template = getattr(scope.get("route"), "path", None) or "unmatched"
+    template = getattr(scope.get("route"), "path_format", None) or "unmatched"
     return method, template, str(status) if 100 <= status <= 599 else "other"
 
 

@@ -1,7 +1,7 @@
 """The HTTP door's share of :class:`~service.limits.inflight.InFlight`: each request holds a
 place while the app handles it; one beyond the limit gets the service's JSON 503 with
 ``Retry-After`` (not uvicorn's plain-text one), and health checks and scrapes are never held
-back (:func:`service.http.metrics.counted`)."""
+back (:func:`service.http.request_metrics.counted`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.core.errors import ServiceError
 from service.http.errors import error_response
-from service.http.metrics import counted
+from service.http.request_metrics import counted
 from service.limits.inflight import InFlight
 
 __all__ = ["HoldInFlight"]

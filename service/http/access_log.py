@@ -13,7 +13,7 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.exchange import Exchange
-from service.http.metrics import counted, labels
+from service.http.request_metrics import counted, labels
 from service.telemetry.access import HEADER, RequestRecord, begin, log, log_access, valid_id
 from service.telemetry.tracing import Spans
 
