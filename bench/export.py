@@ -90,7 +90,7 @@ def measure(case: Case, workdir: Path, policy: TimingPolicy) -> list[dict[str, A
     options.log_severity_level = 3
     options.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    channels = result.card["input"]["channels"]
+    channels = result.card.input.channels
     rows = []
     for batch in case.batches:
         images = torch.randn(batch, channels, case.side, case.side)

@@ -1,7 +1,7 @@
 """The service on a GPU, measured in one go: where the time goes between the session and a client.
 
-On a CUDA machine with onnxruntime-gpu (about 6 minutes on a 16-core H100 machine; stages that
-would overrun ``--budget-s`` are skipped and say so):
+On a CUDA machine with onnxruntime-gpu (about 6 minutes on a 16-core H100 machine; with
+``--budget-s``, stages that would overrun it are skipped and say so):
 
 1. the machine: GPU, driver, CPU cores, versions;
 2. ResNet-50 SMSO, p = 2,048, 1,000 classes, random weights, the ``image_folder`` preset (resize
@@ -22,12 +22,11 @@ would overrun ``--budget-s`` are skipped and say so):
    (decoding, queue, the inference thread's time and the batch's round trip), GPU utilisation
    read through NVML once a second (never ``nvidia-smi`` during a load: on some virtual machines
    it stalls CUDA); for each of ``--servers`` (``SERVER_VARIANTS``), by default: the default
-   server, the same with a 0.5 ms GIL switch interval, four workers with CUDA graphs on the
-   float32 and on the float16 export (also: one worker with CUDA graphs, two batches in flight,
-   four workers without graphs, with 3 decode threads each, with the short switch interval;
-   eight and twelve workers, eight under CUDA MPS, eight with 2 decode threads each, four,
-   eight and twelve workers handing their batches to one session host); the
-   cores each load kept busy, the machine's and the server's (from ``/proc``);
+   server, four workers with CUDA graphs on the float32 and on the float16 export (also: one
+   worker with CUDA graphs, two batches in flight, four workers without graphs, with 3 decode
+   threads each; eight and twelve workers, eight under CUDA MPS, eight with 2 decode threads
+   each, four, eight and twelve workers handing their batches to one session host); the cores
+   each load kept busy, the machine's and the server's (from ``/proc``);
 6. a sampling profile of the first server under the 64-client ``/v2`` load (``py-spy``, where
    installed: a speedscope file and three dumps of every thread);
 7. JPEG decoding on this machine's cores: threads against processes, 640x480 -> 224 px
@@ -36,8 +35,7 @@ would overrun ``--budget-s`` are skipped and say so):
 A stage that fails is recorded with its error and the run goes on. Writes ``OUT/serve_gpu.json``
 (with the end of each server's log), ``OUT/serve_gpu.md`` (the tables, also printed) and
 py-spy's two files. ``--smoke`` runs every stage tiny, on the CPU, with the shipped model (what
-the test suite checks). ``bench/gpu_lease.sh`` installs onnxruntime-gpu from local wheels and
-runs this script in stages, for a machine without access to the package index.
+the test suite checks). ``python -m bench.gpu`` runs it with the other GPU benchmarks.
 
     python -m bench.serve_gpu --out /tmp/gpu                  # on a CUDA machine
     python -m bench.serve_gpu --smoke --out /tmp/gpu-smoke    # anywhere, about a minute
@@ -60,7 +58,7 @@ from typing import Any
 
 import httpx
 
-from bench.lib import ROOT, SHIPPED, launch, report
+from bench.lib import SHIPPED, launch, report
 from bench.lib.decoding import Pools
 from bench.lib.gpu import GpuSampler, gpu_info, mps
 from bench.lib.load import CLIENTS, ClientProcesses, without_latencies
@@ -88,8 +86,6 @@ EXPORTS: dict[str, tuple[str, bool, int]] = {
 }
 #: A server variant's setting that runs the server under CUDA MPS (:func:`mps`), not passed on.
 MPS = "SMSO_BENCH_MPS"
-#: A server variant's setting of the server's GIL switch interval (``bench/switch_interval``).
-SWITCH = "SMSO_BENCH_SWITCH_INTERVAL_MS"
 
 
 def _graphs(export: str, workers: int, **settings: str) -> tuple[str, dict[str, str]]:
@@ -132,10 +128,6 @@ SERVER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     # /classify is bound by decoding: 3 decode threads a worker (12 on 16 cores) instead of
     # the default 2 (half the cores)
     "workers-graphs-decode3": _graphs("fp32-conv", 4, SMSO_DECODE_THREADS="3"),
-    # the inference thread's time per batch is several times the raw session's in a busy
-    # server: does it wait for the GIL? (a switch interval of 0.5 ms instead of 5 ms)
-    "cuda-switch": ("fp32-conv", {SWITCH: "0.5"}),
-    "workers-graphs-switch": _graphs("fp32-conv", 4, **{SWITCH: "0.5"}),
 }
 
 
@@ -151,10 +143,11 @@ def stage(report: dict[str, Any], key: str) -> Iterator[None]:
 
 
 class Budget:
-    """Seconds left of ``--budget-s``; a stage that needs more than is left is skipped."""
+    """Seconds left of ``--budget-s`` (none: no limit); a stage that needs more than is left is
+    skipped."""
 
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
+    def __init__(self, seconds: float | None) -> None:
+        self.end = time.monotonic() + (float("inf") if seconds is None else seconds)
 
     def allows(self, seconds: float) -> bool:
         return time.monotonic() + seconds <= self.end
@@ -187,13 +180,8 @@ def models(workdir: Path, smoke: bool, only: list[str] | None = None) -> dict[st
 
 
 def server_settings(variant: dict[str, str]) -> dict[str, str]:
-    """A server's settings: the benchmark's, then the variant's; with :data:`SWITCH`,
-    ``bench/switch_interval`` first on ``PYTHONPATH`` (its ``sitecustomize`` sets the interval
-    at start-up, in every worker process too)."""
+    """A server's settings: the benchmark's, then the variant's (:data:`MPS` is not one)."""
     settings = {"SMSO_MAX_BATCH_SIZE": "64", "SMSO_QUEUE_SIZE": "1024"} | variant
-    if SWITCH in variant:
-        paths = [str(ROOT / "bench" / "switch_interval"), os.environ.get("PYTHONPATH", "")]
-        settings["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return {k: v for k, v in settings.items() if k != MPS}
 
 
@@ -231,7 +219,7 @@ def serve_loads(
             drive_server(server, result, clients, args, out, variant, profile)
     except Exception as error:  # one variant's failure: recorded with what it measured
         result["error"] = f"{type(error).__name__}: {error}"
-    finally:  # the machine's file transfer is limited: the log's end goes into the report
+    finally:  # the log's folder is temporary: its end goes into the report
         result["log_tail"] = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     return result
 
@@ -436,7 +424,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the results")
     parser.add_argument("--smoke", action="store_true", help="every stage, tiny, on the CPU")
-    parser.add_argument("--budget-s", type=float, default=450, help="skip stages past this")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="skip stages past this (default: no limit)"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="per load")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
@@ -485,7 +475,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="*",
-        default=["cuda", "cuda-switch", "workers-graphs", "workers-graphs-fp16"],
+        default=["cuda", "workers-graphs", "workers-graphs-fp16"],
         choices=list(SERVER_VARIANTS),
         help="server variants to load (the first is profiled)",
     )

@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--records",
         type=Path,
-        default=Path("docs/results/fmnist-table"),
+        default=Path("docs/results/records/fmnist-table"),
         help="the fmnist table's runs (reused where a head's choice is the shipped recipe)",
     )
     args = parser.parse_args(argv)

@@ -4,7 +4,6 @@
 * :mod:`bench.lib.load`: the one load driver (concurrent clients, rounds, percentiles);
 * :mod:`bench.lib.report`: the one report writer (markdown tables, the JSON file, the machine);
 * :mod:`bench.lib.payloads`: the images and request bodies the benchmarks send;
-* :mod:`bench.lib.hostile`: the soaks' valid and hostile requests, and their client;
 * :mod:`bench.lib.metrics`: the server's ``/metrics`` read before and after a load;
 * :mod:`bench.lib.procfs`: a process's memory and CPU time, from ``/proc``;
 * :mod:`bench.lib.session`: the service's onnxruntime backend alone, by batch size;

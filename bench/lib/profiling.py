@@ -58,7 +58,10 @@ def ort_profile(path: str, providers: str, batch: int, runs: int, out: Path) -> 
     session = ort.InferenceSession(
         path,
         options,
-        providers=[(n, provider_options(n, Accelerator((3, 224, 224), batch))) for n in names],
+        providers=[
+            (n, provider_options(n, Accelerator(input_shape=(3, 224, 224), max_batch=batch)))
+            for n in names
+        ],
     )
     spec = parse_card(session.get_modelmeta().custom_metadata_map)[0].input
     shape = (batch, spec.channels, spec.height, spec.width)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.core.card import CARD_KEY, ModelCard, parse_card
+from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch, fill
 
 CARD: dict[str, Any] = {
@@ -61,7 +62,7 @@ class StandinBackend:
         self.batches = 0
         self._lock = threading.Lock()  # one batch at a time, as one GPU stream runs them
 
-    def run(self, images: Batch) -> tuple[np.ndarray, ...]:
+    def run(self, images: Batch) -> BackendOutputs:
         n = len(images)
         with self._lock:
             if len(self._host) < n:
@@ -70,4 +71,6 @@ class StandinBackend:
             time.sleep(self.latency_s + self.per_image_s * n)
             self.batches += 1
         classes, dim = len(self.card.classes), self.card.model.embedding_dim
-        return np.zeros((n, classes), np.float32), np.zeros((n, dim), np.float32)
+        return BackendOutputs(
+            logits=np.zeros((n, classes), np.float32), embedding=np.zeros((n, dim), np.float32)
+        )

@@ -246,7 +246,7 @@ def test_the_peers_model_classifies_as_the_service_preprocesses() -> None:
     files = jpegs(4)
     peer = model.Model(SHIPPED)
     backend = open_backend(SHIPPED)
-    expected = np.argmax(backend.run(preprocessed(backend.card, files))[0], axis=1)
+    expected = np.argmax(backend.run(preprocessed(backend.card, files)).logits, axis=1)
     assert [answer[0]["index"] for answer in peer.classify(files)] == expected.tolist()
     standin = model.StandinModel(1.0, 0.0)
     assert [answer[0]["index"] for answer in standin.classify(files[:2])] == [0, 0]

@@ -1,6 +1,7 @@
-"""The fair table's own runs, docs/results/fmnist-fair/: each a head's recipe chosen by the sweep
-(docs/results/fmnist-sweep/), trained at the full schedule with nothing else changed, its
-checkpoint the validation arg-max, tested once; and the page's fair table their report."""
+"""The fair table's own runs, docs/results/records/fmnist-fair/: each a head's recipe chosen by
+the sweep (docs/results/records/fmnist-sweep/), trained at the full schedule with nothing else
+changed, its checkpoint the validation arg-max, tested once; and the page's fair table their
+report."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from training.recipe_sweep import choices, fair_report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
-SWEEP, FAIR, TABLE = RESULTS / "fmnist-sweep", RESULTS / "fmnist-fair", RESULTS / "fmnist-table"
+RECORDS = RESULTS / "records"
+SWEEP, FAIR, TABLE = RECORDS / "fmnist-sweep", RECORDS / "fmnist-fair", RECORDS / "fmnist-table"
 PAGE = RESULTS / "fashion-mnist.md"
 RUNS = sorted(FAIR.glob("fashion_mnist-*/seed*"))
 FAIR_HEADER = "| head | recipe (chosen on validation) |"
@@ -49,7 +51,7 @@ def test_each_run_is_a_chosen_point_at_45_epochs_tested_once_at_its_best_epoch(r
 
 def test_the_page_has_the_fair_table_once_every_chosen_head_has_its_three_seeds() -> None:
     """Until then the page has no fair table; after, `smso-experiment choose --sweep
-    docs/results/fmnist-sweep --fair docs/results/fmnist-fair` line for line."""
+    docs/results/records/fmnist-sweep --fair docs/results/records/fmnist-fair` line for line."""
     chosen, waiting = choices(SWEEP)
     done = not waiting and all(
         c.shipped or all((FAIR / f"fashion_mnist-{c.row}" / f"seed{s}").is_dir() for s in (0, 1, 2))

@@ -1,6 +1,7 @@
-"""docs/results/fashion-mnist.md's recipe sweep against its records, docs/results/fmnist-sweep/:
-each run is a grid point of the shipped recipe with only lr, weight decay and epochs changed and
-no test pass, and the published grid and choices are recomputed from the runs' metrics."""
+"""docs/results/fashion-mnist.md's recipe sweep against its records,
+docs/results/records/fmnist-sweep/: each run is a grid point of the shipped recipe with only lr,
+weight decay and epochs changed and no test pass, and the published grid and choices are
+recomputed from the runs' metrics."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from tests.training.test_fmnist_table_records import record
 from training.recipe_sweep import sweep_report
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDS = ROOT / "docs" / "results" / "fmnist-sweep"
-TABLE_RECORDS = ROOT / "docs" / "results" / "fmnist-table"
+RECORDS = ROOT / "docs" / "results" / "records" / "fmnist-sweep"
+TABLE_RECORDS = ROOT / "docs" / "results" / "records" / "fmnist-table"
 PAGE = ROOT / "docs" / "results" / "fashion-mnist.md"
 HEADS = ("first-order", "bp", "mpn", "smso-64")
 GRID = [(lr, wd) for lr in (0.005, 0.01, 0.02) for wd in (5e-4, 2e-3)]  # the order ties follow
@@ -105,8 +106,8 @@ def test_the_published_grid_and_choices_recomputed_from_the_metrics() -> None:
 
 
 def test_the_page_has_the_grids_notes_as_the_report_renders_them() -> None:
-    """`smso-experiment choose --sweep docs/results/fmnist-sweep`, line for line: the notes with
-    the sweep's training time and the heads not finished."""
+    """`smso-experiment choose --sweep docs/results/records/fmnist-sweep`, line for line: the
+    notes with the sweep's training time and the heads not finished."""
     page = set(PAGE.read_text().splitlines())
     missing = [line for line in sweep_report(RECORDS).splitlines() if line and line not in page]
     assert missing == []

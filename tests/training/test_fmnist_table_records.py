@@ -1,5 +1,6 @@
-"""docs/results/fashion-mnist.md against the records it is made of, docs/results/fmnist-table/:
-the table and the paired verdicts recomputed, and each run's best.pt its validation arg-max."""
+"""docs/results/fashion-mnist.md against the records it is made of,
+docs/results/records/fmnist-table/: the table and the paired verdicts recomputed, and each run's
+best.pt its validation arg-max."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from scipy import stats
 from training.experiments import TABLES, report
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDS = ROOT / "docs" / "results" / "fmnist-table"
+RECORDS = ROOT / "docs" / "results" / "records" / "fmnist-table"
 PAGE = ROOT / "docs" / "results" / "fashion-mnist.md"
 SEEDS = (0, 1, 2)
 RUNS = sorted(RECORDS.glob("fashion_mnist-*/seed*"))
@@ -93,7 +94,7 @@ def test_the_tie_rule_matters_for_some_records() -> None:
 
 
 def test_the_published_tables_are_the_report_of_the_records() -> None:
-    """`smso-experiment report fmnist --out docs/results/fmnist-table` renders the page's
+    """`smso-experiment report fmnist --out docs/results/records/fmnist-table` renders the page's
     table, its notes and the paired comparisons line for line, and the page has no other row."""
     page = PAGE.read_text()
     rendered = report("fmnist", RECORDS)

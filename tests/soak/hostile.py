@@ -1,6 +1,6 @@
-"""The soaks' requests (``bench.soak`` and its long mode, ``bench.soak_long``): valid and
-hostile HTTP requests as bytes, and a client that sends them on keep-alive or fresh connections
-and records what happened to each (:class:`Outcome`)."""
+"""The soaks' requests (:mod:`tests.soak.short_soak`, :mod:`tests.soak.long_soak`): valid and
+hostile HTTP requests as bytes, a client that sends them on keep-alive or fresh connections and
+records what happened to each (:class:`Outcome`), and an HTTP/2 rapid reset on the gRPC port."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The confirmatory typicality evaluation (``python -m bench.typicality_confirm``): DeLong's test
-against its pairwise definition and a simulation, the glyphs and corruptions against their
+"""The confirmatory typicality evaluation (``python -m experiments.typicality_confirm``): DeLong's
+test against its pairwise definition and a simulation, the glyphs and corruptions against their
 formulas, the sets a model's classes give, and a quick run end to end on a tiny model trained on
 8 of 10 synthetic classes."""
 
@@ -16,10 +16,10 @@ import onnxruntime
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from bench.lib.auroc import Comparison, compare, delong
-from bench.lib.confirm_sets import CORRUPTIONS, FACES, LETTERS, corrupt, glyphs, shift_sets
-from bench.typicality import Card
-from bench.typicality_confirm import (
+from experiments.auroc import Comparison, compare, delong
+from experiments.confirm_sets import CORRUPTIONS, FACES, LETTERS, corrupt, glyphs, shift_sets
+from experiments.typicality import Card
+from experiments.typicality_confirm import (
     BASELINES,
     METHODS,
     Model,
@@ -293,6 +293,7 @@ def test_a_quick_run_on_a_tiny_held_out_model(tmp_path: Path, capsys: pytest.Cap
 # --- the published results ----------------------------------------------------------------------
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RECORDS = DOCS / "records"
 
 
 def _rows(page: str, label: str) -> list[str]:
@@ -305,7 +306,7 @@ def test_the_published_tables_are_the_records() -> None:
     """typicality-confirmation.md prints the tables of its JSON record verbatim, and
     typicality.md's summary rows (AUROCs and verdicts) and the README's AUROCs are the
     record's."""
-    record = json.loads((DOCS / "typicality-confirmation.json").read_text())
+    record = json.loads((RECORDS / "typicality-confirmation.json").read_text())
     page = (DOCS / "typicality-confirmation.md").read_text()
     assert table(record).strip() in page
     sets = {role: model["sets"] for role, model in record["models"].items()}
@@ -335,8 +336,8 @@ def test_the_published_tables_are_the_records() -> None:
 def test_the_second_run_repeats_every_entry_of_the_first() -> None:
     """The pre-registered run (first record) and the run that added the exploratory classes
     (second record, the one quoted) agree on every entry the first has."""
-    first = json.loads((DOCS / "typicality-confirmation-first-run.json").read_text())
-    second = json.loads((DOCS / "typicality-confirmation.json").read_text())
+    first = json.loads((RECORDS / "typicality-confirmation-first-run.json").read_text())
+    second = json.loads((RECORDS / "typicality-confirmation.json").read_text())
     assert first["commit"] != second["commit"]
     assert first["wins_losses_ties"] == second["wins_losses_ties"]
     for role, model in first["models"].items():
@@ -353,8 +354,8 @@ def test_the_second_run_repeats_every_entry_of_the_first() -> None:
 def test_the_pages_own_tables_are_the_records() -> None:
     """typicality-confirmation.md's hand-set tables (the primary AUROCs with the best in bold,
     DeLong's differences and intervals, the covariate-shift tallies, the exploratory classes)
-    and its tally sentence, rebuilt from the JSON record without the bench's formatting."""
-    record = json.loads((DOCS / "typicality-confirmation.json").read_text())
+    and its tally sentence, rebuilt from the JSON record without the study's formatting."""
+    record = json.loads((RECORDS / "typicality-confirmation.json").read_text())
     page = (DOCS / "typicality-confirmation.md").read_text().split("### The tables as printed")[0]
     sets = {role: model["sets"] for role, model in record["models"].items()}
     primary = [
@@ -400,11 +401,12 @@ def test_the_pages_own_tables_are_the_records() -> None:
 
 
 def test_the_held_out_models_records_are_the_model_evaluated() -> None:
-    """docs/results/typicality-heldout holds the file the record scored (its sha256), the run
-    that made it (the classes, the test pass), its best.pt at the first validation arg-max, and
-    the page quotes those records."""
-    record = json.loads((DOCS / "typicality-confirmation.json").read_text())["models"]["held_out"]
-    folder = DOCS / "typicality-heldout"
+    """docs/results/records/typicality-heldout holds the file the record scored (its sha256),
+    the run that made it (the classes, the test pass), its best.pt at the first validation
+    arg-max, and the page quotes those records."""
+    models = json.loads((RECORDS / "typicality-confirmation.json").read_text())["models"]
+    record = models["held_out"]
+    folder = RECORDS / "typicality-heldout"
     assert hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest() == record["sha256"]
     config = run_record(folder, "config.json")
     assert config["classes"] == record["classes"] == [0, 1, 2, 3, 4, 5, 8, 9]

@@ -1,8 +1,8 @@
-"""Soak and fault test of the service: mixed, hostile, slow and abandoned requests, SIGTERM midway.
+"""The soak: mixed, hostile, slow and abandoned requests against the real server, SIGTERM midway.
 
-Against the real server (``smso-serve`` on loopback, the shipped model, default settings),
-``--clients`` threads send ``--requests`` requests between them, each drawn by a seeded random
-(``--seed``) from:
+Against the real server (``smso-serve`` on loopback, the shipped model, default settings, one
+process), ``Settings.clients`` threads send ``Settings.requests`` requests between them, each
+drawn by a seeded random (``Settings.seed``) from:
 
 * valid: a JPEG to ``/classify`` (multipart) or its preprocessed binary ``FP32`` tensor to
   ``/v2/models/<name>/infer``, on the client's keep-alive connection;
@@ -14,7 +14,7 @@ Against the real server (``smso-serve`` on loopback, the shipped model, default 
 * slow: a valid ``/classify`` body sent in pieces with pauses;
 * abandoned: a valid ``/classify`` request sent whole, then closed before the answer.
 
-When the request at index ``--requests // 2`` starts, the server gets SIGTERM (``--signal``):
+When the request at index ``requests // 2`` starts, the server gets SIGTERM (``Settings.signum``):
 it drains and exits, and the requests after it are refused by design (connection refused, or no
 answer on a connection used only after the signal).
 
@@ -27,42 +27,51 @@ Definitions (per request; times are the client's monotonic clock):
   sent completely by the client, and no status line came (EOF, reset or a 60 s timeout).
   A request refused at connect before the signal counts as lost too;
 * *unsent*: accepted, meant to be answered, but the server closed the connection before the
-  client had sent it all, and no status line came (reported apart; the quick test expects 0);
+  client had sent it all, and no status line came (reported apart; the soak expects 0);
 * *refused by design*: started after the signal and not answered;
 * *5xx*: responses with status 500-599, any kind of request;
 * p99: latency of the valid requests answered 200 (connect or send to the end of the body),
-  against a clean run (``--requests`` valid requests, the two routes drawn by the same seed,
-  ``--clients`` clients, no SIGTERM) on a fresh server in the same invocation;
+  against a clean run (``requests`` valid requests, the two routes drawn by the same seed,
+  ``clients`` clients, no SIGTERM) on a fresh server;
 * peak RSS: ``VmHWM`` of the server process from ``/proc/PID/status``, read every 0.1 s until it
   exits (the clean run's server too); the server's log is kept and its tracebacks counted.
 
-    python -m bench.soak              # 10,000 requests, 32 clients (about 20 s on 2 cores)
-    python -m bench.soak --quick      # 400 requests, 8 clients (about 6 s)
-    python -m bench.soak --signal KILL --quick   # a crash instead: the soak must see losses
+:data:`FULL` (10,000 requests, 32 clients: about 20 s on 2 cores) runs in ``make soak``,
+:data:`QUICK` (400 requests, 8 clients: about 6 s) in every ``make test``; SIGKILL instead of
+SIGTERM makes the same run report lost requests, so the count does see a crash.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import signal
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.lib import RESULTS, SHIPPED, launch, report
-from bench.lib.hostile import CLIENT_CLOSES, MIX, VALID, Client, Corpus, Outcome
+from bench.lib import SHIPPED, launch, report
 from bench.lib.payloads import jpegs
 from service.runtime.backend import read_card
+from tests.soak.hostile import CLIENT_CLOSES, MIX, VALID, Client, Corpus, Outcome
 
-__all__ = ["MIX", "Outcome", "classify", "main"]
+
+@dataclass(frozen=True)
+class Settings:
+    """One soak: its size, its seed and the signal sent midway."""
+
+    requests: int = 10_000  # mixed requests (and as many valid ones in the clean run)
+    clients: int = 32  # client threads
+    seed: int = 0  # draws the kinds, the routes and each client's choices
+    signum: signal.Signals = signal.SIGTERM  # sent when request ``requests // 2`` starts
+
+
+FULL = Settings()
+QUICK = Settings(requests=400, clients=8)
 
 
 class Server:
@@ -103,8 +112,10 @@ class Server:
 
 @dataclass
 class Run:
+    """What one run against a fresh server saw."""
+
     outcomes: list[Outcome]
-    signalled_at: float | None
+    signalled_at: float | None  # when the signal was sent (None: the clean run)
     seconds: float
     peak_rss_mib: float
     exit_code: int
@@ -169,6 +180,7 @@ def classify(out: Outcome, signalled_at: float | None) -> str:
 
 
 def summarize(r: Run) -> dict[str, Any]:
+    """The run's counts, latencies, memory and server log, as the JSON and the table give them."""
     fates = [classify(o, r.signalled_at) for o in r.outcomes]
     accepted = sum(
         f == "answered" or (f != "refused" and o.connected)
@@ -216,82 +228,65 @@ def summarize(r: Run) -> dict[str, Any]:
     }
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=10_000)
-    parser.add_argument(
-        "--clients", type=int, help="client threads (default 32; the long soak's valid ones: 6)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="400 requests, 8 clients")
-    parser.add_argument(
-        "--signal",
-        choices=("TERM", "KILL"),
-        default="TERM",
-        help="sent midway; KILL checks that the soak does see lost requests",
-    )
-    parser.add_argument("--json", type=Path, help="default: bench/results/soak.json")
-    long = parser.add_argument_group("the long soak (bench.soak_long: attacks, bursts, churn)")
-    long.add_argument("--minutes", type=float, help="run the long soak for this long instead")
-    long.add_argument("--attackers", type=int, default=4, help="threads sending attacks")
-    long.add_argument("--burst-every-s", type=float, default=60.0)
-    long.add_argument("--rss-bound-mib", type=float, default=512.0)
-    args = parser.parse_args(argv)
-    if args.clients is None:
-        args.clients = 6 if args.minutes else 32
-    if args.json is None:
-        args.json = RESULTS / ("soak_long.json" if args.minutes else "soak.json")
-    if args.minutes is not None and args.minutes <= 0:
-        parser.error(f"--minutes must be above 0, got {args.minutes}")
-    if args.quick:
-        args.requests, args.clients = 400, 8
-    return args
+#: the table's rows: label -> key of the summary
+ROWS = {
+    "requests": "requests",
+    "accepted": "accepted",
+    "lost (target 0)": "lost",
+    "refused by design (after the signal)": "refused_by_design",
+    "closed by the client on purpose": "client_closed",
+    "5xx (target 0)": "status_5xx",
+    "valid answered 200": "valid_answered_200",
+    "answered: in flight at the signal": "in_flight_at_signal",
+    "answered: sent after the signal, kept connection": "started_after_signal_answered",
+    "valid p50 ms": "valid_p50_ms",
+    "valid p99 ms": "valid_p99_ms",
+    "peak RSS MiB (VmHWM)": "peak_rss_mib",
+    "seconds": "seconds",
+}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.minutes is not None:
-        from bench import soak_long
+@dataclass(frozen=True)
+class Report:
+    """A soak and its clean run, each :func:`summarize`'s dictionary."""
 
-        return soak_long.main(args)
+    settings: Settings
+    soak: dict[str, Any]
+    clean: dict[str, Any]
+
+    def table(self) -> str:
+        """What the soak prints: the settings, a markdown table of both runs, the p99 ratio."""
+        s = self.settings
+        lines = [
+            f"Soak: {s.requests} mixed requests, {s.clients} clients, {s.signum.name} at "
+            f"request {s.requests // 2}; clean: {s.requests} valid ones only, no signal.\n",
+            report.markdown_table(
+                ["measure", "soak", "clean"],
+                [
+                    [name, *(report.format_value(run[key]) for run in (self.soak, self.clean))]
+                    for name, key in ROWS.items()
+                ],
+            ),
+        ]
+        if self.soak["valid_p99_ms"] and self.clean["valid_p99_ms"]:
+            ratio = self.soak["valid_p99_ms"] / self.clean["valid_p99_ms"]
+            lines.append(f"\nvalid p99 soak / clean = {ratio:.2f}")
+        return "\n".join(lines)
+
+    def record(self) -> dict[str, Any]:
+        """The JSON record: the settings, the mix of kinds and both runs."""
+        settings = asdict(self.settings) | {"signum": self.settings.signum.name}
+        return {"settings": settings, "mix": MIX, "soak": self.soak, "clean": self.clean}
+
+
+def soak(settings: Settings) -> Report:
+    """The clean run, then the soak, each on a fresh server."""
     files = jpegs(32)
     corpus = Corpus(files, read_card(SHIPPED))
-    rng = random.Random(args.seed)
-    kinds = rng.choices(list(MIX), weights=list(MIX.values()), k=args.requests)
-    valid = random.Random(args.seed).choices(VALID, k=args.requests)
-    clean = summarize(run(corpus, valid, args.clients, args.seed, None))
-    signum = signal.Signals[f"SIG{args.signal}"]
-    soak = summarize(run(corpus, kinds, args.clients, args.seed, args.requests // 2, signum))
-    rows = [
-        ("requests", "requests"),
-        ("accepted", "accepted"),
-        ("lost (target 0)", "lost"),
-        ("refused by design (after the signal)", "refused_by_design"),
-        ("closed by the client on purpose", "client_closed"),
-        ("5xx (target 0)", "status_5xx"),
-        ("valid answered 200", "valid_answered_200"),
-        ("answered: in flight at the signal", "in_flight_at_signal"),
-        ("answered: sent after the signal, kept connection", "started_after_signal_answered"),
-        ("valid p50 ms", "valid_p50_ms"),
-        ("valid p99 ms", "valid_p99_ms"),
-        ("peak RSS MiB (VmHWM)", "peak_rss_mib"),
-        ("seconds", "seconds"),
-    ]
-
-    print(
-        f"Soak: {args.requests} mixed requests, {args.clients} clients, SIG{args.signal} at "
-        f"request {args.requests // 2}; clean: {len(valid)} valid ones only, no signal.\n"
-    )
-    table = [
-        [name, report.format_value(soak[key]), report.format_value(clean[key])]
-        for name, key in rows
-    ]
-    print(report.markdown_table(["measure", "soak", "clean"], table))
-    if soak["valid_p99_ms"] and clean["valid_p99_ms"]:
-        print(f"\nvalid p99 soak / clean = {soak['valid_p99_ms'] / clean['valid_p99_ms']:.2f}")
-    report.save(args.json, {"settings": vars(args), "mix": MIX, "soak": soak, "clean": clean})
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    rng = random.Random(settings.seed)
+    kinds = rng.choices(list(MIX), weights=list(MIX.values()), k=settings.requests)
+    valid = random.Random(settings.seed).choices(VALID, k=settings.requests)
+    clean = summarize(run(corpus, valid, settings.clients, settings.seed, None))
+    signal_at = settings.requests // 2
+    mixed = run(corpus, kinds, settings.clients, settings.seed, signal_at, settings.signum)
+    return Report(settings, summarize(mixed), clean)

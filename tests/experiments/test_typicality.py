@@ -1,4 +1,4 @@
-"""``python -m bench.typicality --quick``: real servers on the shipped model, small in- and
+"""``python -m experiments.typicality --quick``: real servers on the shipped model, small in- and
 out-of-distribution sets, one short drift stream of each kind and one round of the cost; the
 JSON has every set's AUROC per method, the drift fields and a cost ratio, each sane."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench.typicality import METHODS, OOD_SETS, main
+from experiments.typicality import METHODS, OOD_SETS, main
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """A hostile client's gRPC flood: does the server hold messages it should refuse?
 
-Each case starts the real server (the shipped model, an API key set, gRPC on a free port), sends
-``--calls`` concurrent ``ModelInfer`` calls of ``--mib`` MiB each, and reads the server's
-resident memory (``VmRSS``) before, its peak (``VmHWM``) and after the calls have ended:
+Each case of :func:`case` starts the real server (the shipped model, an API key set, gRPC on a
+free port), sends ``calls`` concurrent ``ModelInfer`` calls of ``mib`` MiB each, and reads the
+server's resident memory (``VmRSS``) before, its peak (``VmHWM``) and after the calls have ended:
 
 * ``no key``: the calls carry no API key (UNAUTHENTICATED is the answer);
 * ``over the size limit``: the calls carry the key, but the message is larger than the server's
@@ -10,26 +10,22 @@ resident memory (``VmRSS``) before, its peak (``VmHWM``) and after the calls hav
 
 A server that refuses these before holding the message stays near its idle memory.
 
-``--rapid-reset ROUNDS`` runs another case instead (CVE-2023-44487's pattern): on a fresh server
-without a key, ROUNDS rounds, each a new HTTP/2 connection opening ``--streams`` ModelInfer calls
-and cancelling each at once (RST_STREAM after its headers,
-:func:`bench.lib.hostile.rapid_reset`), while two other clients send valid calls throughout;
-it reports the valid calls' statuses (none may be CANCELLED), how each round ended, and the
-server's memory before, at its peak and 3 s after the last round.
+:func:`reset_case` is the rapid reset (CVE-2023-44487's pattern): on a fresh server without a
+key, ``rounds`` rounds, each a new HTTP/2 connection opening ``streams`` ModelInfer calls and
+cancelling each at once (RST_STREAM after its headers, :func:`tests.soak.hostile.rapid_reset`),
+while two other clients send valid calls throughout; it reports the valid calls' statuses (none
+may be CANCELLED), how each round ended, and the server's memory before, at its peak and 3 s
+after the last round.
 
-    python -m bench.grpc_flood                 # 24 x 60 MiB, both cases
-    python -m bench.grpc_flood --calls 8 --mib 20 --json /tmp/flood.json
-    python -m bench.grpc_flood --rapid-reset 20 --streams 20000
+``make soak`` runs both floods of 24 x 60 MiB and 20 rounds of 20,000 reset streams
+(``tests/soak/test_grpc_flood.py``); ``tests/service/grpc`` asserts smaller ones on every run.
 """
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -37,9 +33,9 @@ import httpx
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from bench.lib import RESULTS, SHIPPED, launch, report
-from bench.lib.hostile import rapid_reset
+from bench.lib import SHIPPED, launch, report
 from bench.lib.load import Answered, Send, drive
+from tests.soak.hostile import rapid_reset
 
 KEY = "flood-test-key"
 
@@ -153,32 +149,8 @@ def reset_case(rounds: int, streams: int) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=24)
-    parser.add_argument("--mib", type=int, default=60, help="each message's size")
-    parser.add_argument("--json", type=Path, default=RESULTS / "grpc_flood.json")
-    parser.add_argument("--rapid-reset", type=int, metavar="ROUNDS", help="the reset case")
-    parser.add_argument("--streams", type=int, default=20_000, help="reset streams a round")
-    args = parser.parse_args(argv)
-    if args.rapid_reset:
-        result = reset_case(args.rapid_reset, args.streams)
-        row = [
-            f"{result['rounds']} x {result['streams_per_round']:,}",
-            ", ".join(f"{k} {v}" for k, v in sorted(result["valid_calls"].items())),
-            ", ".join(f"{k} {v}" for k, v in sorted(result["rounds_ended"].items())),
-            *(f"{result[k]:.0f}" for k in ("rss_before_mib", "rss_peak_mib", "rss_after_mib")),
-            f"{result['seconds']:.1f}",
-        ]
-        header = ["rounds x streams", "valid calls", "rounds ended", "RSS before MiB"]
-        print(report.markdown_table([*header, "peak MiB", "after MiB", "seconds"], [row]))
-        report.save(args.json, {"settings": vars(args), "cases": [result]})
-        return 0
-    size = args.mib * 2**20
-    results = [
-        case("no key", args.calls, args.mib, None, size + 2**20),
-        case("over the size limit", args.calls, args.mib, KEY, max(2**20, size // 4)),
-    ]
+def flood_table(results: list[dict[str, Any]]) -> str:
+    """:func:`case`'s results as a markdown table, a row each."""
     rows = [
         [
             r["case"],
@@ -190,10 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in results
     ]
     header = ["case", "calls x MiB", "answers", "RSS before MiB", "peak MiB", "after MiB"]
-    print(report.markdown_table([*header, "seconds"], rows))
-    report.save(args.json, {"settings": vars(args), "cases": results})
-    return 0
+    return report.markdown_table([*header, "seconds"], rows)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def reset_table(result: dict[str, Any]) -> str:
+    """:func:`reset_case`'s result as a markdown table of one row."""
+    row = [
+        f"{result['rounds']} x {result['streams_per_round']:,}",
+        ", ".join(f"{k} {v}" for k, v in sorted(result["valid_calls"].items())),
+        ", ".join(f"{k} {v}" for k, v in sorted(result["rounds_ended"].items())),
+        *(f"{result[k]:.0f}" for k in ("rss_before_mib", "rss_peak_mib", "rss_after_mib")),
+        f"{result['seconds']:.1f}",
+    ]
+    header = ["rounds x streams", "valid calls", "rounds ended", "RSS before MiB"]
+    return report.markdown_table([*header, "peak MiB", "after MiB", "seconds"], [row])

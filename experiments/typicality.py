@@ -34,8 +34,8 @@ computed here with :mod:`modelcard.typicality` from the served logits and embedd
 reference statistics, and drift by the same binomial rule on those p-values; the JSON says which
 (``source``: ``served`` or ``client``).
 
-    python -m bench.typicality            # the full run (several minutes on 2 cores)
-    python -m bench.typicality --quick    # seconds: small sets, one short stream (tests)
+    python -m experiments.typicality            # the full run (several minutes on 2 cores)
+    python -m experiments.typicality --quick    # seconds: small sets, one short stream (tests)
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def ood_sets(test: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray
 
 @dataclass(frozen=True)
 class Card:
-    """What the bench needs of the shipped model's card."""
+    """What the study needs of the shipped model's card."""
 
     name: str
     mean: float

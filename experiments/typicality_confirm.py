@@ -3,7 +3,7 @@
 The protocol, fixed before any run: ``docs/results/typicality-confirmation.md``.
 
 Each model is a folder with ``model.onnx`` (from ``smso-export``) and the ``config.json`` of
-its training run. Its file is served by ``smso-serve`` (a subprocess, as ``bench.typicality``
+its training run. Its file is served by ``smso-serve`` (a subprocess, as ``experiments.typicality``
 does), and every image goes through the server as binary ``FP32`` infer requests asking for
 ``logits``, ``embedding``, ``typicality`` and ``typicality_p_value``: the score as served. The
 backbone's averaged features, which the server does not answer, come from the same file run by
@@ -13,9 +13,9 @@ In-distribution: the test images of the classes the model was trained on. The se
 
 * ``held_out_classes`` (near-OOD): the test images of the classes its training left out
   (``classes`` in its config; a model trained on all ten has none);
-* ``glyphs`` (far-OOD): typeset letters (:func:`bench.lib.confirm_sets.glyphs`);
+* ``glyphs`` (far-OOD): typeset letters (:func:`experiments.confirm_sets.glyphs`);
 * covariate shift, reported apart: the in-distribution test images under each corruption and
-  severity of :func:`bench.lib.confirm_sets.shift_sets`. Whether a score should flag these is
+  severity of :func:`experiments.confirm_sets.shift_sets`. Whether a score should flag these is
   not settled, so their comparisons say which score flags them more, not which wins.
 
 Beside them, ``held_out_classes: NAME`` (kind ``by_class``) gives the near-OOD set one held-out
@@ -37,8 +37,8 @@ each baseline the AUROC difference with DeLong's 95 % interval: ``win`` (above 0
 (below) or ``tie``.
 
     make typicality-confirm                               # trains, exports, then runs this
-    python -m bench.typicality_confirm --held-out runs/typicality-heldout
-    python -m bench.typicality_confirm --held-out RUN --quick   # seconds: small sets (tests)
+    python -m experiments.typicality_confirm --held-out runs/typicality-heldout
+    python -m experiments.typicality_confirm --held-out RUN --quick   # seconds: small sets
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from typing import Any
 import numpy as np
 
 from bench.lib import RESULTS, ROOT, SHIPPED, report
-from bench.lib.auroc import compare, delong
-from bench.lib.confirm_sets import glyphs, shift_sets
-from bench.typicality import ALPHA, Card, Client, baselines, separation, server
+from experiments.auroc import compare, delong
+from experiments.confirm_sets import glyphs, shift_sets
+from experiments.typicality import ALPHA, Card, Client, baselines, separation, server
 from modelcard.typicality import Typicality
 
 METHODS = ("typicality", "msp", "energy", "mahalanobis", "mahalanobis_features")

@@ -1,21 +1,22 @@
-"""The long soak: ``python -m bench.soak --minutes 10`` (this module is its timed mode).
+"""The long soak: everything at once against the real server for ``Settings.minutes``.
 
-For ``--minutes``, the real server (``smso-serve``, default settings, 1 worker) serves a model
-repository it polls every second, with gRPC on, and gets at once:
+For ``minutes`` (``SOAK_MINUTES`` in ``make soak``: 10 by default), the real server
+(``smso-serve``, default settings, 1 worker) serves a model repository it polls every second,
+with gRPC on, and gets at once:
 
-* **valid traffic** (``--clients`` HTTP threads on keep-alive connections, each pausing 0-10 ms
+* **valid traffic** (``clients`` HTTP threads on keep-alive connections, each pausing 0-10 ms
   between requests, and one gRPC client): ``/classify`` uploads, binary ``FP32``
   ``/v2/models/fmnist/infer`` requests and gRPC ``ModelInfer`` calls, all to the model
   ``fmnist``, whose served version is replaced under the traffic every few seconds;
-* **every attack class of the hardening campaigns** (``--attackers`` threads, a fresh connection
-  each): the short soak's hostile kinds (:data:`bench.soak.MIX`), and a 20 MB header, 200,000
-  header fields, a 40 kB head left unfinished, an 80 kB query, a gzip body on ``/classify``, a
-  non-protocol content type on ``/v2``, FP32 inputs of 1e20, JSON nested 100,000 deep, a
-  5,000-digit integer, a bad ``parameters.timeout``, and on the gRPC port malformed protobuf
-  and ModelInfer calls naming 16,000 outputs;
-* **bursts** every ``--burst-every-s``: 1,000 idle TCP connections held for 10 s, then
+* **every attack class of the hardening campaigns** (``attackers`` threads, a fresh connection
+  each): the short soak's hostile kinds (:data:`tests.soak.hostile.MIX`), and a 20 MB header,
+  200,000 header fields, a 40 kB head left unfinished, an 80 kB query, a gzip body on
+  ``/classify``, a non-protocol content type on ``/v2``, FP32 inputs of 1e20, JSON nested
+  100,000 deep, a 5,000-digit integer, a bad ``parameters.timeout``, and on the gRPC port
+  malformed protobuf and ModelInfer calls naming 16,000 outputs;
+* **bursts** every ``burst_every_s``: 1,000 idle TCP connections held for 10 s, then
   an HTTP/2 rapid reset (20,000 ModelInfer streams opened and cancelled at once on one
-  connection, :func:`bench.lib.hostile.rapid_reset`), then 1,500 concurrent gRPC calls;
+  connection, :func:`tests.soak.hostile.rapid_reset`), then 1,500 concurrent gRPC calls;
 * **repository churn** every 1.5 s, in turn: a new version of ``fmnist`` (the oldest removed
   past three), a model appearing and disappearing, folders named ``²``, ``007`` and ``bad name``,
   a version whose ``model.onnx`` is garbage, a file where a model folder should be, and 3,000
@@ -32,16 +33,15 @@ answered, sent whole, on a connection the server had accepted, and no answer; fo
 status but OK and the documented refusals), *unsent* (the server closed the connection while the
 client was still sending a request it refuses, e.g. past the header limit, and no answer came),
 *client-closed* (closed by the client on purpose). Targets: 0 lost, 0 5xx, ``/healthz`` p99 <=
-100 ms, every ``/readyz`` 200, peak ``VmRSS`` within ``--rss-bound-mib`` (512 MiB by default:
+100 ms, every ``/readyz`` 200, peak ``VmRSS`` within ``rss_bound_mib`` (512 MiB by default:
 the server idles at about 160 MiB), no growth (the median ``VmRSS`` of the last third of the run
 after its first minute within 32 MiB of the first third's), no traceback in the server's log.
 Refusals under load (503 ``overloaded`` with ``Retry-After``, gRPC ``RESOURCE_EXHAUSTED``) are
-answers, counted apart.
+answers, counted apart. Each target is one entry of the summary's ``checks``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import http.client
@@ -57,7 +57,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from bench.lib import SHIPPED, launch, report
-from bench.lib.hostile import (
+from bench.lib.launch import HOST
+from bench.lib.payloads import Body, jpegs
+from service.runtime.backend import read_card
+from tests.soak.hostile import (
     MIX,
     VALID,
     Client,
@@ -78,9 +81,6 @@ from bench.lib.hostile import (
     request,
     upload,
 )
-from bench.lib.launch import HOST
-from bench.lib.payloads import Body, jpegs
-from service.runtime.backend import read_card
 
 MODEL = "fmnist"  # the model the valid traffic uses (always served)
 CHURN_S = 1.5
@@ -98,6 +98,17 @@ GRPC_MANY_OUTPUTS = 16_000
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 #: gRPC statuses that are answers (the documented refusals), not losses
 GRPC_ANSWERS = {"OK", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE (refused stream)"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One long soak: how long, how much traffic, how often the bursts, the memory bound."""
+
+    minutes: float  # how long the traffic lasts
+    clients: int = 6  # valid HTTP client threads (beside one gRPC client)
+    attackers: int = 4  # threads sending attacks
+    burst_every_s: float = 60.0  # idle connections, a rapid reset and a gRPC burst, this often
+    rss_bound_mib: float = 512.0  # the peak resident memory allowed
 
 
 def grpc_code(error: grpc.RpcError) -> str:
@@ -128,7 +139,8 @@ CLIENT_CLOSES = ("oversized-close", "abandoned", "header-hold", "silent-body")
 
 
 class Attacks:
-    """The second campaign's HTTP requests (the first's come from :class:`bench.soak.Corpus`)."""
+    """The second campaign's HTTP requests (the first's come from
+    :class:`tests.soak.hostile.Corpus`)."""
 
     def __init__(self, corpus: Corpus, files: list[bytes]) -> None:
         self.corpus = corpus
@@ -192,8 +204,8 @@ def raw_head(path: str, headers: list[tuple[str, str]]) -> bytes:
 
 
 def send(client: Client, req: Request, out: Outcome) -> None:
-    """:meth:`bench.soak.Client.send`, with the second campaign's ways of closing: a held head
-    is kept open 2 s, then closed by the client."""
+    """:meth:`tests.soak.hostile.Client.send`, with the second campaign's ways of closing: a held
+    head is kept open 2 s, then closed by the client."""
     if out.kind != "header-hold":
         client.send(req, out)
         return
@@ -445,13 +457,32 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Observed:
+    """What one long soak saw, for :func:`summarize`."""
+
+    outcomes: list[Outcome]  # every HTTP request
+    tally: GrpcTally  # every gRPC call
+    probed: list[tuple[str, float, int, str]]  # the probes: path, seconds, status, what it said
+    rss: list[tuple[float, float]]  # (seconds since the start, VmRSS MiB), once a second
+    rss_end: dict[str, float]  # VmRSS and VmHWM once the traffic stopped
+    exit_code: int  # the server's, after SIGTERM
+    output: str  # the server's log
+    churn: Churn
+    idle_held: list[int]  # idle connections held, per burst
+    resets: Counter[str]  # how each rapid-reset round ended
+    seconds: float
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    """One long soak on a fresh server and repository: :func:`summarize`'s summary."""
+    s = settings
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 idle connections and more
     files = jpegs(32)
     corpus = Corpus(files, read_card(SHIPPED), MODEL)
     attacks = Attacks(corpus, files)
-    seconds = 60 * args.minutes
+    seconds = 60 * settings.minutes
     with tempfile.TemporaryDirectory(prefix="smso-soak-") as tmp:
         root = Path(tmp) / "repository"
         make_repository(root)
@@ -501,7 +532,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(rng.random() * 0.05)
 
         def bursts() -> None:
-            while not stop.wait(args.burst_every_s):
+            while not stop.wait(settings.burst_every_s):
                 idle_held.append(idle_connections(server.port))
                 if stop.is_set():
                     return
@@ -518,8 +549,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             threading.Thread(target=grpc_traffic, args=(target, files, tally, stop)),
             threading.Thread(target=bursts),
         ]
-        threads += [threading.Thread(target=valid_client, args=(w,)) for w in range(args.clients)]
-        threads += [threading.Thread(target=attacker, args=(w,)) for w in range(args.attackers)]
+        threads += [threading.Thread(target=valid_client, args=(w,)) for w in range(s.clients)]
+        threads += [threading.Thread(target=attacker, args=(w,)) for w in range(s.attackers)]
         for t in threads:
             t.start()
         try:
@@ -538,20 +569,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log.seek(0)
             output = log.read()
             log.close()
-        index = scan_index_note(output)
-    return summarize(
-        outcomes,
-        tally,
-        probed,
-        rss,
-        rss_end,
-        code,
-        output,
-        churn,
-        idle_held,
-        time.monotonic() - start,
-        args,
-    ) | {"log_notes": index, "rapid_reset_rounds": dict(resets)}
+    seen = Observed(
+        outcomes=outcomes,
+        tally=tally,
+        probed=probed,
+        rss=rss,
+        rss_end=rss_end,
+        exit_code=code,
+        output=output,
+        churn=churn,
+        idle_held=idle_held,
+        resets=resets,
+        seconds=time.monotonic() - start,
+    )
+    return summarize(seen, settings)
 
 
 def scan_index_note(output: str) -> list[str]:
@@ -564,19 +595,10 @@ def scan_index_note(output: str) -> list[str]:
     return seen[:20]
 
 
-def summarize(
-    outcomes: list[Outcome],
-    tally: GrpcTally,
-    probed: list[tuple[str, float, int, str]],
-    rss: list[tuple[float, float]],
-    rss_end: dict[str, float],
-    code: int,
-    output: str,
-    churn: Churn,
-    idle_held: list[int],
-    seconds: float,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
+def summarize(seen: Observed, settings: Settings) -> dict[str, Any]:
+    """The counts, latencies, probes and memory of a long soak, and its ``checks`` (name ->
+    held), one per target of the module's docstring."""
+    outcomes, tally, probed, rss = seen.outcomes, seen.tally, seen.probed, seen.rss
     fates = [fate(o) for o in outcomes]
     by_kind: dict[str, Counter[str]] = {}
     for o, f in zip(outcomes, fates, strict=True):
@@ -618,10 +640,10 @@ def summarize(
     third = len(after_warmup) // 3
     first_third = percentile(after_warmup[:third], 50) if third else None
     last_third = percentile(after_warmup[-third:], 50) if third else None
-    peak = max([m for _, m in rss] + [rss_end["VmHWM"]])
+    peak = max([m for _, m in rss] + [seen.rss_end["VmHWM"]])
     summary: dict[str, Any] = {
-        "minutes": args.minutes,
-        "seconds": seconds,
+        "minutes": settings.minutes,
+        "seconds": seen.seconds,
         "http_requests": len(outcomes),
         "http_answered": fates.count("answered"),
         "http_lost": fates.count("lost"),
@@ -652,15 +674,15 @@ def summarize(
         "rss_after_1_min_mib": after_warmup[0] if after_warmup else None,
         "rss_median_first_third_mib": first_third,
         "rss_median_last_third_mib": last_third,
-        "rss_end_mib": rss_end["VmRSS"],
+        "rss_end_mib": seen.rss_end["VmRSS"],
         "rss_peak_mib": peak,
-        "rss_bound_mib": args.rss_bound_mib,
-        "repository_changes": churn.steps,
-        "fmnist_versions_published": churn.version,
-        "idle_connections_held": idle_held,
-        "server_exit_code": code,
-        "server_tracebacks": output.count("Traceback"),
-        "server_log_lines": len(output.splitlines()),
+        "rss_bound_mib": settings.rss_bound_mib,
+        "repository_changes": seen.churn.steps,
+        "fmnist_versions_published": seen.churn.version,
+        "idle_connections_held": seen.idle_held,
+        "server_exit_code": seen.exit_code,
+        "server_tracebacks": seen.output.count("Traceback"),
+        "server_log_lines": len(seen.output.splitlines()),
         "by_kind": {k: dict(sorted(v.items())) for k, v in sorted(by_kind.items())},
         "lost_requests": [o.__dict__ for o, f in zip(outcomes, fates, strict=True) if f == "lost"][
             :20
@@ -675,21 +697,23 @@ def summarize(
         "/healthz p99 <= 100 ms, all 200": health_bad == 0
         and (summary["healthz_p99_ms"] or 1e9) <= 100,
         "/readyz 200 throughout": summary["readyz_not_200"] == 0 and bool(ready),
-        f"peak RSS <= {args.rss_bound_mib} MiB": peak <= args.rss_bound_mib,
+        f"peak RSS <= {settings.rss_bound_mib} MiB": peak <= settings.rss_bound_mib,
         "no growth: RSS median of the last third <= the first third's + 32 MiB": (
             first_third is not None and last_third is not None and last_third <= first_third + 32
         ),
-        "drained and exited 0 on SIGTERM": code == 0,
+        "drained and exited 0 on SIGTERM": seen.exit_code == 0,
         "no traceback in the server's log": summary["server_tracebacks"] == 0,
     }
     summary["checks"] = checks
     summary["rss_timeline_mib"] = [(round(t), round(m, 1)) for t, m in rss[::10]]
+    summary["log_notes"] = scan_index_note(seen.output)
+    summary["rapid_reset_rounds"] = dict(seen.resets)
     return summary
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the long soak, print its table and write ``args.json``; 1 when a check fails."""
-    summary = run(args)
+def tables(summary: dict[str, Any], settings: Settings) -> str:
+    """What the long soak prints: the settings, the measures, the rapid resets' ends, each
+    kind's outcomes and the checks, as markdown."""
     rows = [
         ("minutes", "minutes"), ("HTTP requests", "http_requests"),
         ("HTTP answered", "http_answered"), ("HTTP lost (target 0)", "http_lost"),
@@ -715,49 +739,32 @@ def main(args: argparse.Namespace) -> int:
         ("versions of fmnist published", "fmnist_versions_published"),
         ("server exit code", "server_exit_code"), ("server tracebacks", "server_tracebacks"),
     ]  # fmt: skip
-
-    print(
-        f"Long soak: {args.minutes} min, {args.clients} valid HTTP clients, 1 gRPC client, "
-        f"{args.attackers} attackers, bursts every {args.burst_every_s:.0f} s, churn every "
-        f"{CHURN_S} s.\n"
-    )
-    print(
-        report.markdown_table(
-            ["measure", "value"], [[n, report.format_value(summary[k])] for n, k in rows]
-        )
-    )
     rounds = summary.get("rapid_reset_rounds", {})
-    print(
-        f"\nHTTP/2 rapid reset ({RESET_STREAMS:,} streams a round), how the rounds ended: "
-        + (", ".join(f"{end} x{n}" for end, n in rounds.items()) or "none ran")
+    return "\n\n".join(
+        [
+            f"Long soak: {settings.minutes} min, {settings.clients} valid HTTP clients, 1 gRPC "
+            f"client, {settings.attackers} attackers, bursts every {settings.burst_every_s:.0f} "
+            f"s, churn every {CHURN_S} s.",
+            report.markdown_table(
+                ["measure", "value"], [[n, report.format_value(summary[k])] for n, k in rows]
+            ),
+            f"HTTP/2 rapid reset ({RESET_STREAMS:,} streams a round), how the rounds ended: "
+            + (", ".join(f"{end} x{n}" for end, n in rounds.items()) or "none ran"),
+            report.markdown_table(
+                ["kind", "outcomes"],
+                [
+                    [k, ", ".join(f"{c} x{n}" for c, n in v.items())]
+                    for k, v in summary["by_kind"].items()
+                ],
+            ),
+            report.markdown_table(
+                ["check", "held"],
+                [[name, "yes" if ok else "NO"] for name, ok in summary["checks"].items()],
+            ),
+        ]
     )
-    print(
-        "\n"
-        + report.markdown_table(
-            ["kind", "outcomes"],
-            [
-                [k, ", ".join(f"{c} x{n}" for c, n in v.items())]
-                for k, v in summary["by_kind"].items()
-            ],
-        )
-    )
-    print(
-        "\n"
-        + report.markdown_table(
-            ["check", "held"],
-            [[name, "yes" if ok else "NO"] for name, ok in summary["checks"].items()],
-        )
-    )
-    report.save(
-        args.json,
-        {
-            "settings": {k: str(v) for k, v in vars(args).items()},
-            "attacks": ATTACKS,
-            "soak": summary,
-        },
-    )
-    return 0 if all(summary["checks"].values()) else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit("run it as `python -m bench.soak --minutes M`")
+def record(summary: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The JSON record: the settings, the attacks' weights and the summary."""
+    return {"settings": asdict(settings), "attacks": ATTACKS, "soak": summary}
