@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve install data test lint format bench bench-export bench-peers model onnx fmnist-table \
-  fmnist-table-records fmnist-fair fmnist-fair-records typicality-confirm clean
+.PHONY: serve install data test lint format bench bench-export bench-peers bench-gpu soak model \
+  onnx fmnist-table fmnist-table-records fmnist-fair fmnist-fair-records typicality-confirm clean
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -53,6 +53,22 @@ data: $(FMNIST)/t10k-labels-idx1-ubyte.gz
 test: $(VENV)/.installed-dev data
 	$(BIN)/python -m pytest
 
+# tests/service in the serving environment alone, its own venv: the serving-cpu extra, pytest and
+# httpx (pyproject.toml's serving-test), no torch, onnx or other development tool. The tests
+# that need one skip and say which; every other service test passes without them. The venv
+# holds a .gitignore of `*` (as Python 3.13's venv writes one): git and ruff pass over it.
+SERVE_TEST_VENV ?= .venv-serve-test
+.PHONY: test-serving
+test-serving: $(SERVE_TEST_VENV)/.installed data
+	$(SERVE_TEST_VENV)/bin/python -m pytest tests/service
+
+$(SERVE_TEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(SERVE_TEST_VENV)
+	echo '*' > $(SERVE_TEST_VENV)/.gitignore
+	$(SERVE_TEST_VENV)/bin/python -m pip install --upgrade --quiet pip
+	$(SERVE_TEST_VENV)/bin/python -m pip install --quiet -e '.[serving-cpu,serving-test]'
+	touch $@
+
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -93,6 +109,24 @@ bench-peers: $(VENV)/.installed-dev $(PEERS_VENV)/.installed-$(PEERS_ORT)
 bench-export: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.export
 
+# Every GPU measurement on a CUDA machine (docs/results/gpu.md): the training step's cost, the
+# CUDA tests, JPEG decoding on the GPU and the service under load (python -m bench.gpu; results
+# in $(GPU_OUT)). GPU_STEPS picks steps: GPU_STEPS=fmnist-table is the head table on the GPU.
+GPU_OUT ?= bench/results/gpu
+GPU_STEPS ?=
+bench-gpu: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.gpu --out $(GPU_OUT) $(GPU_STEPS)
+
+# The soak and hostile-client runs at full size (tests/soak, marked `soak`; their quick versions
+# run in `make test`): 10,000 mixed requests with SIGTERM midway, SOAK_MINUTES of every attack at
+# once (nothing lost, /healthz p99 <= 100 ms, peak RSS <= 512 MiB, no growth), and the gRPC
+# floods. Each prints its tables and writes its JSON in $(SOAK_OUT). The growth check compares
+# thirds of the run after its first minute: SOAK_MINUTES of 3 or more.
+SOAK_MINUTES ?= 10
+SOAK_OUT ?= bench/results
+soak: $(VENV)/.installed-dev
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_OUT=$(SOAK_OUT) $(BIN)/python -m pytest tests/soak -m soak
+
 # The shipped model: train from scratch on the CPU, then keep the checkpoint, curves and Fig. 2.
 model: $(VENV)/.installed-dev data
 	rm -rf $(MODEL_RUN)
@@ -118,16 +152,17 @@ onnx: $(VENV)/.installed-dev data
 # a time; validation and test passes not included).
 # Interrupted? Run it again: finished runs are kept and an unfinished one resumes from its last
 # epoch (a folder started with another recipe is refused; remove runs/fmnist-table to start
-# over). On a GPU, rows x seeds in parallel (40 to 60 minutes, estimated): bench/fmnist_table_gpu.sh.
+# over). On a GPU, rows x seeds in parallel (40 to 60 minutes, estimated):
+# `make bench-gpu GPU_STEPS=fmnist-table`.
 # The records of the finished runs (config, metrics per epoch, result; no checkpoints) are kept
-# in docs/results/fmnist-table, so that a fresh checkout skips them: `make fmnist-table-records`
-# copies them there (this target does too, at its end).
+# in docs/results/records/fmnist-table, so that a fresh checkout skips them:
+# `make fmnist-table-records` copies them there (this target does too, at its end).
 FMNIST_TABLE := runs/fmnist-table
 # runs at a time, the cores shared among them: two one-thread runs train 1.07-1.13x the steps
 # per second of one two-thread run on 2 cores (`python -m bench.train_jobs`: the small CNN's
 # steps split poorly over threads)
 FMNIST_JOBS ?= 2
-FMNIST_RECORDS := docs/results/fmnist-table
+FMNIST_RECORDS := docs/results/records/fmnist-table
 fmnist-table: $(VENV)/.installed-dev data
 	mkdir -p $(FMNIST_TABLE) && cp -Rn $(FMNIST_RECORDS)/. $(FMNIST_TABLE)/
 	$(BIN)/smso-experiment run fmnist --seeds 0 1 2 --resume --device cpu --jobs $(FMNIST_JOBS) \
@@ -153,12 +188,12 @@ keep-records = for result in $(1)/*/seed*/result.json; do \
 # head's recipe chosen on validation, the chosen recipes that are not the shipped one at 45
 # epochs on seeds 0-2 (65 to 101 minutes a run, two at a time), then the grid and the fair table
 # (paired verdicts) in $(FAIR)/report.md. Resumable: run it again after a stop. The
-# finished runs' records are kept in docs/results/fmnist-sweep and docs/results/fmnist-fair, as
-# the table's are, so that a fresh checkout skips them.
+# finished runs' records are kept in docs/results/records/fmnist-sweep and
+# docs/results/records/fmnist-fair, as the table's are, so that a fresh checkout skips them.
 SWEEP := runs/fmnist-sweep
 FAIR := runs/fmnist-fair
-SWEEP_RECORDS := docs/results/fmnist-sweep
-FAIR_RECORDS := docs/results/fmnist-fair
+SWEEP_RECORDS := docs/results/records/fmnist-sweep
+FAIR_RECORDS := docs/results/records/fmnist-fair
 fmnist-fair: $(VENV)/.installed-dev data
 	mkdir -p $(SWEEP) $(FAIR) $(SWEEP_RECORDS) $(FAIR_RECORDS)
 	cp -Rn $(SWEEP_RECORDS)/. $(SWEEP)/ && cp -Rn $(FAIR_RECORDS)/. $(FAIR)/
@@ -181,17 +216,18 @@ fmnist-fair-records:
 # The confirmatory typicality evaluation (docs/results/typicality-confirmation.md): the shipped
 # recipe trained on 8 classes, Shirt and Sneaker held out (about 20 minutes on 2 free cores, from
 # the shipped model's time; 7.6 hours sharing them with the recipe sweep), its export, then
-# python -m bench.typicality_confirm on it and on the shipped model (6 minutes on 2 cores):
+# python -m experiments.typicality_confirm on it and on the shipped model (6 minutes on 2 cores):
 # a markdown table on the terminal and in $(TYPICALITY_RUN)/confirmation.md, the JSON in
 # bench/results/typicality-confirm.json. Interrupted? Run it again: the training resumes from its
 # last epoch, and a finished run (test.json) is neither trained nor tested again.
-# TYPICALITY_TRAIN_FLAGS and TYPICALITY_FLAGS add smso-train and bench flags (the tests: tiny data).
+# TYPICALITY_TRAIN_FLAGS and TYPICALITY_FLAGS add smso-train and evaluation flags (the tests:
+# tiny data).
 TYPICALITY_RUN := runs/typicality-heldout
 TYPICALITY_CONFIG := configs/fashion-mnist-smso-heldout.toml
 TYPICALITY_TRAIN_FLAGS ?=
 TYPICALITY_FLAGS ?=
 typicality-confirm: $(TYPICALITY_RUN)/model.onnx
-	$(BIN)/python -m bench.typicality_confirm --held-out $(TYPICALITY_RUN) \
+	$(BIN)/python -m experiments.typicality_confirm --held-out $(TYPICALITY_RUN) \
 	  --markdown $(TYPICALITY_RUN)/confirmation.md $(TYPICALITY_FLAGS)
 
 $(TYPICALITY_RUN)/model.onnx: $(TYPICALITY_RUN)/test.json

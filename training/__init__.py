@@ -21,7 +21,8 @@ The modules, from the layer up to the command lines:
   :mod:`training.recipe_sweep` (each head's recipe chosen on validation, the fair table;
   both behind :mod:`training.experiment_cli`) and
   :mod:`training.json_lines` (the files runs write).
-- :mod:`training.cli`: what the console scripts share (a user's mistake is one line, exit 2),
+- :mod:`training.cli`: what the console scripts share (a user's mistake is one line, exit 2;
+  the ``--help`` of :mod:`training.help_formatter`, which the run's settings use too),
   with :mod:`training.outputs` (every output checked before any work and written atomically)
   and :mod:`training.torch_files` (files ``torch.save`` wrote, read as data only, with one line
   saying why one cannot be).

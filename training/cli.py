@@ -1,5 +1,6 @@
 """What the console scripts share: a user's mistake is one error line and exit status 2, and
-help that shows each flag's default once."""
+help that shows each flag's default once (:class:`HelpFormatter`, from
+:mod:`training.help_formatter`, which the training config's parser uses too)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from training.backbones import PretrainedWeightsError
 from training.checkpoint import CheckpointError
 from training.datasets import DatasetLayoutError
 from training.divergence import DivergenceError
+from training.help_formatter import HelpFormatter
 from training.outputs import OutputError
 
 __all__ = [
@@ -41,24 +43,6 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     FileExistsError,
     PermissionError,
 )
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Appends ``(default: X)`` to an option's help where X is a value (not None or False) and
-    the help does not already say its default."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        default = action.default
-        if (
-            action.option_strings
-            and "default" not in text
-            and default is not argparse.SUPPRESS
-            and default is not None
-            and default is not False
-        ):
-            text += " (default: %(default)s)"
-        return text
 
 
 def _whole_number(text: str, least: int) -> int:

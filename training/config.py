@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from training.backbones import BACKBONES
-from training.cli import HelpFormatter
 from training.datasets import DATASETS
 from training.datasets.fashion_mnist import CLASSES, VAL_SIZE, check_classes
 from training.heads import HEADS, head_spec
+from training.help_formatter import HelpFormatter
 from training.model import ModelConfig
 from training.runtime import DEVICES
 
