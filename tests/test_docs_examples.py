@@ -1,6 +1,7 @@
 """Every ``curl`` command and every Python example that talks to the server, in README.md and
 docs/, runs as printed from the repository root against a real server on the shipped model, and
-answers what its example image is.
+answers what its example image is; the Python examples of the pages that need no server
+(:data:`STANDALONE`) run as printed too.
 
 The examples say http://127.0.0.1:8000 (``make serve``) or http://localhost:8000 (compose); the
 test rewrites that to its own server's port and changes nothing else. Examples that send
@@ -35,11 +36,13 @@ LABELS = {"boot.png": "Ankle boot", "shirt.jpg": "Shirt", "bag.webp": "Bag"}
 MODEL_NAME = "fashion_mnist-small_cnn-smso"
 # curl examples addressed elsewhere than the shipped model's server, and why this test skips them
 ELSEWHERE = {
-    "127.0.0.1:8003": "the own-images section's server on a model trained there: "
+    "127.0.0.1:8003": "docs/training.md's own-images server on a model trained there: "
     "tests/test_own_images_readme.py runs that section as printed",
-    "127.0.0.1:8002": "the model repository section's server on a folder of models: "
-    "tests/test_repository_readme.py runs that section as printed",
+    "127.0.0.1:8002": "docs/model-repository.md's server on a folder of models: "
+    "tests/test_repository_readme.py runs that page as printed",
 }
+#: pages whose Python examples need neither a server nor a dataset: each runs as printed
+STANDALONE = [ROOT / "docs" / "training.md"]
 API_KEY = "docs-example-key"
 # curl as the docs call it, plus: errors shown, the status on a last line of its own
 CURL_WRAPPER = "curl() { command curl -sS -w '\\n%{http_code}\\n' \"$@\"; }\n"
@@ -238,3 +241,33 @@ def test_the_example_runs_as_printed_and_answers_what_its_image_is(example, serv
         _check_python(example, done.stdout)
     else:
         _check_curl(example, done.stdout)
+
+
+def standalone_examples() -> list[Example]:
+    """The Python blocks of the :data:`STANDALONE` pages."""
+    return [
+        Example(f"{path.relative_to(ROOT).as_posix()}:{first}", language, "\n".join(lines) + "\n")
+        for path in STANDALONE
+        for first, language, lines in _blocks(path)
+        if language == "python"
+    ]
+
+
+def test_the_training_page_holds_its_two_python_examples():
+    assert [e.where.split(":")[0] for e in standalone_examples()] == ["docs/training.md"] * 2
+
+
+@pytest.mark.slow  # a ResNet-50 forward pass at 448 px: seconds on 2 cores
+@pytest.mark.parametrize("example", standalone_examples(), ids=lambda e: e.where)
+def test_the_python_example_runs_as_printed(example, tmp_path):
+    """In a temporary folder (the examples write ``runs/demo/``), offline."""
+    done = subprocess.run(
+        [sys.executable, "-"],
+        input=example.code,
+        cwd=tmp_path,
+        env=os.environ | OFFLINE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{example.where} failed:\n{done.stdout}\n{done.stderr}"

@@ -1,4 +1,5 @@
-"""The repository's promises: layout, packaging groups, the service's import rule, CI."""
+"""The repository's promises: layout, packaging groups, the service's import rule, the service
+reference (docs/service.md) against the code, CI."""
 
 from __future__ import annotations
 
@@ -111,22 +112,135 @@ def test_no_extra_installs_both_onnxruntime_builds(group: str) -> None:
     assert len(_names(group) & ONNXRUNTIMES) == 1, _names(group) & ONNXRUNTIMES
 
 
-def _readme_settings() -> set[str]:
-    """The ``SMSO_`` names in the README's Service section (up to the first table)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Service\n", 1)[1].split("\n|", 1)[0]
-    return set(re.findall(r"`(SMSO_[A-Z0-9_]+)`", section))
+SERVICE_DOCS = ROOT / "docs" / "service.md"
 
 
-def test_the_readme_lists_every_setting_and_no_other() -> None:
+def _section(title: str) -> str:
+    """The text of docs/service.md's ``## title`` section, up to the next ``## ``."""
+    text = SERVICE_DOCS.read_text()
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _table_rows(section: str) -> list[list[str]]:
+    """The cells of each body row of the markdown tables in ``section`` (header and rule left
+    out)."""
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("|") and not re.fullmatch(r"\|[-|: ]+\|", line):
+            rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return [row for row in rows if row[0] not in ("setting", "route", "status")]
+
+
+def _documented_settings() -> dict[str, str]:
+    """docs/service.md's settings tables: ``{SMSO_NAME: its default cell}``."""
+    found = {}
+    for row in _table_rows(_section("Settings")):
+        name = re.fullmatch(r"`(SMSO_[A-Z0-9_]+)`", row[0])
+        assert name is not None, f"a settings row that names no SMSO_ variable: {row}"
+        found[name.group(1)] = row[1]
+    return found
+
+
+def _same_default(cell: str, default: object) -> bool:
+    """Whether a default cell says ``default``: ``unset`` for None, else its first backticked
+    value as the environment would give it (a path relative to the repository root)."""
+    if default is None:
+        return cell.startswith("unset")
+    value = re.match(r"`([^`]+)`", cell)
+    if value is None:
+        return False
+    text = value.group(1)
+    if isinstance(default, bool):
+        return text == str(default).lower()
+    if isinstance(default, int | float):
+        return float(text) == default
+    if isinstance(default, Path):
+        return ROOT / text == default
+    return text == default
+
+
+def test_the_service_reference_lists_every_setting_and_no_other() -> None:
     from service.core.settings import Settings
 
     prefix = Settings.model_config["env_prefix"]
-    fields = {prefix + name.upper() for name in Settings.model_fields}
-    listed = _readme_settings()
-    assert not fields - listed, f"settings missing from the README: {sorted(fields - listed)}"
-    assert not listed - fields, (
-        f"the README lists settings that do not exist: {sorted(listed - fields)}"
+    fields = {prefix + name.upper(): field for name, field in Settings.model_fields.items()}
+    listed = _documented_settings()
+    assert not fields.keys() - listed, (
+        f"settings missing from docs/service.md: {sorted(fields.keys() - listed)}"
+    )
+    assert not listed.keys() - fields, (
+        f"docs/service.md lists settings that do not exist: {sorted(listed.keys() - fields)}"
+    )
+    wrong = {
+        name: (cell, fields[name].default)
+        for name, cell in listed.items()
+        if not _same_default(cell, fields[name].default)
+    }
+    assert not wrong, f"docs/service.md's defaults (cell, the setting's default): {wrong}"
+
+
+ROUTE = re.compile(r"`(GET|HEAD|POST|PUT|PATCH|DELETE) (/[^`]*)`")
+
+
+def _served_routes(tmp_path: Path) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """``(method, path)`` of every route the app serves, built as tests/service build it: with
+    one model file, and with a model repository (whose API adds routes); the second set holds
+    the routes only a repository adds."""
+    from starlette.routing import Mount, Route
+
+    from service.app import create_app
+    from service.core.settings import DEFAULT_MODEL, Settings
+
+    def routes(settings: Settings) -> set[tuple[str, str]]:
+        found = set()
+        for route in create_app(settings).routes:
+            if isinstance(route, Mount):  # static files under a prefix
+                found.add(("GET", f"{route.path}/{{path}}"))
+            elif isinstance(route, Route):
+                found |= {(method, route.path) for method in route.methods or ()}
+        return found
+
+    single = routes(Settings(model_path=DEFAULT_MODEL))
+    repository = routes(Settings(model_repository=tmp_path))
+    return single | repository, repository - single
+
+
+def test_the_service_reference_lists_every_route_and_no_other(tmp_path: Path) -> None:
+    served, repository_only = _served_routes(tmp_path)
+    rows = _table_rows(_section("Routes"))
+    listed = {route for row in rows for route in ROUTE.findall(row[0])}
+    assert not served - listed, f"routes missing from docs/service.md: {sorted(served - listed)}"
+    assert not listed - served, (
+        f"docs/service.md lists routes the app does not serve: {sorted(listed - served)}"
+    )
+    for row in rows:
+        for route in set(ROUTE.findall(row[0])) & repository_only:
+            assert "with a repository" in row[1], f"{route}: say it needs a repository"
+
+
+def _raised_errors() -> set[tuple[int, str]]:
+    """``(status, code)`` of every ``ServiceError(status, "code", ...)`` in service/ whose
+    status and code are written out."""
+    found: set[tuple[int, str]] = set()
+    for path in (ROOT / "service").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or len(node.args) < 2:
+                continue
+            name = getattr(node.func, "id", getattr(node.func, "attr", None))
+            status, code = (getattr(arg, "value", None) for arg in node.args[:2])
+            if name == "ServiceError" and isinstance(status, int) and isinstance(code, str):
+                found.add((status, code))
+    return found
+
+
+def test_the_service_reference_names_every_error_code() -> None:
+    listed = set()
+    for row in _table_rows(_section("Errors")):
+        listed |= {(int(row[0]), code) for code in re.findall(r"`([a-z_]+)`", row[1])}
+    raised = _raised_errors()
+    assert len(raised) > 20  # the scan still finds the service's errors
+    assert not raised - listed, (
+        f"error codes missing from docs/service.md: {sorted(raised - listed)}"
     )
 
 

@@ -1,10 +1,11 @@
-"""The README's "Several models" runs as printed: its commands, between the ``repository``
-markers, build a repository of three copies of the shipped model, serve it, ask a named model
-and the default one, list the index and stop the server.
+"""docs/model-repository.md runs as printed: its commands, between the ``repository`` markers,
+build a repository of three copies of the shipped model, serve it, ask a named model and the
+default one, list the index and stop the server.
 
 They run as one bash script in a temporary folder where ``models`` and ``examples`` link to the
-repository's, with ``.venv/bin`` first on the PATH (what ``source .venv/bin/activate`` does).
-Only the port changes: a free one instead of 8002.
+repository's, with the test's environment's commands first on the PATH (what ``source
+.venv-serve/bin/activate`` does for the page's reader; ``smso-serve`` and ``curl`` are all the
+script runs). Only the port changes: a free one instead of 8002.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from tests.service.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "model-repository.md"
 SECTION = re.compile(r"<!-- repository:start -->\n```bash\n(.*?)```\n<!-- repository:end -->", re.S)
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "no_proxy": "127.0.0.1,localhost"}
 
@@ -42,9 +44,9 @@ def _skip_space(text: str, at: int) -> int:
 
 
 @pytest.mark.slow
-def test_the_several_models_section_runs_as_printed(tmp_path):
-    match = SECTION.search((ROOT / "README.md").read_text())
-    assert match is not None, "README.md has no bash block between the repository markers"
+def test_the_model_repository_page_runs_as_printed(tmp_path):
+    match = SECTION.search(PAGE.read_text())
+    assert match is not None, f"{PAGE} has no bash block between the repository markers"
     script = match.group(1).replace("8002", str(free_port()))
     for name in ("models", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)

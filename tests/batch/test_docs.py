@@ -1,5 +1,6 @@
-"""The README's "Embed a whole collection" command runs as printed from the repository root (its
-output folder moved to a temporary one), twice: the second run, with --resume, does nothing."""
+"""The README's smso-embed command (between its ``embed`` markers) runs as printed from the
+repository root (its output folder moved to a temporary one), twice: the second run, with
+--resume, does nothing; and docs/batch.md's guide runs as printed."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PRINTED_OUT = "/tmp/smso-embed-examples"
+SECTION = re.compile(r"<!-- embed:start -->\n```bash\n(.*?)```\n<!-- embed:end -->", re.DOTALL)
 
 
 def readme_commands() -> list[str]:
-    section = (ROOT / "README.md").read_text().split("\n## Embed a whole collection\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
-    return [line for block in blocks for line in block.splitlines() if line.strip()]
+    """The commands of the README's block between ``<!-- embed:start/end -->``."""
+    match = SECTION.search((ROOT / "README.md").read_text())
+    assert match is not None, "README.md has no bash block between the embed markers"
+    return [line for line in match.group(1).splitlines() if line.strip()]
 
 
 def test_the_readme_section_has_one_command_on_the_examples():
