@@ -238,7 +238,7 @@ $(TYPICALITY_RUN)/test.json: | $(VENV)/.installed-dev data
 	  $$([ -f $(TYPICALITY_RUN)/last.pt ] && echo --resume) $(TYPICALITY_TRAIN_FLAGS)
 
 clean:
-	rm -rf $(VENV) $(SERVE_VENV) $(PEERS_VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(SERVE_VENV) $(SERVE_TEST_VENV) $(PEERS_VENV) .pytest_cache .ruff_cache *.egg-info
 
 # CI's check of docker/ without a Docker engine: each image's install script into a fresh venv,
 # smoke-tested (the CPU flavour serves the shipped model), and docker-compose.yml validated by

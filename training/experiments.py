@@ -23,7 +23,7 @@ Tables (top-1 %, datasets DTD / MIT-Indoor / MINC-2500 / CUB-200-2011):
     fig4    SMSO p = 2^4 .. 2^13 (VGG-D)
     fmnist  Fashion-MNIST, small CNN from scratch, every head with the shipped model's recipe
             (45 epochs, random erasing): the reproduction run here (`make fmnist-table`, on a GPU
-            `bench/fmnist_table_gpu.sh`)
+            `make bench-gpu GPU_STEPS=fmnist-table`)
 """
 
 from __future__ import annotations

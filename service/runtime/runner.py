@@ -19,7 +19,8 @@ A runner takes the batch as its images (:data:`Batch`: the batcher's list of ``(
 arrays, or one ``(N, C, H, W)`` array) and copies them once, into the array the session reads,
 already of the bucket's size and kept from call to call (:func:`fill`). Stacking, then padding
 in a new array cost an H200 server 9.5 + 8.2 ms per batch of 31 ImageNet-sized images; on 2 CPU
-cores the one copy takes 2.1 times less at 31 images, 1.6 at 64 (``bench/batch_copy.py``).
+cores the one copy takes 2.1 times less at 31 images, 1.6 at 64 (measured with
+``bench/batch_copy.py``, removed since; see commit 0888bcb).
 
 * :class:`PlainRunner`: ``session.run`` on numpy arrays (onnxruntime copies the input to the
   device and the outputs back inside the call).

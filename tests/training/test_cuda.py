@@ -1,6 +1,6 @@
 """The CUDA paths: mixed precision with the head in float32, channels-last, a run on the GPU.
 
-Skipped where no GPU is present (CI); run on a lent GPU with ``pytest -m cuda``.
+Skipped where no GPU is present (CI); run on a GPU with ``pytest -m cuda``.
 """
 
 from __future__ import annotations
