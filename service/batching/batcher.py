@@ -272,7 +272,7 @@ class MicroBatcher:
         if len(outputs) != len(images):
             raise ValueError(f"{len(outputs)} rows of outputs for {len(images)} images")
         finite = finite_rows(outputs).tolist()
-        rows = [outputs.rows(n, n + 1) if ok else None for n, ok in enumerate(finite)]
+        rows = [row if ok else None for row, ok in zip(outputs.split(), finite, strict=True)]
         return rows, seconds, stage_clock.take()
 
     async def _process(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:

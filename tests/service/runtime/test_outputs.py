@@ -44,3 +44,20 @@ def test_rows_are_sliced_and_joined_back_in_order():
         BackendOutputs.concatenate([outputs(1), whole.rows(0, 1)])
     with pytest.raises(ValueError, match="no outputs"):
         BackendOutputs.concatenate([])
+
+
+def test_a_batch_splits_into_its_rows_as_slicing_gives_them():
+    whole = outputs(4, typicality=np.arange(4.0), p_value=np.linspace(0, 1, 4))
+    rows = whole.split()
+    assert len(rows) == 4
+    for n, row in enumerate(rows):
+        want = whole.rows(n, n + 1)
+        assert row.features is None
+        assert list(row.named()) == list(want.named())
+        for name, array in want.named().items():
+            np.testing.assert_array_equal(row.named()[name], array)
+    with pytest.raises(AttributeError):
+        rows[0].logits = np.zeros((1, 2))  # type: ignore[misc]
+    joined = BackendOutputs.concatenate(rows)
+    for name, array in whole.named().items():
+        np.testing.assert_array_equal(joined.named()[name], array)
