@@ -17,7 +17,7 @@ files, with the shipped model:
 * ``service``: ``smso-serve`` (started once) and 4 concurrent clients posting batches of 64
   files to ``/embed`` (multipart bodies built before the clock starts).
 
-Targets (issue 41): smso-embed >= 0.9x the loop and >= 3x the service. ResNet-50 SMSO at 224 px
+Targets: smso-embed >= 0.9x the loop and >= 3x the service. ResNet-50 SMSO at 224 px
 (random weights) is measured the same way on ``--resnet-images`` JPEGs (256 x 256).
 
 Parity (``--only parity``): ``--parity-images`` (1,000) Fashion-MNIST test images as PNG files,

@@ -22,7 +22,6 @@ from service.runtime.outputs import BackendOutputs
 from service.runtime.providers import choose_providers
 from service.runtime.runner import Batch
 from service.runtime.session_builder import BackendOptions, build_session, read_card
-from service.runtime.session_builder import _card_of as _card_of  # its errors are tested here
 
 __all__ = [
     "Backend",

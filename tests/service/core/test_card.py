@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.core.card import MAX_DEPTH, MAX_SIDE, CardError, nesting_depth, parse_card
-from service.runtime.backend import _card_of
+from service.runtime.session_builder import _card_of
 from tests.service.conftest import CARD, CARD_KEY
 
 #: The shipped model's card as its file held it (a copy kept with the card's own tests).
