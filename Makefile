@@ -139,8 +139,11 @@ model: $(VENV)/.installed-dev data
 # The shipped ONNX file (what `make serve` serves), exported from the shipped checkpoint.
 # The card's exported_at is the checkpoint's commit time (SOURCE_DATE_EPOCH): exporting the
 # same checkpoint again writes the same bytes, so the tracked file changes only with the model.
+# A checkpoint not yet committed as it is (`make model` just wrote it) is dated by its mtime.
 onnx: $(VENV)/.installed-dev data
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct -- $(MODEL_DIR)/model.pt 2>/dev/null) \
+	SOURCE_DATE_EPOCH=$$(if [ -z "$$(git status --porcelain -- $(MODEL_DIR)/model.pt 2>/dev/null)" ]; \
+	  then git log -1 --format=%ct -- $(MODEL_DIR)/model.pt 2>/dev/null; \
+	  else stat -c %Y $(MODEL_DIR)/model.pt; fi) \
 	  $(BIN)/smso-export $(MODEL_DIR)/model.pt -o $(MODEL_DIR)/model.onnx
 
 # The Fashion-MNIST head comparison (docs/results/fashion-mnist.md): every head (GAP, BP, MPN,

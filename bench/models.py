@@ -20,8 +20,8 @@ images) per multipart request to ``/models/{name}/classify``.
   read from ``/proc/<pid>/status``. Also the throughput servers' RSS after their identical loads.
 * **version swap**: a server on one model with ``--repository-poll-s`` (``--poll-s``); while one
   client process sends requests to that model without pause, ``--swaps`` times a new version
-  (2, 3, ...) is written beside the repository and renamed into ``<name>/<v>/model.onnx`` (as the
-  README says), and ``/models/{name}/metadata`` is polled every 5 ms until it names version v: the
+  (2, 3, ...) is written beside the repository and renamed into ``<name>/<v>/model.onnx`` (as
+  docs/model-repository.md says), and ``/models/{name}/metadata`` is polled every 5 ms until it names version v: the
   seconds from the rename, with the poll interval reported beside them (the scan's wait is uniform
   in [0, poll], so the rest is load and warm-up). Failed requests of the client during the swaps
   (any status but 200, or no answer) are counted: the target is 0.
