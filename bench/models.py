@@ -21,10 +21,11 @@ images) per multipart request to ``/models/{name}/classify``.
 * **version swap**: a server on one model with ``--repository-poll-s`` (``--poll-s``); while one
   client process sends requests to that model without pause, ``--swaps`` times a new version
   (2, 3, ...) is written beside the repository and renamed into ``<name>/<v>/model.onnx`` (as
-  docs/model-repository.md says), and ``/models/{name}/metadata`` is polled every 5 ms until it names version v: the
-  seconds from the rename, with the poll interval reported beside them (the scan's wait is uniform
-  in [0, poll], so the rest is load and warm-up). Failed requests of the client during the swaps
-  (any status but 200, or no answer) are counted: the target is 0.
+  docs/model-repository.md says), and ``/models/{name}/metadata`` is polled every 5 ms until it
+  names version v: the seconds from the rename, with the poll interval reported beside them
+  (the scan's wait is uniform in [0, poll], so the rest is load and warm-up). Failed requests
+  of the client during the swaps (any status but 200, or no answer) are counted: the target
+  is 0.
 
     python -m bench.models            # about 1.5 minutes on 2 cores
     python -m bench.models --smoke    # seconds: small counts, for CI
