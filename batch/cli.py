@@ -1,37 +1,39 @@
-"""``smso-embed MODEL INPUT -o OUT``: embed a whole collection of images on Ray Data.
+"""``smso-embed MODEL INPUT -o OUT``: embed a whole collection of images into Parquet.
+
+The embedded engine (:mod:`batch.local_engine`) runs the job in this process; ``--engine ray``,
+``--address`` or ``RAY_ADDRESS`` run it on Ray Data (:mod:`batch.ray_engine`, imported only
+then). Either way the same images give the same OUT.
 
 Exit status: 0 when every image of INPUT is in OUT once (embedded, or refused by the service's
 rules and written to the errors table); 1 for a fault of the job (an image lost or repeated, a
-model whose outputs are not finite, a Ray failure); 2 for a mistake in the command (MODEL,
-INPUT or OUT unusable, said in one line); 130 when stopped (Ctrl-C): what was written is kept,
-and the same command with ``--resume`` finishes the job.
+model whose outputs are not finite, an engine's failure); 2 for a mistake in the command
+(MODEL, INPUT or OUT unusable, flags that do not go together, said in one line); 130 when
+stopped (Ctrl-C): what was written is kept, and the same command with ``--resume`` finishes the
+job.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-import ray
-
 from batch.embedder import EmbedOptions
+from batch.engine import Engine, EngineSettingsError
 from batch.inputs import InputError, locate, resolve, utf8_path
-from batch.job import (
-    JobOptions,
-    JobResult,
-    ResourceError,
-    Resources,
-    connect,
-    default_resources,
-    run_job,
-)
+from batch.job import JobOptions, JobResult, run_job
+from batch.local_engine import LocalEngine, LocalOptions, default_local_options
 from batch.lock import hold
 from batch.model import ModelError, load_model_file
-from batch.outputs import JobManifest, OutputError, prepare, scan
+from batch.outputs import DTYPES, JobManifest, OutputError, prepare, scan
+from batch.parts import WriteCounts, rewrite_part
+from batch.plan import plan
+from batch.stages import StageTimes
 from batch.summary import Summary
 
 __all__ = ["main", "parser"]
@@ -42,9 +44,22 @@ EPILOG = """\
 INPUT is a folder (its images, recursively), a glob ('photos/**/*.jpg', quoted), or a .parquet
 or .csv file with a column of paths or URIs (--column). OUT gets two Parquet datasets:
 OUT/embeddings (path, embedding, top-k labels and scores, typicality, model name, version and
-card checksum) and OUT/errors (path, kind, message). Runs on a local Ray started for the job,
-or on a cluster: --address or RAY_ADDRESS. See docs/batch.md.
+card checksum) and OUT/errors (path, kind, message). Runs in this process (--engine local, the
+default), or on Ray Data: --engine ray for a local Ray, --address or RAY_ADDRESS for a cluster.
+See docs/batch.md.
 """
+
+#: The flags that tune the Ray engine only (dest: flag).
+RAY_FLAGS = {
+    "actors": "--actors",
+    "actor_cpus": "--actor-cpus",
+    "gpus_per_actor": "--gpus-per-actor",
+    "decode_cpus": "--decode-cpus",
+    "decode_in_actors": "--decode-in-actors",
+    "cpus": "--cpus",
+}
+#: The flags that tune the embedded engine only.
+LOCAL_FLAGS = {"decoders": "--decoders", "sessions": "--sessions"}
 
 #: The service's default limits (service.core.settings: max_pixels, max_upload_bytes).
 MAX_PIXELS = 50_000_000
@@ -68,8 +83,8 @@ def _share(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="smso-embed",
-        description="Run an exported SMSO model over a collection of images, on Ray Data, into "
-        "Parquet: the same embeddings as the service's /embed.",
+        description="Run an exported SMSO model over a collection of images into Parquet: the "
+        "same embeddings as the service's /embed, in this process or on Ray Data.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -79,12 +94,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the job in OUT: images already there are skipped (OUT may not exist yet)",
+        help="continue the job in OUT: images already there and unchanged are skipped, changed "
+        "ones embedded again, deleted ones taken out (OUT may not exist yet)",
+    )
+    p.add_argument(
+        "--retry-errors",
+        action="store_true",
+        help="with --resume: embed again the images OUT's errors table holds",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        help="how each embedding is stored (float16: half the space; default float32)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        help="local: this process, no Ray (the default); ray: Ray Data, on a local Ray or the "
+        "cluster of --address / RAY_ADDRESS (the default when either is given)",
     )
     p.add_argument(
         "--address",
         help="a Ray cluster to run on, or auto for the one `ray start` ran here "
-        "(default: RAY_ADDRESS, else a local Ray started for the job)",
+        "(default: RAY_ADDRESS; implies --engine ray)",
     )
     p.add_argument(
         "--normalize", action="store_true", help="L2-normalise each embedding (as /embed does)"
@@ -101,13 +134,38 @@ def parser() -> argparse.ArgumentParser:
     tuning.add_argument(
         "--batch-size", type=_positive, default=256, help="images per inference call (256)"
     )
+    tuning.add_argument(
+        "--threads", type=int, default=None, help="onnxruntime threads per session (0: all cores)"
+    )
+    tuning.add_argument(
+        "--decode-batch",
+        type=_positive,
+        help="images per decode task (local 64, ray 1024)",
+    )
+    tuning.add_argument(
+        "--rows-per-file", type=_positive, default=8192, help="images per output file (8192)"
+    )
+    tuning.add_argument(
+        "--providers", default="auto", help="onnxruntime providers (auto: CUDA where a GPU is)"
+    )
+    local = p.add_argument_group("the embedded engine (--engine local)")
+    local.add_argument(
+        "--decoders",
+        type=int,
+        help="threads reading and decoding (default: one per core; 0: each session decodes "
+        "its own batches)",
+    )
+    local.add_argument(
+        "--sessions",
+        type=_positive,
+        help="onnxruntime sessions running at once (default: one per core on the CPU, one on a "
+        "GPU)",
+    )
+    tuning = p.add_argument_group("the Ray engine (--engine ray)")
     tuning.add_argument("--actors", type=_positive, help="inference actors (sessions)")
     tuning.add_argument("--actor-cpus", type=_share, help="Ray CPUs each actor holds")
     tuning.add_argument(
         "--gpus-per-actor", type=_share, help="Ray GPUs each actor holds (CUDA provider)"
-    )
-    tuning.add_argument(
-        "--threads", type=int, default=None, help="onnxruntime threads per actor (0: all cores)"
     )
     tuning.add_argument("--decode-cpus", type=_share, help="Ray CPUs per decode task (0.5)")
     tuning.add_argument(
@@ -115,41 +173,76 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each actor decodes its own images (no decode tasks; slower on 2 cores)",
     )
-    tuning.add_argument(
-        "--decode-batch", type=_positive, default=1024, help="images per decode task (1024)"
-    )
-    tuning.add_argument(
-        "--rows-per-file", type=_positive, default=8192, help="images per output file (8192)"
-    )
     tuning.add_argument("--cpus", type=_positive, help="CPUs of the local Ray (default: all)")
-    tuning.add_argument(
-        "--providers", default="auto", help="onnxruntime providers (auto: CUDA where a GPU is)"
-    )
     limits = p.add_argument_group("the service's limits")
     limits.add_argument("--max-pixels", type=_positive, default=MAX_PIXELS)
     limits.add_argument("--max-bytes", type=_positive, default=MAX_BYTES)
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what Ray and the job say")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the engine says")
     return p
 
 
-def _resources(args: argparse.Namespace) -> Resources | None:
-    """The flags' resources, the others by default (``None`` where no flag was given)."""
-    given = (args.actors, args.actor_cpus, args.gpus_per_actor, args.threads, args.decode_cpus)
-    if all(value is None for value in given) and not args.decode_in_actors:
-        return None
-    cluster = ray.cluster_resources()
-    base = default_resources(cluster.get("CPU", 1.0), cluster.get("GPU", 0.0), args.actors)
-    gpus = args.gpus_per_actor if args.gpus_per_actor is not None else base.actor_gpus
-    return Resources(
-        args.actors or base.actors,
-        args.actor_cpus if args.actor_cpus is not None else base.actor_cpus,
-        gpus,
-        args.threads if args.threads is not None else base.threads,
-        args.decode_cpus if args.decode_cpus is not None else base.decode_cpus,
-        base.write_cpus,
-        args.decode_in_actors,
+class UsageError(ValueError):
+    """Flags that do not go together (said in one line)."""
+
+
+def _given(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
+    return [flag for dest, flag in flags.items() if getattr(args, dest) not in (None, False)]
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    """The engine the flags ask for: the embedded one unless --engine ray, --address or
+    RAY_ADDRESS; :class:`UsageError` for another engine's flags."""
+    joined = args.address or os.environ.get("RAY_ADDRESS")
+    name = args.engine or ("ray" if joined else "local")
+    if name == "local":
+        if args.address:
+            raise UsageError(
+                "--address joins a Ray cluster, which --engine local does not use: give "
+                "--engine ray (or leave --address out)"
+            )
+        wrong = _given(args, RAY_FLAGS)
+        if wrong:
+            raise UsageError(
+                f"{', '.join(wrong)} tune the Ray engine: add --engine ray, or leave them out "
+                "(the embedded engine takes --decoders and --sessions)"
+            )
+        defaults = default_local_options(args.providers)
+        return LocalEngine(
+            LocalOptions(
+                decoders=defaults.decoders if args.decoders is None else args.decoders,
+                sessions=args.sessions or defaults.sessions,
+                threads=defaults.threads if args.threads is None else args.threads,
+                decode_batch=args.decode_batch or defaults.decode_batch,
+            )
+        )
+    wrong = _given(args, LOCAL_FLAGS)
+    if wrong:
+        raise UsageError(
+            f"{', '.join(wrong)} tune the embedded engine, not Ray's: use --actors and "
+            "--actor-cpus with --engine ray"
+        )
+    try:
+        from batch.ray_engine import RayEngine  # Ray: only for this engine
+    except ImportError as error:
+        raise UsageError(
+            f"the Ray engine needs Ray ({error}): pip install 'smso[batch]', or run without "
+            "--engine ray, --address and RAY_ADDRESS"
+        ) from None
+    overrides = {
+        "actors": args.actors,
+        "actor_cpus": args.actor_cpus,
+        "actor_gpus": args.gpus_per_actor,
+        "threads": args.threads,
+        "decode_cpus": args.decode_cpus,
+        "decode_in_actors": True if args.decode_in_actors else None,
+    }
+    return RayEngine(
+        address=args.address,
+        cpus=args.cpus,
+        overrides=overrides,
+        decode_batch=args.decode_batch or 1024,
     )
 
 
@@ -170,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     try:
+        engine = _engine(args)
+        if args.retry_errors and not args.resume:
+            raise UsageError("--retry-errors retries a job's errors: give it with --resume")
         model = load_model_file(args.model)
         inputs = resolve(args.input, args.column, args.follow_symlinks)
         utf8_path(args.out)
@@ -184,32 +280,32 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
             args.normalize,
             model_sha256=model.sha256,
             model_file=model.source,
+            dtype=args.dtype,
         )
         held.enter_context(hold(out))
         prepare(out, manifest, args.resume)
-        before = scan(out)
-    except (ModelError, InputError, OutputError) as error:
+        work = plan(inputs.uris, scan(out), inputs.location, args.retry_errors)
+    except (UsageError, ModelError, InputError, OutputError) as error:
         return _fail(str(error))
     except OSError as error:
         return _fail(f"{args.out}: {error}")
-    todo = [uri for uri in inputs.uris if uri not in before.done]
     embed = EmbedOptions(args.providers, args.threads or 0, args.batch_size, top_k, args.normalize)
+    options = JobOptions(
+        embed,
+        rows_per_file=args.rows_per_file,
+        max_pixels=args.max_pixels,
+        max_bytes=args.max_bytes,
+        dtype=args.dtype,
+        progress=not args.no_progress and not args.json,
+    )
     try:
-        if todo:
-            with connect(args.address, args.cpus) as ray_start:
-                options = JobOptions(
-                    embed,
-                    _resources(args),
-                    decode_batch=args.decode_batch,
-                    rows_per_file=args.rows_per_file,
-                    max_pixels=args.max_pixels,
-                    max_bytes=args.max_bytes,
-                    progress=not args.no_progress and not args.json,
-                )
-                result = run_job(model, inputs.location, todo, out, options)
-        else:  # nothing to do: no Ray to start
-            ray_start, result = 0.0, JobResult(0, 0, {}, 0.0, None)
-    except ResourceError as error:
+        for part, paths in work.drop.items():  # changed, retried and deleted rows out first
+            rewrite_part(out, part, paths)
+        if work.todo:
+            result = run_job(model, inputs.location, work.todo, out, options, engine)
+        else:  # nothing to do: no engine to start
+            result = JobResult(0, WriteCounts(), 0.0, StageTimes(), None)
+    except EngineSettingsError as error:  # the Ray engine's: actors that leave no CPU
         return _fail(str(error))
     except KeyboardInterrupt:
         written = scan(out, clean=False)
@@ -218,7 +314,7 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
             "in OUT: run the same command with --resume to finish",
             130,
         )
-    except Exception as error:  # Ray's failures: a task that failed past its retries, a node
+    except Exception as error:  # the engine's failures: Ray's, a session's, a full disk
         log.debug("the job failed", exc_info=True)
         first = (str(error).strip().splitlines() or [type(error).__name__])[-1][:500]
         return _fail(
@@ -227,20 +323,30 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
             1,
         )
     after = scan(out)
+    run = result.run
     summary = Summary.of(
         inputs=len(inputs.uris),
-        skipped=len(inputs.uris) - len(todo),
-        todo=len(todo),
+        skipped=work.unchanged,
+        todo=len(work.todo),
         embedded=result.embedded,
         refused=result.refused,
         seconds=result.seconds,
-        ray_start_seconds=ray_start,
+        engine=run.engine if run else "",
+        start_seconds=run.start_s if run else 0.0,
         out_embedded=after.embedded,
         out_refused=after.refused,
-        missing=sum(uri not in after.done for uri in inputs.uris),
+        missing=sum(uri not in after.held for uri in inputs.uris),
         duplicates=after.duplicates,
         out=out.uri(out.path),
         input_skipped=inputs.skipped,
+        new=work.new,
+        changed=work.changed,
+        retried=work.retried,
+        deleted=work.deleted,
+        stages=result.stages.as_dict() if run else {},
+        workers=dataclasses.asdict(run.workers) if run else {},
+        bound=result.stages.bound(run.workers) if run else "",
+        first_part_seconds=round(result.first_part_s, 3),
     )
     print(json.dumps(summary.as_dict(), indent=2) if args.json else summary.text())
     return 1 if summary.faults else 0

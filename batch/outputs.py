@@ -7,50 +7,46 @@ Layout of OUT (a local folder or any URI pyarrow writes)::
     OUT/embeddings/part-<h>.parquet   one row per image embedded (:func:`embeddings_schema`)
     OUT/errors/part-<h>.parquet       one row per image refused or unreadable (:data:`ERRORS`)
 
-Each write task of Ray Data (:class:`PartsSink`, a ``Datasink``) writes the rows it is given as
-one file per table, named by a hash of the paths in it (``<h>``: the same images, the same
-name, however often a retried task writes them), first under a hidden temporary name
-(``.part-<h>.parquet.<uuid>.tmp``) and then renamed: a reader (pyarrow, DuckDB, pandas, Ray
-itself all skip names starting with ``.`` or ``_``) never sees half a file, and a job killed
-mid-write leaves only a temporary file, which the next ``--resume`` deletes (:func:`scan`).
+The images to do are cut into chunks of ``rows_per_file`` in path order, and each chunk is
+written (:class:`batch.parts.PartWriter`) as one file per table, named by a hash of its paths
+(``<h>``: the same images, the same name, whichever engine wrote them and however often), first
+under a hidden temporary name (``.part-<h>.parquet.<uuid>.tmp``) and then renamed: a reader
+(pyarrow, DuckDB, pandas, Ray all skip names starting with ``.`` or ``_``) never sees half a
+file, and a job killed mid-write leaves only a temporary file, which the next ``--resume``
+deletes (:func:`scan`).
 
-``--resume`` (:func:`scan`) reads the ``path`` column of every part of both tables: those images
-are done (embedded or refused) and are not read again, so every image is written once across
-any number of stopped and resumed runs. A part holds ``rows_per_file`` images (the last ones
-fewer) in one row group: large enough for pyarrow, DuckDB or pandas to read a whole dataset
-quickly, small enough that a stopped job loses little.
+``--resume`` (:func:`scan`) reads the ``path``, ``file_size`` and ``file_mtime_ns`` columns of
+every part of both tables: what OUT holds and from which version of each file. Those images are
+not read again unless they changed or were deleted since (:mod:`batch.plan`), so every image is
+written once across any number of stopped and resumed runs. A part holds ``rows_per_file``
+images (the last ones fewer) in one row group: large enough for pyarrow, DuckDB or pandas to
+read a whole dataset quickly, small enough that a stopped job loses little.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import uuid
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from ray.data import Datasink
-from ray.data.block import Block, BlockAccessor
-from ray.data.datasource.datasink import WriteResult
 
 from batch.inputs import Location
 
 __all__ = [
+    "DTYPES",
     "EMBEDDINGS",
     "ERRORS",
     "ERRORS_SCHEMA",
     "MANIFEST",
+    "TEMPORARY",
+    "Held",
     "JobManifest",
     "OutputError",
-    "PartsSink",
     "Scan",
-    "WriteCounts",
     "embeddings_schema",
     "prepare",
     "scan",
@@ -63,7 +59,10 @@ ERRORS = "errors"
 MANIFEST = "_smso_embed.json"
 LOCK = "_smso_embed.lock"  # batch.lock's: a job's lock file, not output (readers skip "_")
 TEMPORARY = ".tmp"
-FORMAT = "smso-embed/2"  # /1 did not record the model file's sha256
+FORMAT = "smso-embed/3"  # /1 did not record the model file's sha256, /2 the files' state
+OLDER_FORMATS = ("smso-embed/1", "smso-embed/2")
+#: --dtype: how the embeddings table stores each embedding
+DTYPES = {"float32": pa.float32(), "float16": pa.float16()}
 
 #: The errors table: the image, why it was refused (the service's code, or the job's own:
 #: ``batch.embedder``'s kinds) and the message /embed would have answered.
@@ -75,16 +74,19 @@ ERRORS_SCHEMA = pa.schema(
         ("model_name", pa.string()),
         ("model_version", pa.string()),
         ("card_sha256", pa.string()),
+        ("file_size", pa.int64()),  # null: the file could not be read
+        ("file_mtime_ns", pa.int64()),
     ]
 )
 
 
-def embeddings_schema(embedding_dim: int, top_k: int) -> pa.Schema:
-    """The embeddings table: one row per image, in a part's path order."""
+def embeddings_schema(embedding_dim: int, top_k: int, dtype: str = "float32") -> pa.Schema:
+    """The embeddings table: one row per image, in a part's path order. ``file_size`` and
+    ``file_mtime_ns`` are the file's as it was read: what ``--resume`` compares."""
     return pa.schema(
         [
             ("path", pa.string()),
-            ("embedding", pa.list_(pa.float32(), embedding_dim)),  # p values, float32
+            ("embedding", pa.list_(DTYPES[dtype], embedding_dim)),  # p values
             ("top_k_labels", pa.list_(pa.string(), top_k)),  # best first
             ("top_k_indices", pa.list_(pa.int32(), top_k)),
             ("top_k_scores", pa.list_(pa.float32(), top_k)),  # softmax probabilities
@@ -93,6 +95,8 @@ def embeddings_schema(embedding_dim: int, top_k: int) -> pa.Schema:
             ("model_name", pa.string()),
             ("model_version", pa.string()),
             ("card_sha256", pa.string()),
+            ("file_size", pa.int64()),
+            ("file_mtime_ns", pa.int64()),
         ]
     )
 
@@ -113,16 +117,18 @@ class JobManifest:
     normalize: bool
     model_sha256: str = ""  # sha256 of the model file's bytes ("": not recorded, format /1)
     model_file: str = ""  # where that file was (for messages: a moved copy is the same model)
+    dtype: str = "float32"  # the stored embedding's (--dtype)
     format: str = FORMAT
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobManifest:
-        """A manifest as :meth:`to_json` wrote it, or as format ``smso-embed/1`` did (without
-        the model file's sha256: the first resume records it). ``ValueError`` otherwise."""
+        """A manifest as :meth:`to_json` wrote it, or as an older format did (``/1`` without
+        the model file's sha256, ``/2`` without the dtype: float32; the first resume records
+        both). ``ValueError`` otherwise."""
         fields = json.loads(text)
         if not isinstance(fields, dict):
             raise ValueError("not a JSON object")
-        if fields.get("format") == "smso-embed/1" and "model_sha256" not in fields:
+        if fields.get("format") in OLDER_FORMATS:
             fields["format"] = FORMAT
         try:
             return cls(**fields)
@@ -151,14 +157,30 @@ class JobManifest:
 
 
 @dataclass(frozen=True)
+class Held:
+    """One row of OUT: where it is, and the file's size and time when it was read (-1: not
+    known, the file could not be read or OUT was written by format /2)."""
+
+    table: str  # EMBEDDINGS or ERRORS
+    part: str  # the part's path on OUT's filesystem
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
 class Scan:
     """What OUT holds already."""
 
-    done: frozenset[str]  # the paths of every image in either table
+    held: dict[str, Held]  # every image in either table, by path (its last row where repeated)
     embedded: int  # rows of the embeddings table
     refused: int  # rows of the errors table
     duplicates: int  # rows whose path is in another row too (none, unless OUT was edited)
     removed_temporary: int  # half-written parts of a stopped job, deleted
+
+    @property
+    def done(self) -> frozenset[str]:
+        """The paths of every image in either table."""
+        return frozenset(self.held)
 
 
 def _exists(location: Location, path: str) -> pafs.FileType:
@@ -213,7 +235,8 @@ def _parts(out: Location, table: str) -> list[pafs.FileInfo]:
 def scan(out: Location, clean: bool = True) -> Scan:
     """The images OUT holds; with ``clean``, half-written temporary parts are deleted (their
     images are written again)."""
-    paths: list[pa.ChunkedArray] = []
+    held: dict[str, Held] = {}
+    rows = 0
     counts = {EMBEDDINGS: 0, ERRORS: 0}
     removed = 0
     for table in (EMBEDDINGS, ERRORS):
@@ -226,7 +249,11 @@ def scan(out: Location, clean: bool = True) -> Scan:
             if not info.base_name.endswith(".parquet"):
                 continue
             try:
-                column = pq.read_table(info.path, columns=["path"], filesystem=out.filesystem)
+                names = pq.read_schema(info.path, filesystem=out.filesystem).names
+                state = [name for name in ("file_size", "file_mtime_ns") if name in names]
+                column = pq.read_table(
+                    info.path, columns=["path", *state], filesystem=out.filesystem
+                )
             except (pa.ArrowInvalid, OSError) as error:
                 raise OutputError(
                     f"{out.uri(info.path)} is not a readable Parquet file ({error}); it was not "
@@ -238,139 +265,14 @@ def scan(out: Location, clean: bool = True) -> Scan:
                     f"{out.uri(info.path)} has a path column of type {kind}, not string: it was "
                     "not written by smso-embed: move it away"
                 )
-            paths.append(column.column("path"))
+            paths = column.column("path").to_pylist()
+            unknown = [-1] * len(paths)
+            sizes, mtimes = (
+                (pc.fill_null(column.column(name), -1).to_pylist() if name in state else unknown)
+                for name in ("file_size", "file_mtime_ns")
+            )
+            for path, size, mtime in zip(paths, sizes, mtimes, strict=True):
+                held[path] = Held(table, info.path, size, mtime)
+            rows += len(paths)
             counts[table] += column.num_rows
-    every = pa.chunked_array(paths, pa.string()) if paths else pa.chunked_array([], pa.string())
-    unique = pc.unique(every)
-    return Scan(
-        frozenset(unique.to_pylist()),
-        counts[EMBEDDINGS],
-        counts[ERRORS],
-        len(every) - len(unique),
-        removed,
-    )
-
-
-@dataclass(frozen=True)
-class WriteCounts:
-    """What one write task wrote: images embedded, and images refused by error kind."""
-
-    embedded: int = 0
-    refused: tuple[tuple[str, int], ...] = ()  # (kind, images), by kind
-
-
-def _part_name(paths: pa.Array) -> str:
-    """``part-<h>.parquet``: ``h`` from the paths, in order (the same rows, the same name)."""
-    digest = hashlib.sha256()
-    for path in paths.to_pylist():
-        digest.update(path.encode())
-        digest.update(b"\0")
-    return f"part-{digest.hexdigest()[:32]}.parquet"
-
-
-class PartsSink(Datasink[WriteCounts]):
-    """Ray Data's write tasks: :class:`batch.embedder.Embedder`'s rows split into the
-    embeddings and the errors table, one part each per task, renamed into place whole."""
-
-    def __init__(
-        self,
-        out: Location,
-        classes: list[str],
-        identity: dict[str, str],
-        embedding_dim: int,
-        top_k: int,
-        rows_per_file: int,
-    ) -> None:
-        self.out = out
-        self.classes = classes
-        self.identity = identity  # model_name, model_version, card_sha256
-        self.schema = embeddings_schema(embedding_dim, top_k)
-        self.rows_per_file = rows_per_file
-        self.counts: list[WriteCounts] = []
-
-    @property
-    def supports_distributed_writes(self) -> bool:
-        # a local folder is the driver's: every write runs on the driver's node
-        return not isinstance(self.out.filesystem, pafs.LocalFileSystem)
-
-    @property
-    def min_rows_per_write(self) -> int:
-        return self.rows_per_file
-
-    def _constant(self, name: str, rows: int) -> pa.Array:
-        return pa.array([self.identity[name]] * rows, pa.string())
-
-    def _labels(self, indices: pa.FixedSizeListArray) -> pa.Array:
-        classes = pa.array(self.classes, pa.string())
-        labels = pc.take(classes, indices.flatten())
-        return pa.FixedSizeListArray.from_arrays(labels, indices.type.list_size)
-
-    def _write(self, table: pa.Table, folder: str, name: str) -> None:
-        filesystem = self.out.filesystem
-        final = f"{self.out.path}/{folder}/{name}"
-        temporary = f"{self.out.path}/{folder}/.{name}.{uuid.uuid4().hex}{TEMPORARY}"
-        try:
-            with filesystem.open_output_stream(temporary) as stream:
-                pq.write_table(table, stream, row_group_size=max(len(table), 1))
-            filesystem.move(temporary, final)  # atomic on a local disk; S3 writes objects whole
-        except BaseException:
-            if _present(filesystem, temporary):
-                filesystem.delete_file(temporary)
-            raise
-
-    def write(self, blocks: Iterable[Block], ctx: Any) -> WriteCounts:
-        tables = [BlockAccessor.for_block(block).to_arrow() for block in blocks]
-        tables = [table for table in tables if table.num_rows]
-        if not tables:
-            return WriteCounts()
-        rows = pa.concat_tables(tables)
-        name = _part_name(rows.column("path").combine_chunks())
-        failed = pc.is_valid(rows.column("error_kind"))
-        good = rows.filter(pc.invert(failed))
-        bad = rows.filter(failed)
-        if good.num_rows:
-            indices = good.column("top_k_indices").combine_chunks()
-            n = good.num_rows
-            embedded = pa.Table.from_arrays(
-                [
-                    good.column("path"),
-                    good.column("embedding"),
-                    self._labels(indices),
-                    indices,
-                    good.column("top_k_scores"),
-                    good.column("typicality_score"),
-                    good.column("typicality_p_value"),
-                    self._constant("model_name", n),
-                    self._constant("model_version", n),
-                    self._constant("card_sha256", n),
-                ],
-                schema=self.schema,
-            )
-            self._write(embedded, EMBEDDINGS, name)
-        if bad.num_rows:
-            n = bad.num_rows
-            errors = pa.Table.from_arrays(
-                [
-                    bad.column("path"),
-                    bad.column("error_kind"),
-                    bad.column("error"),
-                    self._constant("model_name", n),
-                    self._constant("model_version", n),
-                    self._constant("card_sha256", n),
-                ],
-                schema=ERRORS_SCHEMA,
-            )
-            self._write(errors, ERRORS, name)
-        kinds = pc.value_counts(bad.column("error_kind")).to_pylist() if bad.num_rows else []
-        refused = tuple(sorted((str(kind["values"]), int(kind["counts"])) for kind in kinds))
-        return WriteCounts(good.num_rows, refused)
-
-    def on_write_complete(self, write_result: WriteResult[WriteCounts]) -> None:
-        self.counts = list(write_result.write_returns)
-
-
-def _present(filesystem: pafs.FileSystem, path: str) -> bool:
-    try:
-        return bool(filesystem.get_file_info(path).is_file)
-    except OSError:
-        return False
+    return Scan(held, counts[EMBEDDINGS], counts[ERRORS], rows - len(held), removed)

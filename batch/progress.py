@@ -1,8 +1,9 @@
-"""A progress line while a job runs: images written, images/s and the time left.
+"""A progress line while a job runs: images written, images/s, the time left, each stage's time.
 
-Counted where it cannot be wrong: the parts renamed into OUT (their footers' row counts, each
-part read once), polled every ``interval_s``. On a terminal the line is redrawn in place; in a
-log (stderr not a terminal) a line is printed every ``log_interval_s``.
+Counted where it cannot be wrong: the images in parts renamed into OUT
+(:attr:`batch.parts.PartCollector.written`), read every ``interval_s``, with the stages' busy
+seconds so far (:class:`batch.stages.StageTimes`). On a terminal the line is redrawn in place;
+in a log (stderr not a terminal) a line is printed every ``log_interval_s``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,9 @@ import sys
 import threading
 import time
 from types import TracebackType
-from typing import TextIO
+from typing import Protocol, TextIO
 
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-
-from batch.inputs import Location
-from batch.outputs import EMBEDDINGS, ERRORS
+from batch.stages import STAGES, StageTimes
 
 __all__ = ["Progress", "format_duration", "format_rate"]
 
@@ -44,22 +41,28 @@ def format_rate(per_s: float) -> str:
     return f"{per_s:.2g}"
 
 
+class Written(Protocol):
+    """What the line reads: :class:`batch.parts.PartCollector`."""
+
+    written: int
+
+    def times(self) -> StageTimes: ...
+
+
 class Progress:
-    """A thread reporting the images written to ``out`` of ``total``, until the ``with`` ends."""
+    """A thread reporting the images written of ``total``, until the ``with`` ends."""
 
     def __init__(
         self,
-        out: Location,
         total: int,
+        source: Written,
         stream: TextIO | None = None,
         interval_s: float = 1.0,
         log_interval_s: float = 30.0,
     ) -> None:
-        self.out, self.total = out, total
+        self.total, self.source = total, source
         self.stream = stream or sys.stderr
         self.interval_s, self.log_interval_s = interval_s, log_interval_s
-        self.seen: dict[str, int] = {}  # part path -> rows
-        self.done = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="smso-embed-progress", daemon=True)
         self._start = time.perf_counter()
@@ -82,48 +85,39 @@ class Progress:
             self.stream.write("\r\033[K")
             self.stream.flush()
 
-    def poll(self) -> int:
-        """The images written so far (parts read once each)."""
-        for table in (EMBEDDINGS, ERRORS):
-            selector = pafs.FileSelector(f"{self.out.path}/{table}", allow_not_found=True)
-            try:
-                infos = self.out.filesystem.get_file_info(selector)
-            except OSError:
-                continue
-            for info in infos:
-                name = info.base_name
-                if info.path in self.seen or name.startswith(".") or not name.endswith(".parquet"):
-                    continue
-                try:
-                    rows = pq.read_metadata(info.path, filesystem=self.out.filesystem).num_rows
-                except OSError:
-                    continue
-                self.seen[info.path] = rows
-                self.done += rows
-        return self.done
-
-    def line(self, done: int, elapsed: float, since: tuple[int, float] | None = None) -> str:
+    def line(
+        self,
+        done: int,
+        elapsed: float,
+        since: tuple[int, float] | None = None,
+        times: StageTimes | None = None,
+    ) -> str:
         """The line after ``elapsed`` seconds with ``done`` images written; the rate (and the
         time left) from ``since`` (images written, seconds) on: the first part written, so that
-        Ray's start-up does not count against the images still to do."""
+        the engine's start-up does not count against the images still to do; and each stage's
+        busy seconds (``times``)."""
         share = done / self.total if self.total else 1.0
         head = f"smso-embed: {done:,} / {self.total:,} images ({share:.0%})"
+        stages = ""
+        if times is not None and any(times.busy(stage) for stage in STAGES):
+            stages = "; " + ", ".join(f"{stage} {times.busy(stage):.1f} s" for stage in STAGES)
         first_done, first_s = since or (0, 0.0)
         if done <= first_done or elapsed <= first_s:
-            return f"{head}, starting ({format_duration(elapsed)})" if not done else head
+            text = f"{head}, starting ({format_duration(elapsed)})" if not done else head
+            return text + stages
         rate = (done - first_done) / (elapsed - first_s)
         left = format_duration((self.total - done) / rate)
-        return f"{head}, {format_rate(rate)} images/s, {left} left"
+        return f"{head}, {format_rate(rate)} images/s, {left} left{stages}"
 
     def _run(self) -> None:
         last_logged = time.perf_counter()
         since: tuple[int, float] | None = None
         while not self._stop.wait(self.interval_s):
-            done = self.poll()
+            done = self.source.written
             now = time.perf_counter()
             if since is None and done:
                 since = (done, now - self._start)
-            text = self.line(done, now - self._start, since)
+            text = self.line(done, now - self._start, since, self.source.times())
             if self._tty:
                 self.stream.write(f"\r\033[K{text}")
                 self.stream.flush()

@@ -1,12 +1,18 @@
-"""One ``smso-embed`` job on Ray Data: the images not yet in OUT, decoded, embedded, written.
+"""The Ray engine (``--engine ray``): a job's stages as a Ray Data pipeline, for a cluster.
 
-The pipeline (:func:`run_job`)::
+The pipeline (:func:`RayEngine.run`)::
 
-    from_arrow(paths, a block per decode_batch images)       the images still to do
+    from_arrow(chunks, a block per decode_batch images)      the images still to do
       .map_batches(decode, num_cpus=decode_cpus)             tasks: read + the service's decoding
-      .map_batches(Embedder, concurrency=actors,             actors: one onnxruntime session each
+      .map_batches(RayEmbedder, concurrency=actors,          actors: one onnxruntime session each
                    num_cpus=actor_cpus, num_gpus=...)
-      .write_datasink(PartsSink)                             parts renamed into place whole
+      .iter_batches()                                        the driver: rows -> PartCollector
+
+The decode and inference code is the embedded engine's (:mod:`batch.decoding`,
+:mod:`batch.embedder`), and so are the parts (:mod:`batch.parts`): the driver receives every
+image's row (a few hundred bytes: the embedding, the top-k, the state of the file) and writes
+each chunk's parts once it is complete, as the embedded engine does. OUT is the same whichever
+engine wrote it.
 
 Ray's CPU accounting is logical: an actor holds ``actor_cpus`` of the node's CPUs for its whole
 life, and a task runs only where its ``num_cpus`` are free. Actors that together hold every
@@ -16,7 +22,9 @@ while onnxruntime's threads use every core all the same.
 
 :func:`connect` starts a local Ray for the job (no dashboard, no usage statistics, warnings
 only) or joins a cluster (``--address`` or ``RAY_ADDRESS``); a Ray already started in this
-process (a test's) is used as it is.
+process (a test's) is used as it is. A worker killed mid-job is replaced by Ray Data (its tasks
+retried, its actors restarted), and its images are still written once: a chunk is written when
+all its rows have reached the driver.
 """
 
 from __future__ import annotations
@@ -30,27 +38,25 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-import pyarrow as pa
 import ray
 import ray.data
 
-from batch.embedder import DecodeOptions, Embedder, EmbedOptions, decode
-from batch.inputs import Location
-from batch.model import ModelFile
-from batch.outputs import PartsSink
-from batch.progress import Progress
+from batch.decoding import DecodeOptions, decode
+from batch.embedder import Embedder, EmbedOptions
+from batch.engine import EngineRun, EngineSettingsError, Work
+from batch.stages import StageWorkers
 from service.runtime.providers import quiet_native_output
 
 __all__ = [
-    "JobOptions",
-    "JobResult",
+    "RayEmbedder",
+    "RayEngine",
     "ResourceError",
     "Resources",
     "check_resources",
     "connect",
     "default_resources",
-    "run_job",
 ]
 
 
@@ -83,7 +89,7 @@ def default_resources(cpus: float, gpus: float, actors: int | None = None) -> Re
     return Resources(actors, actor_cpus, 1.0 if gpus >= 1 else 0.0, threads, 0.5, 0.25)
 
 
-class ResourceError(ValueError):
+class ResourceError(EngineSettingsError):
     """The actors would hold the CPUs the job's tasks need: it would wait forever."""
 
 
@@ -99,30 +105,6 @@ def check_resources(resources: Resources, cpus: float) -> None:
             f"{'write' if resources.decode_in_actors else 'decode'} task needs {task:g}: the "
             "job would wait forever; give fewer --actors or a smaller --actor-cpus"
         )
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """What a job computes and how it is cut into work."""
-
-    embed: EmbedOptions
-    resources: Resources | None  # None: default_resources of the cluster
-    decode_batch: int = 1024  # images per decode task (a block of paths)
-    rows_per_file: int = 8192  # images per output part, at least
-    max_pixels: int = 50_000_000  # the service's default max_pixels
-    max_bytes: int = 20 * 2**20  # the service's default max_upload_bytes
-    progress: bool = True
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """What a job did."""
-
-    todo: int  # images this run set out to do
-    embedded: int
-    refused: dict[str, int]  # images refused, by error kind
-    seconds: float  # from building the pipeline to the last part written
-    resources: Resources | None  # None: no job ran (nothing to do)
 
 
 @contextlib.contextmanager
@@ -176,82 +158,105 @@ def _quiet_ray_data(progress_bars: bool) -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
-def run_job(
-    model: ModelFile,
-    inputs: Location,
-    todo: list[str],
-    out: Location,
-    options: JobOptions,
-) -> JobResult:
-    """Embed ``todo`` (URIs on ``inputs``' filesystem) into ``out``, on the Ray this process is
-    connected to."""
-    cluster = ray.cluster_resources()
-    resources = options.resources or default_resources(
-        cluster.get("CPU", 1.0), cluster.get("GPU", 0.0)
+class RayEmbedder(Embedder):
+    """An inference actor: the model file's bytes from Ray's object store (put there once by
+    the driver, so that every node gets the same file)."""
+
+    def __init__(
+        self,
+        model: list[ray.ObjectRef],
+        options: EmbedOptions,
+        decoding: DecodeOptions | None = None,
+    ) -> None:
+        super().__init__(ray.get(model[0]), options, decoding)
+
+
+@dataclass(frozen=True)
+class RayEngine:
+    """Ray Data over the cluster at ``address`` (None: ``RAY_ADDRESS``, else a local Ray of
+    ``cpus`` CPUs started for the job)."""
+
+    address: str | None = None
+    cpus: int | None = None
+    resources: Resources | None = None  # None: default_resources of the cluster
+    overrides: dict[str, Any] | None = (
+        None  # Resources' fields given (--actors...): the rest default
     )
-    check_resources(resources, cluster.get("CPU", 1.0))
-    embed = options.embed
-    if embed.threads == 0 and resources.threads:
-        embed = dataclasses.replace(embed, threads=resources.threads)
-    if resources.actor_gpus == 0 and embed.providers == "auto":
-        embed = dataclasses.replace(embed, providers="CPUExecutionProvider")
-    _quiet_ray_data(progress_bars=False)
-    start = time.perf_counter()
-    if not todo:
-        return JobResult(0, 0, {}, 0.0, resources)
-    batches = -(-len(todo) // embed.batch_size)
-    if resources.actors > batches:  # a small job: no actor without a batch to run
-        resources = dataclasses.replace(resources, actors=batches)
-    paths = pa.table({"path": pa.array(todo, pa.string())})
-    size = options.decode_batch
-    blocks = [paths.slice(i, size) for i in range(0, len(todo), size)]
-    decoding = DecodeOptions(
-        inputs, model.card.preprocessing, options.max_pixels, options.max_bytes
-    )
-    model_ref = ray.put(model.data)
-    dataset: ray.data.Dataset = ray.data.from_arrow(blocks)
-    if not resources.decode_in_actors:
+    decode_batch: int = 1024  # images per decode task (a block of paths)
+
+    name = "ray"
+
+    def _resources(self) -> tuple[Resources, float]:
+        """The given resources, the others the cluster's defaults (:func:`default_resources`
+        with the ``--actors`` given, if any); :class:`ResourceError` where they cannot run."""
+        cluster = ray.cluster_resources()
+        cpus, gpus = cluster.get("CPU", 1.0), cluster.get("GPU", 0.0)
+        given = {key: value for key, value in (self.overrides or {}).items() if value is not None}
+        actors = int(given["actors"]) if "actors" in given else None
+        resources = self.resources or default_resources(cpus, gpus, actors)
+        resources = dataclasses.replace(resources, **given)
+        check_resources(resources, cpus)
+        return resources, cpus
+
+    def run(self, work: Work) -> EngineRun:
+        """Embed ``work``'s chunks on the Ray this process joins or starts."""
+        with connect(self.address, self.cpus) as started_s:
+            return self._run(work, started_s)
+
+    def _run(self, work: Work, started_s: float) -> EngineRun:
+        start = time.perf_counter()
+        resources, cpus = self._resources()
+        embed = work.embed
+        if embed.threads == 0 and resources.threads:
+            embed = dataclasses.replace(embed, threads=resources.threads)
+        if resources.actor_gpus == 0 and embed.providers == "auto":
+            embed = dataclasses.replace(embed, providers="CPUExecutionProvider")
+        _quiet_ray_data(progress_bars=False)
+        images = work.chunks.num_rows
+        batches = -(-images // embed.batch_size)
+        if resources.actors > batches:  # a small job: no actor without a batch to run
+            resources = dataclasses.replace(resources, actors=batches)
+        size = self.decode_batch
+        blocks = [work.chunks.slice(i, size) for i in range(0, images, size)]
+        model_ref = ray.put(work.model.data)
+        dataset: ray.data.Dataset = ray.data.from_arrow(blocks)
+        if not resources.decode_in_actors:
+            dataset = dataset.map_batches(
+                functools.partial(decode, options=work.decoding),
+                batch_size=None,
+                batch_format="numpy",
+                num_cpus=resources.decode_cpus,
+            )
         dataset = dataset.map_batches(
-            functools.partial(decode, options=decoding),
-            batch_size=None,
+            RayEmbedder,
+            fn_constructor_args=(
+                [model_ref],
+                embed,
+                work.decoding if resources.decode_in_actors else None,
+            ),
+            batch_size=embed.batch_size,
             batch_format="numpy",
-            num_cpus=resources.decode_cpus,
+            compute=ray.data.ActorPoolStrategy(size=resources.actors),
+            num_cpus=resources.actor_cpus,
+            num_gpus=resources.actor_gpus or None,
         )
-    dataset = dataset.map_batches(
-        Embedder,
-        fn_constructor_args=(
-            [model_ref],
-            embed,
-            decoding if resources.decode_in_actors else None,
-        ),
-        batch_size=embed.batch_size,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=resources.actors),
-        num_cpus=resources.actor_cpus,
-        num_gpus=resources.actor_gpus or None,
-    )
-    top_k = min(embed.top_k, len(model.card.classes))
-    sink = PartsSink(
-        out,
-        model.card.classes,
-        {
-            "model_name": model.name,
-            "model_version": model.version,
-            "card_sha256": model.card_sha256,
-        },
-        model.card.model.embedding_dim,
-        top_k,
-        options.rows_per_file,
-    )
-    progress = Progress(out, len(todo)) if options.progress else None
-    with progress or contextlib.nullcontext(), warnings.catch_warnings():
-        # Ray Data's advice when the last batches are fewer than the actors: nothing to act on
-        warnings.filterwarnings("ignore", "The minimum number of concurrent actors", UserWarning)
-        dataset.write_datasink(sink, ray_remote_args={"num_cpus": resources.write_cpus})
-    seconds = time.perf_counter() - start
-    refused: dict[str, int] = {}
-    for counts in sink.counts:
-        for kind, images in counts.refused:
-            refused[kind] = refused.get(kind, 0) + images
-    embedded = sum(counts.embedded for counts in sink.counts)
-    return JobResult(len(todo), embedded, refused, seconds, resources)
+        free = max(cpus - resources.actors * resources.actor_cpus, resources.decode_cpus)
+        decoders = resources.actors if resources.decode_in_actors else free / resources.decode_cpus
+        workers = StageWorkers(decode=decoders, infer=resources.actors, write=1)
+        with warnings.catch_warnings():
+            # Ray Data's advice when the last batches are fewer than the actors: nothing to act on
+            warnings.filterwarnings(
+                "ignore", "The minimum number of concurrent actors", UserWarning
+            )
+            first: float | None = None
+            for rows in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                if first is None:
+                    first = time.perf_counter() - start
+                work.collector.add(rows)
+        return EngineRun(
+            engine=self.name,
+            start_s=started_s,
+            first_rows_s=first or 0.0,
+            workers=workers,
+            details={"ray": dataclasses.asdict(resources)},
+        )

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batch.embedder import NOT_FINITE
+from batch.decoding import NOT_FINITE
 from batch.progress import format_duration, format_rate
+from batch.stages import StageTimes, StageWorkers
 
 __all__ = ["Summary"]
 
@@ -41,12 +42,13 @@ class Summary:
     """A job's figures; :attr:`faults` lists what makes it fail."""
 
     inputs: int  # images INPUT names
-    skipped: int  # already in OUT (--resume)
-    todo: int  # set out to do in this run
+    skipped: int  # already in OUT and unchanged (--resume): not read
+    todo: int  # set out to do in this run: new + changed + retried
     embedded: int  # written to the embeddings table in this run
     refused: dict[str, int]  # written to the errors table in this run, by kind
-    seconds: float  # the job's run (the pipeline, not Ray's start)
-    ray_start_seconds: float
+    seconds: float  # the engine's run, from its start to the last part written
+    engine: str  # "local" or "ray" ("" where nothing was to do)
+    start_seconds: float  # starting or joining Ray (0 for the embedded engine)
     out_embedded: int  # rows of OUT's embeddings table now
     out_refused: int  # rows of OUT's errors table now
     missing: int  # images of INPUT in neither table
@@ -54,6 +56,14 @@ class Summary:
     out: str
     # what a folder or glob left out of INPUT, by reason (batch.walk.Skipped.as_dict)
     input_skipped: dict[str, int] = field(default_factory=dict)
+    new: int = 0  # in INPUT, not in OUT
+    changed: int = 0  # in OUT from another size or modification time: embedded again
+    retried: int = 0  # in OUT's errors table, embedded again (--retry-errors)
+    deleted: int = 0  # rows of OUT whose image is no longer in INPUT: taken out
+    stages: dict[str, float] = field(default_factory=dict)  # busy seconds: StageTimes.as_dict
+    workers: dict[str, float] = field(default_factory=dict)  # StageWorkers, as a dict
+    bound: str = ""  # the stage that bounds the job (batch.stages)
+    first_part_seconds: float = 0.0  # from the engine's start to the first part in OUT
     faults: list[str] = field(default_factory=list)
 
     @classmethod
@@ -86,17 +96,41 @@ class Summary:
         """A few lines for a person."""
         refused = sum(self.refused.values())
         kinds = ", ".join(f"{kind} {n:,}" for kind, n in sorted(self.refused.items()))
-        lines = [
+        why = [
+            f"{n:,} {word}"
+            for n, word in ((self.new, "new"), (self.changed, "changed"), (self.retried, "retried"))
+            if n
+        ]
+        head = (
             f"smso-embed: {self.inputs:,} images in INPUT, {self.skipped:,} already in OUT, "
-            f"{self.todo:,} to do",
+            f"{self.todo:,} to do"
+        )
+        if why and (self.changed or self.retried or self.skipped):
+            head += f" ({', '.join(why)})"
+        if self.deleted:
+            head += f"; {self.deleted:,} gone from INPUT, taken out of OUT"
+        lines = [
+            head,
             f"  embedded   {self.embedded:,}",
             f"  refused    {refused:,}" + (f" ({kinds}): see {self.out}/errors" if kinds else ""),
         ]
         if self.todo:
+            started = (
+                f"Ray started in {self.start_seconds:.1f} s"
+                if self.engine == "ray"
+                else f"first part after {self.first_part_seconds:.1f} s"
+            )
             lines.append(
                 f"  speed      {format_rate(self.images_per_s)} images/s "
-                f"({format_duration(self.seconds)}; Ray started in {self.ray_start_seconds:.1f} s)"
+                f"({format_duration(self.seconds)}, {self.engine} engine; {started})"
             )
+            if self.stages:
+                times = StageTimes(**self.stages)
+                workers = StageWorkers(**self.workers) if self.workers else StageWorkers()
+                lines.append(
+                    f"  stages     {times.text(workers)}: {self.bound or times.bound(workers)} "
+                    "bounds the job"
+                )
         lines.append(
             f"  OUT        {self.out_embedded:,} embeddings, {self.out_refused:,} errors: "
             + (

@@ -23,6 +23,8 @@ What it left out is counted in :class:`Skipped`, for the job's summary.
 :func:`open_regular` opens a file for reading only where it is a regular file, never waiting: a
 FIFO named in a list is refused by its :func:`os.stat` without being opened, and the file that
 is opened (without blocking, in case it was swapped for a FIFO meanwhile) is checked again.
+:func:`read_regular` does the same and reads the whole file in as few system calls as it can
+(the decode stage reads every image of a job with it).
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["NotRegularFileError", "Skipped", "Walk", "open_regular", "walk"]
+__all__ = [
+    "NotRegularFileError",
+    "RegularFile",
+    "Skipped",
+    "Walk",
+    "open_regular",
+    "read_regular",
+    "walk",
+]
 
 #: What :func:`open_regular` says a file is, by its ``st_mode``.
 _KINDS = (
@@ -72,6 +82,46 @@ def open_regular(path: str) -> io.BufferedReader:
     except BaseException:
         os.close(descriptor)
         raise
+
+
+@dataclass(frozen=True)
+class RegularFile:
+    """A regular file's bytes, and its ``os.fstat`` as it was opened."""
+
+    data: bytes
+    size: int  # st_size when opened
+    mtime_ns: int
+
+
+class FileTooLargeError(OSError):
+    """The file holds more bytes than the reader accepts."""
+
+    def __init__(self, size: int, limit: int, mtime_ns: int) -> None:
+        super().__init__(f"{size:,} bytes, more than the {limit:,} accepted")
+        self.size, self.limit, self.mtime_ns = size, limit, mtime_ns
+
+
+def read_regular(path: str, max_bytes: int) -> RegularFile:
+    """The bytes of ``path``, where it is a regular file of at most ``max_bytes`` bytes:
+    :class:`NotRegularFileError` (never waiting) or :class:`FileTooLargeError` otherwise. Read
+    with one ``read`` call where the file does not grow meanwhile."""
+    _regular(os.stat(path).st_mode)  # a FIFO is never opened
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        status = os.fstat(descriptor)  # the file opened, if it changed since
+        _regular(status.st_mode)
+        if status.st_size > max_bytes:
+            raise FileTooLargeError(status.st_size, max_bytes, status.st_mtime_ns)
+        pieces = [os.read(descriptor, status.st_size + 1)]
+        read = len(pieces[0])
+        while pieces[-1] and read <= max_bytes:  # it grew since fstat: read on to its end
+            pieces.append(os.read(descriptor, max(status.st_size, 65536)))
+            read += len(pieces[-1])
+        if read > max_bytes:
+            raise FileTooLargeError(read, max_bytes, status.st_mtime_ns)
+        return RegularFile(b"".join(pieces), status.st_size, status.st_mtime_ns)
+    finally:
+        os.close(descriptor)
 
 
 @dataclass

@@ -58,7 +58,7 @@ def providers() -> str:
 
 def top_classes(logits: np.ndarray, labels: Sequence[str]) -> list[list[Prediction]]:
     """Each row of ``logits`` ``(N, K)`` as its :data:`TOP_K` best classes: softmax scores,
-    best first, ties to the lower index (``service.dataplane.pipeline.top_classes``)."""
+    best first, ties to the lower index (``service.dataplane.answers.top_classes``)."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
     scores = np.exp(shifted)
     scores /= scores.sum(axis=-1, keepdims=True)

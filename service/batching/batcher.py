@@ -59,7 +59,7 @@ PATIENCE = 0.25
 
 #: A batch's N images (``service.runtime.runner.Batch``: the jobs' ``(C, H, W)`` arrays, or one
 #: ``(N, C, H, W)`` array) -> their N rows of each output: logits and embedding, and the
-#: typicality score and p-value where the model has a reference (``service.models.loader.scored``).
+#: typicality score and p-value where the model has a reference (``service.models.scoring.scored``).
 RunFn = Callable[[Batch], BackendOutputs]
 
 _Event = ParamSpec("_Event")

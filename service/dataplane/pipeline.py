@@ -26,38 +26,9 @@ from service.models.registry import LoadedModel
 from service.runtime.outputs import BackendOutputs
 from service.telemetry import access
 
-__all__ = [
-    "decode_all",
-    "l2_normalised",
-    "run_batched",
-    "softmax",
-    "top_classes",
-]
+__all__ = ["decode_all", "run_batched"]
 
 log = logging.getLogger("service")
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """``exp(l_k - max l) / sum_j exp(l_j - max l)`` over the last axis, in float64."""
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / exp.sum(axis=-1, keepdims=True)
-
-
-def l2_normalised(embeddings: np.ndarray) -> np.ndarray:
-    """Each row of ``embeddings`` ``(N, p)`` divided by its L2 norm (at least 1e-12), in
-    float64: what ``/embed?normalize=true`` answers (and ``smso-embed --normalize`` writes)."""
-    vectors = embeddings.astype(np.float64)
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
-
-
-def top_classes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax scores ``(N, K)`` of logits ``(N, K)`` and each row's ``k`` best class indices
-    ``(N, min(k, K))``, best first (ties: the lower index): what /classify and the protocol's
-    classification extension both answer."""
-    scores = softmax(logits)
-    return scores, np.argsort(-scores, axis=-1, kind="stable")[..., :k]
 
 
 def _decode_unless_abandoned(
@@ -261,7 +232,7 @@ async def run_batched(
         raise ServiceError(500, "inference_failed", f"inference failed: {error}") from None
     state.metrics.images.labels(route, model.name, model.version).inc(len(images))
     outputs = BackendOutputs.concatenate(rows)
-    # scored where the model has a reference (service.models.loader.scored), as is its drift
+    # scored where the model has a reference (service.models.scoring.scored), as is its drift
     if model.drift is not None and outputs.typicality is not None and outputs.p_value is not None:
         histogram = state.metrics.typicality.labels(model.name, model.version)
         for score in outputs.typicality.tolist():

@@ -23,7 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from modelcard.typicality import summary
 from service.core.errors import ServiceError
-from service.dataplane.pipeline import decode_all, l2_normalised, run_batched, top_classes
+from service.dataplane.answers import l2_normalised, top_classes
+from service.dataplane.pipeline import decode_all, run_batched
 from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.http import schemas

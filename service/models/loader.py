@@ -20,12 +20,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from pathlib import Path
 
-import numpy as np
-
-from modelcard.typicality import Typicality
 from service.batching.batcher import MicroBatcher, RunFn
 from service.core.card import ModelCard
 from service.core.settings import Settings
@@ -33,21 +29,18 @@ from service.imaging.images import Preprocess, Preprocessor
 from service.models.drift import DriftMonitor
 from service.models.host import Host
 from service.models.registry import LoadedModel, ModelStatus
+from service.models.scoring import scored, typicality_reference
 from service.models.threads import in_daemon_thread
 from service.runtime.backend import Backend, BackendOptions, OnnxBackend, warm_up_inputs
 from service.runtime.graph import check_outputs
 from service.runtime.hosted_backend import HostedBackend, host_from_environment
-from service.runtime.outputs import BackendOutputs
-from service.runtime.runner import Batch, buckets
-from service.telemetry import stage_clock
+from service.runtime.runner import buckets
 from service.telemetry.batch_telemetry import BatchTelemetry
 
 __all__ = [
     "STOPPING_S",
     "load_model",
     "retire",
-    "scored",
-    "typicality_reference",
     "unload_model",
 ]
 
@@ -245,69 +238,6 @@ def _backend(source: Path, settings: Settings) -> Backend:
         # one slot: the batcher's inference thread runs one batch at a time
         return HostedBackend(source, *host, timeout_s=settings.request_timeout_s)
     return OnnxBackend(source, BackendOptions.from_settings(settings))
-
-
-def typicality_reference(backend: Backend, enabled: bool, name: str) -> Typicality | None:
-    """The card's typicality reference, if it has one and scoring is on; a section that cannot
-    be read is logged and the model served without it (``smso-embed`` scores with it too)."""
-    section = (getattr(backend, "card_dict", None) or {}).get("typicality")
-    if not enabled or not section:
-        return None
-    try:
-        typicality = Typicality.from_card(section)
-    except ValueError as error:
-        log.warning("model %s is served without typicality: %s", name, error)
-        return None
-    expected = backend.card.model.embedding_dim
-    if typicality.mean.shape[0] != expected:
-        log.warning(
-            "model %s is served without typicality: its reference is of %d dimensions, "
-            "its embedding of %d",
-            name,
-            typicality.mean.shape[0],
-            expected,
-        )
-        return None
-    outputs = _outputs(backend)
-    if typicality.uses_features and not {"typicality", "features"} & set(outputs):
-        log.warning(
-            "model %s is served without typicality: its reference scores a features "
-            "output the file does not have",
-            name,
-        )
-        return None
-    return typicality
-
-
-def _outputs(backend: Backend) -> list[str]:
-    """What ``backend.run`` answers (a test's fake may not say: logits and embedding)."""
-    return list(getattr(backend, "outputs", None) or ["logits", "embedding"])
-
-
-def scored(run: RunFn, typicality: Typicality | None) -> RunFn:
-    """``run`` answering logits and embedding only, and with a ``typicality`` reference each
-    image's typicality score ``(N,)`` float64 and its ``p_value`` ``(N,)``, in the inference
-    thread. The score is the file's own output ``typicality`` where it has one (computed by
-    onnxruntime, in float32), else computed here in numpy from the logits, embedding and
-    ``features`` (the stage ``score`` of :mod:`service.telemetry.stage_clock`)."""
-
-    def run_and_score(images: Batch) -> BackendOutputs:
-        outputs = run(images)
-        logits, embedding = outputs.logits, outputs.embedding
-        if typicality is None:
-            return BackendOutputs(logits=logits, embedding=embedding)
-        start = time.perf_counter()
-        if outputs.typicality is not None:  # the file's own
-            scores = outputs.typicality.astype(np.float64)
-        else:
-            scores = typicality.score(logits, embedding, outputs.features).astype(np.float64)
-        p_value = typicality.p_value(scores).astype(np.float64)
-        stage_clock.record("score", start)
-        return BackendOutputs(
-            logits=logits, embedding=embedding, typicality=scores, p_value=p_value
-        )
-
-    return run_and_score
 
 
 async def _discard(

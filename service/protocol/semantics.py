@@ -31,7 +31,8 @@ import numpy as np
 
 from service.core.errors import ServiceError, too_large
 from service.core.settings import Settings
-from service.dataplane.pipeline import decode_all, run_batched, top_classes
+from service.dataplane.answers import top_classes
+from service.dataplane.pipeline import decode_all, run_batched
 from service.dataplane.state import ServiceState
 from service.dataplane.upload import Upload
 from service.models.registry import LoadedModel

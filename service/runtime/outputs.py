@@ -2,7 +2,7 @@
 
 One type from the session to the routes: the runners (:mod:`service.runtime.runner`) fill it from
 the graph's outputs of the same names, the session host sends it to its workers, the typicality
-scoring (:func:`service.models.loader.scored`) turns ``features`` into a score and adds its
+scoring (:func:`service.models.scoring.scored`) turns ``features`` into a score and adds its
 ``p_value``, the micro-batcher hands each image its rows, and the routes and the protocol read
 the fields they answer.
 """

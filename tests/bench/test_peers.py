@@ -19,7 +19,7 @@ from bench.lib.load import Answered, Send
 from bench.lib.payloads import jpegs
 from bench.peers import compare, model, setups
 from bench.peers.setups import PEERS, Setup
-from service.dataplane.pipeline import top_classes
+from service.dataplane.answers import top_classes
 from tests.bench import cells, run_script
 
 

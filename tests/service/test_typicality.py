@@ -15,7 +15,7 @@ from PIL import Image
 
 from modelcard.typicality import Precision, Typicality, encode_array, energy
 from service.models.drift import RARE, DriftMonitor, binomial_tail
-from service.models.loader import scored
+from service.models.scoring import scored
 from service.runtime.backend import OnnxBackend
 from service.runtime.outputs import BackendOutputs
 from service.runtime.runner import Batch
