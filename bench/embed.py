@@ -620,6 +620,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resnet-images", type=int, default=500)
     parser.add_argument("--only", choices=["speed", "resnet", "faults", "parity", "incremental"])
     parser.add_argument("--parity-images", type=int, default=1_000)
+    parser.add_argument(
+        "--engines", nargs="+", choices=ENGINES, default=list(ENGINES), help="speed: the engines"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "embed.json")
     args = parser.parse_args(argv)
     images = args.images or (2_000 if args.quick else 10_000)
@@ -630,7 +633,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         if every or args.only == "speed":
             files = write_files(work / "fmnist", pngs(images), ".png")
-            found["fashion_mnist"] = speed("fmnist", SHIPPED, files, rounds, work)
+            found["fashion_mnist"] = speed(
+                "fmnist", SHIPPED, files, rounds, work, engines=args.engines
+            )
         if args.only == "resnet" or (every and not args.quick):
             from bench.lib.resnet import resnet_model  # torch: only here
 

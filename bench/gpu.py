@@ -13,12 +13,15 @@ each a process of its own (one that fails is reported, and the next one runs):
   the service's own path): ``OUT/decode_gpu.json``;
 * ``serve``: ``bench.serve_gpu`` (the raw session, the profile, the server under load; about 6
   minutes): ``OUT/serve/``;
+* ``embed``: ``bench.embed`` on the GPU (the embedded engine's one CUDA session and its decode
+  threads against the loop on the same session, the shipped model on 10,000 PNGs and ResNet-50
+  SMSO on 2,000 JPEGs; each stage's time in the summaries): ``OUT/embed.json``;
 * ``fmnist-table``, only when named: the Fashion-MNIST head comparison (``smso-experiment run
   fmnist``, every row, seeds 0-2) on the GPU, ``--jobs`` runs at a time with one CPU thread
   each, in float32; resumable (the runs stay in ``--runs``), the table in
   ``OUT/fmnist-table.md``. 40 to 60 minutes on 16 cores, estimated.
 
-    python -m bench.gpu                                 # train-step, cuda-tests, decode, serve
+    python -m bench.gpu                                 # train-step ... serve, embed
     python -m bench.gpu serve decode --out /tmp/gpu     # some steps
     python -m bench.gpu fmnist-table                    # the head table (Fashion-MNIST's files)
     python -m bench.gpu --dry-run                       # the commands, run nothing
@@ -57,7 +60,7 @@ def python(*args: str) -> list[str]:
 
 
 #: every step; those of :data:`DEFAULT` run when none is named, in this order
-STEPS = ("train-step", "cuda-tests", "decode", "serve", "fmnist-table")
+STEPS = ("train-step", "cuda-tests", "decode", "serve", "embed", "fmnist-table")
 DEFAULT = STEPS[:-1]
 #: the head table's runs on the GPU: float32, one CPU thread each (their share of the cores)
 FMNIST_RUN = "--seeds 0 1 2 --resume --device cuda --amp off --no-channels-last --workers 0"
@@ -86,6 +89,21 @@ def steps(args: argparse.Namespace) -> dict[str, Step]:
             [python("bench.decode_gpu", "--device", "cuda", "--json", f"{out}/decode_gpu.json")],
         ),
         "serve": Step("serve", [python("bench.serve_gpu", "--out", f"{out}/serve")]),
+        "embed": Step(
+            "embed",
+            [
+                python(
+                    "bench.embed",
+                    *("--only", "speed", "--rounds", "1"),
+                    *("--engines", "embedded", "--out", f"{out}/embed.json"),
+                ),
+                python(
+                    "bench.embed",
+                    *("--only", "resnet", "--resnet-images", "2000"),
+                    *("--out", f"{out}/embed_resnet.json"),
+                ),
+            ],
+        ),
         "fmnist-table": Step(
             "fmnist-table",
             [table, [*experiment, "report", "fmnist", "--out", runs]],

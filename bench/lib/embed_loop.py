@@ -1,8 +1,9 @@
 """The loop a user would write to embed a folder: one process, one session, one image at a time.
 
 Read each file, decode it with the service's decoder (``service.imaging.images.Preprocessor``),
-run the service's onnxruntime session (``service.runtime.backend.OnnxBackend``, its intra-op
-threads on every core) on batches of 64, in turn. It writes nothing: it is the floor a batch
+run the service's onnxruntime session (``service.runtime.backend.OnnxBackend``: the service's
+providers, CUDA where a GPU is, else the CPU with its intra-op threads on every core) on batches
+of 64, in turn. It writes nothing: it is the floor a batch
 tool must beat, not a tool.
 
     python -m bench.lib.embed_loop MODEL FOLDER     # prints {"images", "seconds", "images_per_s"}
@@ -32,7 +33,7 @@ def loop_rate(model: Path, files: Sequence[Path], batch: int = BATCH) -> dict[st
     from service.imaging.images import Preprocessor
     from service.runtime.backend import BackendOptions, OnnxBackend
 
-    backend = OnnxBackend(model, BackendOptions(providers="CPUExecutionProvider", max_batch=batch))
+    backend = OnnxBackend(model, BackendOptions(providers="auto", max_batch=batch))
     preprocess = Preprocessor(backend.card.preprocessing, 50_000_000)
     start = time.perf_counter()
     for i in range(0, len(files), batch):

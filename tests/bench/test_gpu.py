@@ -21,6 +21,8 @@ def test_the_default_steps_run_modules_that_exist(capsys: pytest.CaptureFixture[
         "cuda-tests",
         "decode",
         "serve",
+        "embed",
+        "embed",
     ]
     args = gpu.parse_args(["fmnist-table", *gpu.DEFAULT])
     for step in gpu.steps(args).values():
