@@ -73,6 +73,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or a positive whole number")
+    return value
+
+
 def _share(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -151,9 +158,9 @@ def parser() -> argparse.ArgumentParser:
     local = p.add_argument_group("the embedded engine (--engine local)")
     local.add_argument(
         "--decoders",
-        type=int,
-        help="threads reading and decoding (default: one per core; 0: each session decodes "
-        "its own batches)",
+        type=_count,
+        help="threads reading and decoding (default: one per two cores on the CPU, one per core "
+        "with a GPU; 0: each session decodes its own batches)",
     )
     local.add_argument(
         "--sessions",
@@ -188,7 +195,8 @@ class UsageError(ValueError):
 
 
 def _given(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
-    return [flag for dest, flag in flags.items() if getattr(args, dest) not in (None, False)]
+    given = [(flag, getattr(args, dest)) for dest, flag in flags.items()]
+    return [flag for flag, value in given if value is not None and value is not False]
 
 
 def _engine(args: argparse.Namespace) -> Engine:

@@ -179,7 +179,7 @@ class LocalEngine:
                         return
                     if not first:
                         first.append(time.perf_counter() - start)
-                    work.collector.add(table)  # type: ignore[arg-type]
+                    work.collector.add(table)
             except _StoppedError:
                 return
             except BaseException as error:

@@ -20,6 +20,7 @@ again), before the run embeds anything.
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -53,6 +54,9 @@ def file_states(location: Location, uris: list[str]) -> dict[str, FileState]:
             try:
                 status = os.stat(location.path_of(uri))
             except OSError:
+                states[uri] = FileState(UNKNOWN, UNKNOWN)
+                continue
+            if not stat.S_ISREG(status.st_mode):  # a FIFO, a folder: never read (batch.walk)
                 states[uri] = FileState(UNKNOWN, UNKNOWN)
                 continue
             states[uri] = FileState(status.st_size, status.st_mtime_ns)

@@ -69,7 +69,6 @@ class Resources:
     actor_gpus: float  # Ray GPUs each actor holds (0: the CPU provider)
     threads: int  # onnxruntime intra-op threads per actor (0: its default, every core)
     decode_cpus: float  # Ray CPUs each decode task asks for
-    write_cpus: float  # Ray CPUs each write task asks for
     decode_in_actors: bool = False  # each actor decodes its own batches: no decode tasks
 
 
@@ -86,7 +85,7 @@ def default_resources(cpus: float, gpus: float, actors: int | None = None) -> Re
     actors = actors or (int(gpus) if gpus >= 1 else max(1, int(cpus) // 4))
     threads = 0 if gpus >= 1 or actors == 1 else max(1, min(4, int(cpus) // actors))
     actor_cpus = min(1.0, max(cpus - 1, 0.5) / actors)
-    return Resources(actors, actor_cpus, 1.0 if gpus >= 1 else 0.0, threads, 0.5, 0.25)
+    return Resources(actors, actor_cpus, 1.0 if gpus >= 1 else 0.0, threads, 0.5)
 
 
 class ResourceError(EngineSettingsError):
@@ -95,15 +94,16 @@ class ResourceError(EngineSettingsError):
 
 def check_resources(resources: Resources, cpus: float) -> None:
     """:class:`ResourceError` where, on a cluster of ``cpus`` CPUs, the actors leave no room for
-    a decode task (or, decoding in the actors, a write task) next to them."""
+    a decode task next to them (or, decoding in the actors, hold more CPUs than there are).
+    The parts are written by the driver, which holds no Ray CPU."""
     held = resources.actors * resources.actor_cpus
-    task = resources.write_cpus if resources.decode_in_actors else resources.decode_cpus
+    task = 0.0 if resources.decode_in_actors else resources.decode_cpus
     if held + task > cpus:
+        needs = "" if resources.decode_in_actors else f", and each decode task needs {task:g}"
         raise ResourceError(
             f"{resources.actors} actors holding {resources.actor_cpus:g} CPUs each leave "
-            f"{max(cpus - held, 0):g} of the cluster's {cpus:g} CPUs, and each "
-            f"{'write' if resources.decode_in_actors else 'decode'} task needs {task:g}: the "
-            "job would wait forever; give fewer --actors or a smaller --actor-cpus"
+            f"{max(cpus - held, 0):g} of the cluster's {cpus:g} CPUs{needs}: the job would wait "
+            "forever; give fewer --actors or a smaller --actor-cpus"
         )
 
 

@@ -1,12 +1,16 @@
-"""smso-embed's tests: one local Ray for the whole session (starting one costs seconds), small
-folders of Fashion-MNIST test images as PNG files (seeded random ones without the dataset)."""
+"""smso-embed's tests: small folders of Fashion-MNIST test images as PNG files (seeded random
+ones without the dataset), run on the embedded engine (the default: no Ray) unless a test is
+about Ray; those share one local Ray for the whole session (starting one costs seconds)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,17 +18,19 @@ import pyarrow.dataset as pads
 import pytest
 
 from batch.cli import main
-from batch.job import connect
 from bench.lib.payloads import pngs
 from service.core.settings import DEFAULT_MODEL
 
 MODEL = str(DEFAULT_MODEL)
+ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A local Ray of 2 CPUs (what CI has), started once; smso-embed uses it as it finds it."""
+    from batch.ray_engine import connect  # Ray: only for the tests that run on it
+
     with connect(None, cpus=2):
         yield
 
@@ -50,8 +56,8 @@ def png_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def embed(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
-    """smso-embed in this process (on the session's Ray): its status, its JSON summary (``{}``
-    where it printed none) and what it wrote to stderr."""
+    """smso-embed in this process (on the session's Ray with ``--engine ray``): its status, its
+    JSON summary (``{}`` where it printed none) and what it wrote to stderr."""
     capsys.readouterr()
     status = main([*args, "--json", "--no-progress"])
     out, err = capsys.readouterr()
@@ -62,6 +68,62 @@ def read(out: Path, table: str = "embeddings") -> list[dict[str, Any]]:
     """A table of OUT as rows, sorted by path (as pyarrow's datasets read it back)."""
     rows = pads.dataset(out / table, format="parquet").to_table().to_pylist()
     return sorted(rows, key=lambda row: row["path"])
+
+
+def part_names(out: Path, table: str = "embeddings") -> list[str]:
+    """The names of a table's parts, sorted (what a reader sees: no hidden file)."""
+    return sorted(path.name for path in (out / table).iterdir() if not path.name.startswith("."))
+
+
+def exactly_once(out: Path, files: Sequence[Path]) -> dict[str, Any]:
+    """Whether every file is in OUT's two tables exactly once: the rows, the files missing and
+    the rows repeated."""
+    paths: list[str] = []
+    for table in ("embeddings", "errors"):
+        parts = sorted(str(part) for part in (out / table).glob("part-*.parquet"))
+        if parts:
+            dataset = pads.dataset(parts, format="parquet")
+            paths += dataset.to_table(columns=["path"]).column("path").to_pylist()
+    expected = {str(path) for path in files}
+    return {
+        "rows": len(paths),
+        "missing": len(expected - set(paths)),
+        "repeated": len(paths) - len(set(paths)),
+        "exactly_once": len(paths) == len(expected) and set(paths) == expected,
+    }
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every process below ``pid`` (Linux's /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    below: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    found = []
+    for child in sorted(below):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            found.append((child, command.decode(errors="replace")))
+    return found
+
+
+def command(*args: str) -> list[str]:
+    """smso-embed as a command of its own (``python -m batch.cli``), quiet, its summary JSON."""
+    return [sys.executable, "-m", "batch.cli", *args, "--json", "--no-progress"]
+
+
+def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """:func:`command` run to its end from the repository's root."""
+    return subprocess.run(
+        command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def in_time(work: Callable[[], T], fifo: Path, seconds: float = 20) -> T:

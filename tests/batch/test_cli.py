@@ -1,4 +1,5 @@
-"""The command's mistakes: each a clear line on stderr and exit status 2, no traceback, no Ray."""
+"""The command's mistakes: each a clear line on stderr and exit status 2, no traceback, no Ray
+started, nothing written; flags of one engine given to the other among them."""
 
 from __future__ import annotations
 
@@ -106,3 +107,37 @@ def test_help_runs_without_ray_starting():
 def test_an_output_folder_whose_name_is_not_utf8(capsys, images, tmp_path):
     out = os.fsdecode(os.fsencode(tmp_path) + b"/out\xff")
     assert "this name is not valid UTF-8" in fails(capsys, MODEL, images, "-o", out)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--actors", "2"], "--actors tune the Ray engine: add --engine ray"),
+        (
+            ["--engine", "local", "--decode-in-actors", "--cpus", "2"],
+            "--decode-in-actors, --cpus tune the Ray engine",
+        ),
+        (["--actor-cpus", "0.5", "--gpus-per-actor", "1"], "--actor-cpus, --gpus-per-actor tune"),
+        (["--decode-cpus", "0.5"], "--decode-cpus tune the Ray engine"),
+        (["--engine", "ray", "--sessions", "2"], "--sessions tune the embedded engine, not Ray's"),
+        (["--engine", "ray", "--decoders", "0"], "--decoders tune the embedded engine"),
+        (["--address", "auto", "--sessions", "1"], "--sessions tune the embedded engine"),
+        (
+            ["--engine", "local", "--address", "auto"],
+            "--address joins a Ray cluster, which --engine local does not use",
+        ),
+        (["--retry-errors"], "--retry-errors retries a job's errors: give it with --resume"),
+    ],
+)
+def test_flags_that_do_not_go_together(capsys, images, tmp_path, flags, said):
+    out = tmp_path / "o"
+    err = fails(capsys, MODEL, images, "-o", str(out), *flags)
+    assert said in err
+    assert not out.exists()  # refused before OUT is touched
+
+
+def test_a_negative_count_of_decoders_is_the_command_s_mistake(capsys, images, tmp_path):
+    with pytest.raises(SystemExit) as raised:
+        main([MODEL, images, "-o", str(tmp_path / "o"), "--decoders", "-1"])
+    assert raised.value.code == 2
+    assert "--decoders: -1: give 0 or a positive whole number" in capsys.readouterr().err

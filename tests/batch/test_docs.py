@@ -80,7 +80,9 @@ def test_the_guide_runs_as_printed_on_200_images(tmp_path):
         assert done.returncode == 0, f"{code}\n{done.stderr}"
         outputs.append(done.stdout)
     assert "200 fixed_size_list<element: float>[64]" in outputs[2]
-    nearest = outputs[-1].splitlines()
-    assert nearest[0].startswith("1.000")
+    nearest = next(out for out in outputs if out.startswith("1.000")).splitlines()
     assert nearest[0].endswith("00000.png  Ankle boot")
     assert len(nearest) == 6
+    resumed = outputs[-1].splitlines()  # two images deleted, one rewritten, then --resume
+    assert "1 to do (1 changed); 2 gone from INPUT, taken out of OUT" in resumed[0]
+    assert "198 embeddings, 0 errors: every image of INPUT once" in outputs[-1]

@@ -1,5 +1,6 @@
-"""What a careless or hostile INPUT or OUT cannot do to a job, end to end on a local Ray: make it
-hang, read outside INPUT, stop it with a traceback, or mix two models in one OUT."""
+"""What a careless or hostile INPUT or OUT cannot do to a job, end to end (on the embedded engine:
+these are the job's rules, the same for every engine): make it hang, read outside INPUT, stop it
+with a traceback, or mix two models in one OUT."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import pytest
 from batch.cli import main
 from batch.outputs import EMBEDDINGS, ERRORS
 from tests.batch.conftest import MODEL, embed, in_time, read, write_pngs
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def test_a_file_name_that_is_not_utf8_is_embedded_and_resumed(tmp_path, capsys):
@@ -47,6 +46,11 @@ def test_a_fifo_named_in_a_list_is_an_error_row(tmp_path, capsys):
     (error,) = read(out, ERRORS)
     assert (error["path"], error["kind"]) == (str(fifo), "unreadable")
     assert "not a regular file (a FIFO)" in error["message"]
+    # it cannot be read now either: resuming the finished job finds nothing to do
+    status, summary, err = in_time(
+        lambda: embed(MODEL, str(listing), "-o", str(out), "--resume", capsys=capsys), fifo
+    )
+    assert (status, summary["todo"], summary["changed"], summary["out_refused"]) == (0, 0, 0, 1)
 
 
 def test_a_loop_and_a_link_outside_input_are_skipped_and_said(tmp_path, capsys):

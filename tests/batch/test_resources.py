@@ -1,12 +1,12 @@
-"""Ray's CPU accounting: the default actors never hold the CPUs the decode tasks need (an actor
-pool holding every CPU stalls the job for good)."""
+"""The Ray engine's CPU accounting: the default actors never hold the CPUs the decode tasks need
+(an actor pool holding every CPU stalls the job for good)."""
 
 from __future__ import annotations
 
 import pytest
 
 from batch.cli import main
-from batch.job import ResourceError, Resources, check_resources, default_resources
+from batch.ray_engine import ResourceError, Resources, check_resources, default_resources
 from tests.batch.conftest import MODEL, write_pngs
 
 
@@ -27,16 +27,20 @@ def test_two_cpus_one_actor_on_both_cores():
 
 
 def test_actors_holding_every_cpu_are_refused_before_the_job_waits_forever():
-    held = Resources(2, 1.0, 0.0, 1, 0.5, 0.25)
+    held = Resources(2, 1.0, 0.0, 1, 0.5)
     with pytest.raises(ResourceError, match="would wait forever"):
         check_resources(held, 2.0)
-    check_resources(Resources(1, 1.0, 0.0, 0, 0.5, 0.25), 2.0)
-    check_resources(Resources(2, 0.75, 0.0, 1, 0.5, 0.25, decode_in_actors=True), 2.0)
+    with pytest.raises(ResourceError, match="would wait forever"):
+        check_resources(Resources(3, 1.0, 0.0, 1, 0.5, decode_in_actors=True), 2.0)
+    check_resources(Resources(1, 1.0, 0.0, 0, 0.5), 2.0)
+    # decoding in the actors, nothing else needs a CPU: the driver writes the parts
+    check_resources(Resources(2, 1.0, 0.0, 1, 0.5, decode_in_actors=True), 2.0)
 
 
 def test_the_command_says_so_in_one_line(ray_cluster, tmp_path, capsys):
     write_pngs(tmp_path / "in", 2)
-    args = [MODEL, str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--actors", "2"]
+    args = [MODEL, str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--engine", "ray"]
+    args += ["--actors", "2"]
     assert main([*args, "--actor-cpus", "1", "--batch-size", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("smso-embed: 2 actors holding 1 CPUs each")

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batch.embedder import UNREADABLE, DecodeOptions, decode
+from batch.decoding import UNKNOWN, UNREADABLE, DecodeOptions, decode
 from batch.inputs import InputError, locate, resolve
 from service.runtime.backend import read_card
 from tests.batch.conftest import MODEL, in_time, write_pngs
@@ -172,8 +172,10 @@ def test_a_fifo_named_in_a_list_is_an_error_row_not_a_hang(tmp_path):
     os.mkfifo(fifo)
     preprocessing = read_card(MODEL).preprocessing
     options = DecodeOptions(locate(str(tmp_path)), preprocessing, 50_000_000, 2**20)
-    rows = in_time(lambda: decode({"path": np.array([str(fifo), str(image)])}, options), fifo)
+    batch = {"path": np.array([str(fifo), str(image)]), "chunk": np.array([0, 0])}
+    rows = in_time(lambda: decode(batch, options), fifo)
     assert list(rows["error_kind"]) == [UNREADABLE, ""]
+    assert list(rows["file_size"]) == [UNKNOWN, image.stat().st_size]  # the FIFO: never read
     assert rows["error"][0] == (
         f"{fifo}: cannot be read (not a regular file (a FIFO); only regular files are read)"
     )
