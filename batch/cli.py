@@ -35,6 +35,7 @@ from batch.parts import WriteCounts, rewrite_part
 from batch.plan import plan
 from batch.stages import StageTimes
 from batch.summary import Summary
+from service.runtime.providers import runs_on_gpu
 
 __all__ = ["main", "parser"]
 
@@ -139,7 +140,10 @@ def parser() -> argparse.ArgumentParser:
     )
     tuning = p.add_argument_group("how the work is spread (defaults suit the machine or cluster)")
     tuning.add_argument(
-        "--batch-size", type=_positive, default=256, help="images per inference call (256)"
+        "--batch-size",
+        type=_positive,
+        help="images per inference call (default 256 on a GPU or Ray, 64 for the embedded engine "
+        "on the CPU, where a large model's activations for 256 images outgrow the caches)",
     )
     tuning.add_argument(
         "--threads", type=int, default=None, help="onnxruntime threads per session (0: all cores)"
@@ -297,7 +301,10 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         return _fail(str(error))
     except OSError as error:
         return _fail(f"{args.out}: {error}")
-    embed = EmbedOptions(args.providers, args.threads or 0, args.batch_size, top_k, args.normalize)
+    batch_size = args.batch_size or (
+        256 if engine.name == "ray" or runs_on_gpu(args.providers) else 64
+    )
+    embed = EmbedOptions(args.providers, args.threads or 0, batch_size, top_k, args.normalize)
     options = JobOptions(
         embed,
         rows_per_file=args.rows_per_file,

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import io
 import json
 import os
 import random
@@ -64,6 +65,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow.dataset as pads
+from PIL import Image, ImageOps
 
 from bench.lib import RESULTS, SHIPPED, launch, report
 from bench.lib.embed_loop import loop_rate
@@ -72,6 +74,12 @@ from bench.lib.payloads import jpegs, pngs
 BATCH = 64  # images per request to the service (parity)
 ENGINES = ("embedded", "ray")
 ENGINE_FLAGS = {"embedded": (), "ray": ("--engine", "ray")}
+#: the embedded engine on one core and small batches in the faults: slow enough (about 10 s for
+#: 5,000 images) for a kill to land mid-job
+FAULT_FLAGS = {
+    "embedded": ("--sessions", "1", "--threads", "1", "--decoders", "1", "--batch-size", "16"),
+    "ray": ("--engine", "ray"),
+}
 
 
 def write_files(folder: Path, files: Sequence[bytes], suffix: str, start: int = 0) -> list[Path]:
@@ -191,8 +199,8 @@ def speed(
             )
         for variant, measure in order if r % 2 == 0 else order[::-1]:
             results[variant].append(measure())
-            found = results[variant][-1]
-            rate = found.get("wall_images_per_s", found["images_per_s"])
+            last = results[variant][-1]
+            rate = last.get("wall_images_per_s", last["images_per_s"])
             print(f"  {name} round {r + 1}: {variant} {rate:,.0f} images/s", flush=True)
 
     def ratio(variant: str, key: str, against: str, against_key: str) -> float:
@@ -415,7 +423,7 @@ def fault_kill_driver(
         before = exactly_once(out, files)["rows"] if attempt else 0
         job = start_job(model, files[0].parent, out, *resume, *flags)
         wait_for(functools.partial(_progressed, job, out, files, before), 300)
-        time.sleep(rng.uniform(0.0, 1.5))
+        time.sleep(rng.uniform(0.0, 0.5))
         ended_first = job.poll() is not None
         if not ended_first:
             os.kill(job.pid, signal.SIGKILL)
@@ -507,7 +515,7 @@ def faults(model: Path, work: Path, count: int, seed: int = 0) -> dict[str, Any]
     files = write_files(work / "faults-in", pngs(count), ".png")
     found: dict[str, Any] = {}
     for engine in ENGINES:
-        flags = ENGINE_FLAGS[engine]
+        flags = FAULT_FLAGS[engine]
         found[f"{engine}: driver killed 3 times"] = fault_kill_driver(
             model, files, work / f"faults-kill-{engine}", flags, rng
         )
@@ -527,6 +535,13 @@ def faults(model: Path, work: Path, count: int, seed: int = 0) -> dict[str, Any]
 # --- incremental --------------------------------------------------------------------------
 
 
+def flipped(png: bytes) -> bytes:
+    """A PNG's picture mirrored left to right: a new image, whatever the dataset's size."""
+    buffer = io.BytesIO()
+    ImageOps.mirror(Image.open(io.BytesIO(png))).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
 def incremental(model: Path, work: Path, count: int, touched: int = 100) -> dict[str, Any]:
     """``count`` images embedded; ``touched`` added, changed and deleted; ``--resume``."""
     folder = work / "incremental-in"
@@ -537,12 +552,13 @@ def incremental(model: Path, work: Path, count: int, touched: int = 100) -> dict
     rng = random.Random(1)
     chosen = rng.sample(files, 2 * touched)
     changed, deleted = chosen[:touched], chosen[touched:]
-    pictures = pngs(count + 2 * touched)
+    pictures = pngs(count)
     for i, path in enumerate(changed):  # another picture, so another embedding
-        path.write_bytes(pictures[count + touched + i])
+        path.write_bytes(flipped(pictures[(i + 1) % count]))
     for path in deleted:
         path.unlink()
-    added = write_files(folder, pictures[count : count + touched], ".png", start=count)
+    news = [flipped(pictures[-1 - i]) for i in range(touched)]
+    added = write_files(folder, news, ".png", start=count)
     resumed = run_embed(model, folder, out, "--resume")
     after = written(out)
     current = sorted(path for path in folder.iterdir())
