@@ -203,7 +203,7 @@ def _given(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     return [flag for flag, value in given if value is not None and value is not False]
 
 
-def _engine(args: argparse.Namespace) -> Engine:
+def _engine(args: argparse.Namespace, model_bytes: int) -> Engine:
     """The engine the flags ask for: the embedded one unless --engine ray, --address or
     RAY_ADDRESS; :class:`UsageError` for another engine's flags."""
     joined = args.address or os.environ.get("RAY_ADDRESS")
@@ -220,7 +220,7 @@ def _engine(args: argparse.Namespace) -> Engine:
                 f"{', '.join(wrong)} tune the Ray engine: add --engine ray, or leave them out "
                 "(the embedded engine takes --decoders and --sessions)"
             )
-        defaults = default_local_options(args.providers)
+        defaults = default_local_options(args.providers, model_bytes=model_bytes)
         return LocalEngine(
             LocalOptions(
                 decoders=defaults.decoders if args.decoders is None else args.decoders,
@@ -275,10 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     try:
-        engine = _engine(args)
         if args.retry_errors and not args.resume:
             raise UsageError("--retry-errors retries a job's errors: give it with --resume")
         model = load_model_file(args.model)
+        engine = _engine(args, len(model.data))
         inputs = resolve(args.input, args.column, args.follow_symlinks)
         utf8_path(args.out)
         out = locate(args.out)

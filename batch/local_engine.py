@@ -60,18 +60,31 @@ class LocalOptions:
     decode_batch: int = 64  # images per decode task
 
 
-def default_local_options(providers: str = "auto", cpus: int | None = None) -> LocalOptions:
-    """The defaults for this machine (``cpus`` cores): on the CPU, a session per core with one
-    intra-op thread each and a decode thread per two cores; on a GPU, one session and a decode
-    thread per core (decoding is then what bounds the job).
+#: A model file from this size on counts as large: one session on every core (ResNet-50 SMSO is
+#: about 100 MB, the shipped Fashion-MNIST model under 1 MB).
+LARGE_MODEL_BYTES = 16 * 2**20
 
-    On the CPU, sessions side by side use the cores better than one session's intra-op
-    threads, which wait for each other at every operator (measured in docs/batch.md: on 2 cores
-    two one-thread sessions embed the shipped model's images faster than one two-thread
-    session, and the decode thread fits beside them)."""
+
+def default_local_options(
+    providers: str = "auto", cpus: int | None = None, model_bytes: int = 0
+) -> LocalOptions:
+    """The defaults for this machine (``cpus`` cores) and a model file of ``model_bytes``.
+
+    On a GPU: one session and a decode thread per core (decoding is then what bounds the job).
+    On the CPU, a small model: a session per core with one intra-op thread each, and a decode
+    thread per two cores; sessions side by side use the cores better than one session's
+    threads, which wait for each other at every operator of a small graph. A large model: one
+    session with its threads on every core, decoding its own batches (``decoders=0``): two
+    one-thread ResNet-50 sessions ran at 0.78x one two-thread session on 2 cores (their
+    activations share the caches), and a decode thread beside the session's threads slowed
+    them by more than it saved (0.89x to 0.92x the loop, against 0.92x to 0.95x decoding in
+    the session's thread). Measured in docs/batch.md; ``--sessions``, ``--threads`` and
+    ``--decoders`` override each."""
     cores = cpus or os.cpu_count() or 1
     if runs_on_gpu(providers):
         return LocalOptions(decoders=cores, sessions=1, threads=0)
+    if model_bytes >= LARGE_MODEL_BYTES:
+        return LocalOptions(decoders=0, sessions=1, threads=0)
     return LocalOptions(decoders=max(1, cores // 2), sessions=cores, threads=1)
 
 

@@ -92,8 +92,13 @@ def write_files(folder: Path, files: Sequence[bytes], suffix: str, start: int = 
     return paths
 
 
+#: the interpreter that runs smso-embed and the loop script (--python: another install of this
+#: project, e.g. one with only the `embed` and `serving-cpu` extras)
+PYTHON = [sys.executable]
+
+
 def embed_command(model: Path, source: Path, out: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "batch.cli", str(model), str(source), "-o", str(out), *flags]
+    return [PYTHON[0], "-m", "batch.cli", str(model), str(source), "-o", str(out), *flags]
 
 
 def run_embed(model: Path, source: Path, out: Path, *flags: str) -> dict[str, Any]:
@@ -117,7 +122,7 @@ def loop_script(model: Path, folder: Path) -> dict[str, Any]:
     """The loop as a script of its own (:mod:`bench.lib.embed_loop`): its wall time."""
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "bench.lib.embed_loop", str(model), str(folder)],
+        [PYTHON[0], "-m", "bench.lib.embed_loop", str(model), str(folder)],
         capture_output=True,
         text=True,
         check=True,
@@ -640,10 +645,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--engines", nargs="+", choices=ENGINES, default=list(ENGINES), help="speed: the engines"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "embed.json")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter of the install that runs smso-embed and the loop script "
+        "(default: this one; the Ray engine needs the batch extra there)",
+    )
     args = parser.parse_args(argv)
+    PYTHON[0] = args.python
     images = args.images or (2_000 if args.quick else 10_000)
     rounds = args.rounds or (1 if args.quick else 3)
-    found: dict[str, Any] = {"machine": report.machine(), "images": images, "rounds": rounds}
+    found: dict[str, Any] = {
+        "machine": report.machine(),
+        "images": images,
+        "rounds": rounds,
+        "python": args.python,
+    }
     every = args.only is None
     with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
         work = Path(tmp)
