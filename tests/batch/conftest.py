@@ -4,13 +4,12 @@ about Ray; those share one local Ray for the whole session (starting one costs s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,45 +72,6 @@ def read(out: Path, table: str = "embeddings") -> list[dict[str, Any]]:
 def part_names(out: Path, table: str = "embeddings") -> list[str]:
     """The names of a table's parts, sorted (what a reader sees: no hidden file)."""
     return sorted(path.name for path in (out / table).iterdir() if not path.name.startswith("."))
-
-
-def exactly_once(out: Path, files: Sequence[Path]) -> dict[str, Any]:
-    """Whether every file is in OUT's two tables exactly once: the rows, the files missing and
-    the rows repeated."""
-    paths: list[str] = []
-    for table in ("embeddings", "errors"):
-        parts = sorted(str(part) for part in (out / table).glob("part-*.parquet"))
-        if parts:
-            dataset = pads.dataset(parts, format="parquet")
-            paths += dataset.to_table(columns=["path"]).column("path").to_pylist()
-    expected = {str(path) for path in files}
-    return {
-        "rows": len(paths),
-        "missing": len(expected - set(paths)),
-        "repeated": len(paths) - len(set(paths)),
-        "exactly_once": len(paths) == len(expected) and set(paths) == expected,
-    }
-
-
-def descendants(pid: int) -> list[tuple[int, str]]:
-    """``(pid, command line)`` of every process below ``pid`` (Linux's /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    below: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - below
-        below |= frontier
-    found = []
-    for child in sorted(below):
-        with contextlib.suppress(OSError):
-            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            found.append((child, command.decode(errors="replace")))
-    return found
 
 
 def command(*args: str) -> list[str]:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from batch.outputs import EMBEDDINGS, ERRORS, MANIFEST
+from bench.embed import exactly_once
 from tests.batch.conftest import (
     MODEL,
     ROOT,
     embed,
-    exactly_once,
     part_names,
     read,
     write_pngs,

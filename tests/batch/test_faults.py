@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 
 from batch.cli import main
+from bench.embed import descendants, exactly_once
 from tests.batch.conftest import (
     MODEL,
     ROOT,
     command,
-    descendants,
-    exactly_once,
     part_names,
     write_pngs,
 )
