@@ -17,8 +17,9 @@ import pytest
 
 from batch import parts
 from batch.outputs import EMBEDDINGS, ERRORS
+from bench.embed import exactly_once
 from bench.lib.payloads import pngs
-from tests.batch.conftest import MODEL, embed, exactly_once, part_names, read, write_pngs
+from tests.batch.conftest import MODEL, embed, part_names, read, write_pngs
 
 
 def part_states(out: Path) -> dict[str, int]:
