@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batch.inputs import Location
-from batch.walk import FileTooLargeError, read_regular
+from batch.walk import FileTooLargeError, RegularFile, read_regular
 from service.core.card import Preprocessing
 from service.imaging.images import ImageError, ImageTooLargeError, Preprocessor
 
@@ -57,32 +57,19 @@ class DecodeOptions:
     max_bytes: int  # one encoded file (the service's max_upload_bytes)
 
 
-@dataclass(frozen=True)
-class FileBytes:
-    """A file as it was read: its bytes, size and modification time (nanoseconds)."""
-
-    data: bytes
-    size: int
-    mtime_ns: int
-
-
 class _RefusedError(Exception):
     def __init__(self, kind: str, message: str, size: int, mtime_ns: int) -> None:
         super().__init__(message)
         self.kind, self.size, self.mtime_ns = kind, size, mtime_ns
 
 
-def _check_size(size: int, mtime_ns: int, uri: str, options: DecodeOptions) -> None:
-    if size > options.max_bytes:
-        raise _RefusedError(
-            FILE_TOO_LARGE,
-            f"{uri}: {size:,} bytes, more than the {options.max_bytes:,} accepted",
-            size,
-            mtime_ns,
-        )
+def _too_large(size: int, mtime_ns: int, uri: str, limit: int) -> _RefusedError:
+    return _RefusedError(
+        FILE_TOO_LARGE, f"{uri}: {size:,} bytes, more than the {limit:,} accepted", size, mtime_ns
+    )
 
 
-def _read(options: DecodeOptions, uri: str) -> FileBytes:
+def _read(options: DecodeOptions, uri: str) -> RegularFile:
     """The file's bytes: a local one only if it is a regular file (a FIFO named in a list would
     block the reader for ever), refused where it is larger than the service accepts. The size
     and time are the open file's (``fstat``): the version whose bytes were read."""
@@ -93,14 +80,13 @@ def _read(options: DecodeOptions, uri: str) -> FileBytes:
         mtime_ns = info.mtime_ns if info.mtime_ns is not None else UNKNOWN
         with location.filesystem.open_input_file(path) as stream:
             size = stream.size()
-            _check_size(size, mtime_ns, uri, options)
-            return FileBytes(stream.read(), size, mtime_ns)
+            if size > options.max_bytes:
+                raise _too_large(size, mtime_ns, uri, options.max_bytes)
+            return RegularFile(stream.read(), size, mtime_ns)
     try:
-        file = read_regular(path, options.max_bytes)
+        return read_regular(path, options.max_bytes)
     except FileTooLargeError as error:
-        _check_size(error.size, error.mtime_ns, uri, options)
-        raise
-    return FileBytes(file.data, file.size, file.mtime_ns)
+        raise _too_large(error.size, error.mtime_ns, uri, options.max_bytes) from None
 
 
 def decode(batch: dict[str, np.ndarray], options: DecodeOptions) -> dict[str, np.ndarray]:

@@ -9,8 +9,8 @@ resume, decoding, inference, the parts and the summary are the same code for bot
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -44,9 +44,7 @@ class EngineRun:
 
     engine: str  # "local" or "ray"
     start_s: float  # starting or joining the engine (Ray's start; 0 for the embedded engine)
-    first_rows_s: float  # from the run's start to the first rows handed on (sessions' load...)
     workers: StageWorkers
-    details: dict[str, Any] = field(default_factory=dict)  # the engine's own settings
 
 
 class Engine(Protocol):

@@ -30,10 +30,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -150,11 +149,9 @@ class LocalEngine:
     def run(self, work: Work) -> EngineRun:
         """Every image of ``work.chunks`` decoded, embedded and handed to the collector."""
         options = self.options
-        start = time.perf_counter()
         failure = _Failure()
         batches: queue.Queue[object] = queue.Queue(maxsize=2 * options.sessions)
         rows: queue.Queue[object] = queue.Queue(maxsize=WRITE_QUEUE)
-        first: list[float] = []
         sessions_left = [options.sessions]
         sessions_lock = threading.Lock()
 
@@ -190,8 +187,6 @@ class LocalEngine:
                     table = failure.get(rows)
                     if table is _DONE:
                         return
-                    if not first:
-                        first.append(time.perf_counter() - start)
                     work.collector.add(table)
             except _StoppedError:
                 return
@@ -226,11 +221,9 @@ class LocalEngine:
         return EngineRun(
             engine=self.name,
             start_s=0.0,
-            first_rows_s=first[0] if first else 0.0,
             workers=StageWorkers(
                 decode=options.decoders or options.sessions, infer=options.sessions, write=1
             ),
-            details={"local": asdict(options)},
         )
 
     def _feed(self, work: Work, failure: _Failure, batches: queue.Queue[object]) -> None:
@@ -245,44 +238,27 @@ class LocalEngine:
         window = 2 * options.decoders
         pending: deque[Future[dict[str, np.ndarray]]] = deque()
         gathered: list[dict[str, np.ndarray]] = []
-        count = 0
+
+        def take(decoded: dict[str, np.ndarray]) -> None:
+            """One decode task's images, handed on once they fill a batch."""
+            gathered.append(decoded)
+            if sum(len(part["path"]) for part in gathered) >= work.embed.batch_size:
+                failure.put(batches, _concatenated(gathered))
+                gathered.clear()
+
         slices = (chunks.slice(i, size) for i in range(0, chunks.num_rows, size))
         with ThreadPoolExecutor(options.decoders, thread_name_prefix="smso-embed-decode") as pool:
             try:
                 for piece in slices:
                     pending.append(pool.submit(decode, _paths(piece), work.decoding))
                     while len(pending) >= window or (pending and pending[0].done()):
-                        count = self._gather(pending.popleft().result(), gathered, count)
-                        count = self._flush(work, failure, batches, gathered, count)
+                        take(pending.popleft().result())
                     if failure.stop.is_set():
                         raise _StoppedError
                 while pending:
-                    count = self._gather(pending.popleft().result(), gathered, count)
-                    count = self._flush(work, failure, batches, gathered, count)
+                    take(pending.popleft().result())
                 if gathered:
                     failure.put(batches, _concatenated(gathered))
-                    gathered.clear()
             finally:
                 for future in pending:
                     future.cancel()
-
-    @staticmethod
-    def _gather(
-        decoded: dict[str, np.ndarray], gathered: list[dict[str, np.ndarray]], count: int
-    ) -> int:
-        gathered.append(decoded)
-        return count + len(decoded["path"])
-
-    def _flush(
-        self,
-        work: Work,
-        failure: _Failure,
-        batches: queue.Queue[object],
-        gathered: list[dict[str, np.ndarray]],
-        count: int,
-    ) -> int:
-        if count < work.embed.batch_size:
-            return count
-        failure.put(batches, _concatenated(gathered))
-        gathered.clear()
-        return 0

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from batch.decoding import UNKNOWN
 from batch.inputs import Location
 
 __all__ = [
@@ -266,9 +267,13 @@ def scan(out: Location, clean: bool = True) -> Scan:
                     "not written by smso-embed: move it away"
                 )
             paths = column.column("path").to_pylist()
-            unknown = [-1] * len(paths)
+            unknown = [UNKNOWN] * len(paths)
             sizes, mtimes = (
-                (pc.fill_null(column.column(name), -1).to_pylist() if name in state else unknown)
+                (
+                    pc.fill_null(column.column(name), UNKNOWN).to_pylist()
+                    if name in state
+                    else unknown
+                )
                 for name in ("file_size", "file_mtime_ns")
             )
             for path, size, mtime in zip(paths, sizes, mtimes, strict=True):

@@ -16,6 +16,7 @@ leaves the kept rows out of OUT, never twice in it: the next ``--resume`` embeds
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -28,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from batch.decoding import UNKNOWN
 from batch.inputs import Location
 from batch.outputs import DTYPES, EMBEDDINGS, ERRORS, ERRORS_SCHEMA, TEMPORARY, embeddings_schema
 from batch.stages import StageTimes
@@ -100,7 +102,7 @@ def _present(filesystem: pafs.FileSystem, path: str) -> bool:
 
 def _known(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     """A file-state column with -1 (not read) as null."""
-    return pc.if_else(pc.equal(column, -1), pa.scalar(None, pa.int64()), column)
+    return pc.if_else(pc.equal(column, UNKNOWN), pa.scalar(None, pa.int64()), column)
 
 
 class PartWriter:
@@ -240,7 +242,7 @@ class PartCollector:
     def times(self) -> StageTimes:
         """The stages' busy seconds so far (a copy)."""
         with self._lock:
-            return StageTimes(**self._times.as_dict())
+            return dataclasses.replace(self._times)
 
 
 def rewrite_part(out: Location, path: str, drop: frozenset[str]) -> int:

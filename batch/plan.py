@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
+from batch.decoding import UNKNOWN
 from batch.inputs import Location
 from batch.outputs import ERRORS, Scan
 
 __all__ = ["FileState", "Plan", "file_states", "plan"]
-
-UNKNOWN = -1
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,6 @@ class RayEngine:
             return self._run(work, started_s)
 
     def _run(self, work: Work, started_s: float) -> EngineRun:
-        start = time.perf_counter()
         resources, cpus = self._resources()
         embed = work.embed
         if embed.threads == 0 and resources.threads:
@@ -248,15 +247,6 @@ class RayEngine:
             warnings.filterwarnings(
                 "ignore", "The minimum number of concurrent actors", UserWarning
             )
-            first: float | None = None
             for rows in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                if first is None:
-                    first = time.perf_counter() - start
                 work.collector.add(rows)
-        return EngineRun(
-            engine=self.name,
-            start_s=started_s,
-            first_rows_s=first or 0.0,
-            workers=workers,
-            details={"ray": dataclasses.asdict(resources)},
-        )
+        return EngineRun(engine=self.name, start_s=started_s, workers=workers)
