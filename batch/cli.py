@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from batch.embedder import EmbedOptions
 from batch.engine import Engine, EngineSettingsError
@@ -367,5 +368,19 @@ def _run(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     return 1 if summary.faults else 0
 
 
+def command() -> NoReturn:
+    """The ``smso-embed`` command: :func:`main`, then out of the process at once.
+
+    Once the summary is printed, OUT's files are closed and its lock released, the interpreter's
+    teardown (every module, session and buffer freed one by one: about 0.1 s of a 3 s job of
+    10,000 images, measured in docs/batch.md) does nothing a user needs, so the process exits
+    without it, as a C program would. An error escaping :func:`main` is raised as usual."""
+    status = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

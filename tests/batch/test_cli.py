@@ -88,7 +88,7 @@ def test_the_console_script_and_the_extras():
     """smso-embed is installed, Ray comes with the `batch` extra (and `dev`, so `make test`
     has it), and the serving installs do not pull it."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["smso-embed"] == "batch.cli:main"
+    assert project["scripts"]["smso-embed"] == "batch.cli:command"
     extras = project["optional-dependencies"]
     assert any(line.startswith("ray[data]==") for line in extras["batch"])
     assert "batch" in extras["dev"][0]
