@@ -179,11 +179,15 @@ def parser() -> argparse.ArgumentParser:
     tuning.add_argument(
         "--gpus-per-actor", type=_share, help="Ray GPUs each actor holds (CUDA provider)"
     )
-    tuning.add_argument("--decode-cpus", type=_share, help="Ray CPUs per decode task (0.5)")
+    tuning.add_argument(
+        "--decode-cpus", type=_share, help="Ray CPUs per decode task (0.5); given, decode tasks"
+    )
     tuning.add_argument(
         "--decode-in-actors",
-        action="store_true",
-        help="each actor decodes its own images (no decode tasks; slower on 2 cores)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each actor decodes its own images, no decode tasks (default on CPUs alone; "
+        "--no-decode-in-actors, or --decode-cpus, for decode tasks)",
     )
     tuning.add_argument("--cpus", type=_positive, help="CPUs of the local Ray (default: all)")
     limits = p.add_argument_group("the service's limits")
@@ -201,7 +205,7 @@ class UsageError(ValueError):
 
 def _given(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     given = [(flag, getattr(args, dest)) for dest, flag in flags.items()]
-    return [flag for flag, value in given if value is not None and value is not False]
+    return [flag for flag, value in given if value is not None]
 
 
 def _engine(args: argparse.Namespace, model_bytes: int) -> Engine:
@@ -249,7 +253,7 @@ def _engine(args: argparse.Namespace, model_bytes: int) -> Engine:
         "actor_gpus": args.gpus_per_actor,
         "threads": args.threads,
         "decode_cpus": args.decode_cpus,
-        "decode_in_actors": True if args.decode_in_actors else None,
+        "decode_in_actors": args.decode_in_actors,
     }
     return RayEngine(
         address=args.address,

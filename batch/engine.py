@@ -20,7 +20,12 @@ from batch.model import ModelFile
 from batch.parts import PartCollector
 from batch.stages import StageWorkers
 
-__all__ = ["Engine", "EngineRun", "EngineSettingsError", "Work"]
+__all__ = ["LARGE_MODEL_BYTES", "Engine", "EngineRun", "EngineSettingsError", "Work"]
+
+#: A model file from this size on counts as large, for both engines' defaults: its sessions get
+#: every core of their share rather than one each (ResNet-50 SMSO is about 100 MB, the shipped
+#: Fashion-MNIST model under 1 MB).
+LARGE_MODEL_BYTES = 16 * 2**20
 
 
 class EngineSettingsError(ValueError):

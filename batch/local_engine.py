@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from batch.decoding import decode
 from batch.embedder import Embedder
-from batch.engine import EngineRun, Work
+from batch.engine import LARGE_MODEL_BYTES, EngineRun, Work
 from batch.stages import StageWorkers
 from service.runtime.providers import runs_on_gpu
 
@@ -57,11 +57,6 @@ class LocalOptions:
     sessions: int  # onnxruntime sessions, one inference thread each
     threads: int = 0  # onnxruntime's intra-op threads per session (0: its default, every core)
     decode_batch: int = 64  # images per decode task
-
-
-#: A model file from this size on counts as large: one session on every core (ResNet-50 SMSO is
-#: about 100 MB, the shipped Fashion-MNIST model under 1 MB).
-LARGE_MODEL_BYTES = 16 * 2**20
 
 
 def default_local_options(

@@ -1,12 +1,20 @@
 """The Ray engine (``--engine ray``): a job's stages as a Ray Data pipeline, for a cluster.
 
-The pipeline (:func:`RayEngine.run`)::
+The pipeline (:func:`RayEngine.run`), on CPUs alone::
 
     from_arrow(chunks, a block per decode_batch images)      the images still to do
+      .map_batches(RayEmbedder, concurrency=actors,          actors: read + the service's decoding
+                   num_cpus=actor_cpus)                      + one onnxruntime session each
+      .iter_batches()                                        the driver: rows -> PartCollector
+
+With GPUs (or ``--no-decode-in-actors``) the images decode in tasks of their own, which feed the
+actors::
+
+    from_arrow(chunks, a block per decode_batch images)
       .map_batches(decode, num_cpus=decode_cpus)             tasks: read + the service's decoding
       .map_batches(RayEmbedder, concurrency=actors,          actors: one onnxruntime session each
                    num_cpus=actor_cpus, num_gpus=...)
-      .iter_batches()                                        the driver: rows -> PartCollector
+      .iter_batches()
 
 The decode and inference code is the embedded engine's (:mod:`batch.decoding`,
 :mod:`batch.embedder`), and so are the parts (:mod:`batch.parts`): the driver receives every
@@ -16,9 +24,9 @@ engine wrote it.
 
 Ray's CPU accounting is logical: an actor holds ``actor_cpus`` of the node's CPUs for its whole
 life, and a task runs only where its ``num_cpus`` are free. Actors that together hold every
-CPU leave none for the decode tasks that feed them, and the job waits forever; the defaults
-(:func:`default_resources`) leave at least one CPU, or half of a 2-CPU machine, to the tasks,
-while onnxruntime's threads use every core all the same.
+CPU leave none for the decode tasks that feed them, and the job waits forever; where there are
+decode tasks the defaults (:func:`default_resources`) leave at least one CPU, or half of a
+2-CPU machine, to them, and :func:`check_resources` refuses settings that cannot run.
 
 :func:`connect` starts a local Ray for the job (no dashboard, no usage statistics, warnings
 only) or joins a cluster (``--address`` or ``RAY_ADDRESS``); a Ray already started in this
@@ -45,7 +53,7 @@ import ray.data
 
 from batch.decoding import DecodeOptions, decode
 from batch.embedder import Embedder, EmbedOptions
-from batch.engine import EngineRun, EngineSettingsError, Work
+from batch.engine import LARGE_MODEL_BYTES, EngineRun, EngineSettingsError, Work
 from batch.stages import StageWorkers
 from service.runtime.providers import quiet_native_output
 
@@ -72,20 +80,36 @@ class Resources:
     decode_in_actors: bool = False  # each actor decodes its own batches: no decode tasks
 
 
-def default_resources(cpus: float, gpus: float, actors: int | None = None) -> Resources:
-    """Defaults for a cluster of ``cpus`` CPUs and ``gpus`` GPUs (and ``actors`` actors, where
-    given: the CPUs each holds follow).
+def default_resources(
+    cpus: float, gpus: float, actors: int | None = None, model_bytes: int = 0
+) -> Resources:
+    """Defaults for a cluster of ``cpus`` CPUs and ``gpus`` GPUs, a model file of
+    ``model_bytes`` (and ``actors`` actors, where given: the CPUs and threads each holds follow).
 
-    With GPUs: one actor per GPU. On CPUs alone: one actor per 4 CPUs, its session's threads on
-    4 cores (on fewer than 8 CPUs one actor, its threads on every core). Either way the actors
-    together hold at most all CPUs but one (each at most one; on one CPU, half of it), and the
-    decode tasks ask for half a CPU each: on a 2-CPU machine one actor holding one CPU and two
-    decode tasks at once, which keeps up with inference for the shipped model.
+    **On CPUs alone** each actor decodes its own batches (no decode tasks), as the embedded
+    engine's sessions do: a small model gets an actor per CPU with one intra-op thread each, a
+    large one (:data:`batch.engine.LARGE_MODEL_BYTES`) an actor per 4 CPUs with 4 threads (on
+    fewer than 8 CPUs one actor on every core). Decode tasks beside the actors cost a process's
+    copy of every decoded image and Ray Data's conversions on the way to the actor: on 2 cores,
+    two one-thread actors decoding their own images ran the shipped model's job at 2.2 to 2.9
+    times the marginal rate of one actor fed by decode tasks (docs/batch.md).
+
+    **With GPUs**: one actor per GPU, and decode tasks of half a CPU each on the CPUs (decoding
+    is then what bounds the job); the actors together hold at most all CPUs but one (each at
+    most one; on one CPU, half of it), so that the tasks that feed them can run.
     """
-    actors = actors or (int(gpus) if gpus >= 1 else max(1, int(cpus) // 4))
-    threads = 0 if gpus >= 1 or actors == 1 else max(1, min(4, int(cpus) // actors))
-    actor_cpus = min(1.0, max(cpus - 1, 0.5) / actors)
-    return Resources(actors, actor_cpus, 1.0 if gpus >= 1 else 0.0, threads, 0.5)
+    if gpus >= 1:
+        actors = actors or int(gpus)
+        actor_cpus = min(1.0, max(cpus - 1, 0.5) / actors)
+        return Resources(actors, actor_cpus, 1.0, 0, 0.5)
+    large = model_bytes >= LARGE_MODEL_BYTES
+    actors = actors or (max(1, int(cpus) // 4) if large else max(1, int(cpus)))
+    share = cpus / actors
+    # whole CPUs where there is at least one each (an actor's CPUs must fit on one node)
+    actor_cpus = float(int(share)) if share >= 1 else share
+    # a large model's one actor: onnxruntime's threads on every core
+    threads = max(1, int(share)) if not large else 0 if actors == 1 else max(1, min(4, int(share)))
+    return Resources(actors, actor_cpus, 0.0, threads, 0.5, decode_in_actors=True)
 
 
 class ResourceError(EngineSettingsError):
@@ -186,14 +210,17 @@ class RayEngine:
 
     name = "ray"
 
-    def _resources(self) -> tuple[Resources, float]:
+    def _resources(self, model_bytes: int) -> tuple[Resources, float]:
         """The given resources, the others the cluster's defaults (:func:`default_resources`
-        with the ``--actors`` given, if any); :class:`ResourceError` where they cannot run."""
+        with the ``--actors`` given, if any); :class:`ResourceError` where they cannot run.
+        ``--decode-cpus`` alone asks for decode tasks."""
         cluster = ray.cluster_resources()
         cpus, gpus = cluster.get("CPU", 1.0), cluster.get("GPU", 0.0)
         given = {key: value for key, value in (self.overrides or {}).items() if value is not None}
+        if "decode_cpus" in given:
+            given.setdefault("decode_in_actors", False)
         actors = int(given["actors"]) if "actors" in given else None
-        resources = self.resources or default_resources(cpus, gpus, actors)
+        resources = self.resources or default_resources(cpus, gpus, actors, model_bytes)
         resources = dataclasses.replace(resources, **given)
         check_resources(resources, cpus)
         return resources, cpus
@@ -204,7 +231,7 @@ class RayEngine:
             return self._run(work, started_s)
 
     def _run(self, work: Work, started_s: float) -> EngineRun:
-        resources, cpus = self._resources()
+        resources, cpus = self._resources(len(work.model.data))
         embed = work.embed
         if embed.threads == 0 and resources.threads:
             embed = dataclasses.replace(embed, threads=resources.threads)
