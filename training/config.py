@@ -394,13 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
             default = f.default_factory()
         else:
             default = None
-        # default=None: a flag not given leaves the config file's value (or the dataclass's)
+        # SUPPRESS: a flag not given leaves the config file's value (or the dataclass's), and a
+        # flag given as 'none' (--reduce-dim none) overrides the file's value with None
         if typing.get_origin(_optional(hints[f.name])) is list:
             parser.add_argument(
                 flag,
                 nargs="+",
                 type=int,
-                default=None,
+                default=argparse.SUPPRESS,
                 metavar="LABEL",
                 help=_flag_help(f.name, default),
             )
@@ -408,14 +409,14 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(
                 flag,
                 action=argparse.BooleanOptionalAction,
-                default=None,
+                default=argparse.SUPPRESS,
                 help=_flag_help(f.name, default),
             )
         else:
             parser.add_argument(
                 flag,
                 type=_parser_type(f.name, hints[f.name]),
-                default=None,
+                default=argparse.SUPPRESS,
                 help=_flag_help(f.name, default),
             )
     return parser
@@ -448,7 +449,7 @@ def parse_train_config(argv: Sequence[str] | None = None) -> TrainConfig:
     args = vars(build_parser().parse_args(argv))
     path = args.pop("config")
     data = _read_file(path) if path else {}
-    data.update({k: v for k, v in args.items() if v is not None})
+    data.update(args)
     # checked here, not in TrainConfig: a stored config of an older run may hold "" (then the
     # current folder) and must still load
     for name, accepted in _PATHS.items():

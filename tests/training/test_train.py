@@ -138,6 +138,15 @@ def test_config_file_then_flags(tmp_path):
     assert TrainConfig(head="lrbp").resolve().loss == "hinge"  # the head's own
 
 
+def test_a_flag_set_to_none_overrides_the_config_file(tmp_path):
+    """``--reduce-dim none`` on a config with ``reduce_dim = 64`` trains without the conv."""
+    path = tmp_path / "run.toml"
+    path.write_text('head = "gap"\nreduce_dim = 64\nepochs = 4\n')
+    assert parse_train_config(["--config", str(path), "--reduce-dim", "none"]).reduce_dim is None
+    assert parse_train_config(["--config", str(path)]).reduce_dim == 64
+    assert parse_train_config(["--config", str(path), "--epochs", "2"]).epochs == 2
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
