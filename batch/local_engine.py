@@ -68,17 +68,15 @@ def default_local_options(
     On the CPU, a small model: a session per core with one intra-op thread each, and a decode
     thread per two cores; sessions side by side use the cores better than one session's
     threads, which wait for each other at every operator of a small graph. A large model: one
-    session with its threads on every core, decoding its own batches (``decoders=0``): two
-    one-thread ResNet-50 sessions ran at 0.78x one two-thread session on 2 cores (their
-    activations share the caches), and a decode thread beside the session's threads slowed
-    them by more than it saved (0.89x to 0.92x the loop, against 0.92x to 0.95x decoding in
-    the session's thread). Measured in docs/batch.md; ``--sessions``, ``--threads`` and
-    ``--decoders`` override each."""
+    session with its threads on every core, and one decode thread that decodes the next batch
+    while the session runs this one (two one-thread sessions of a large graph share the caches
+    and run slower than one session of two threads). Measured in docs/batch.md; ``--sessions``,
+    ``--threads`` and ``--decoders`` override each."""
     cores = cpus or os.cpu_count() or 1
     if runs_on_gpu(providers):
         return LocalOptions(decoders=cores, sessions=1, threads=0)
     if model_bytes >= LARGE_MODEL_BYTES:
-        return LocalOptions(decoders=0, sessions=1, threads=0)
+        return LocalOptions(decoders=1, sessions=1, threads=0)
     return LocalOptions(decoders=max(1, cores // 2), sessions=cores, threads=1)
 
 

@@ -45,9 +45,13 @@ def fashion_mnist(split: str = "test") -> tuple[np.ndarray, np.ndarray]:
 
 
 def images(count: int) -> np.ndarray:
-    """``count`` Fashion-MNIST test images (random ones without the dataset), uint8 28x28."""
+    """``count`` Fashion-MNIST images, uint8 28x28: the 10,000 test images first, then the
+    training images (random ones without the dataset)."""
     try:
-        return fashion_mnist("test")[0][:count]
+        found = fashion_mnist("test")[0][:count]
+        if len(found) < count:
+            found = np.concatenate([found, fashion_mnist("train")[0][: count - len(found)]])
+        return found
     except OSError:
         return np.random.default_rng(0).integers(0, 256, (count, 28, 28), dtype=np.uint8)
 
