@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from batch.arg_types import count, positive, share
 from batch.embedder import EmbedOptions
 from batch.engine import Engine, EngineSettingsError
 from batch.inputs import InputError, locate, resolve, utf8_path
@@ -68,27 +69,6 @@ MAX_PIXELS = 50_000_000
 MAX_BYTES = 20 * 2**20
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give a positive whole number")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: give 0 or a positive whole number")
-    return value
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: give a number above 0")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="smso-embed",
@@ -131,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--normalize", action="store_true", help="L2-normalise each embedding (as /embed does)"
     )
-    p.add_argument("--top-k", type=_positive, default=5, help="classes per image (default 5)")
+    p.add_argument("--top-k", type=positive, default=5, help="classes per image (default 5)")
     p.add_argument("--column", default="path", help="the list's column of paths (default path)")
     p.add_argument(
         "--follow-symlinks",
@@ -142,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
     tuning = p.add_argument_group("how the work is spread (defaults suit the machine or cluster)")
     tuning.add_argument(
         "--batch-size",
-        type=_positive,
+        type=positive,
         help="images per inference call (default 256 on a GPU or Ray, 64 for the embedded engine "
         "on the CPU, where a large model's activations for 256 images outgrow the caches)",
     )
@@ -151,11 +131,11 @@ def parser() -> argparse.ArgumentParser:
     )
     tuning.add_argument(
         "--decode-batch",
-        type=_positive,
+        type=positive,
         help="images per decode task (local 64, ray 1024)",
     )
     tuning.add_argument(
-        "--rows-per-file", type=_positive, default=8192, help="images per output file (8192)"
+        "--rows-per-file", type=positive, default=8192, help="images per output file (8192)"
     )
     tuning.add_argument(
         "--providers", default="auto", help="onnxruntime providers (auto: CUDA where a GPU is)"
@@ -163,24 +143,24 @@ def parser() -> argparse.ArgumentParser:
     local = p.add_argument_group("the embedded engine (--engine local)")
     local.add_argument(
         "--decoders",
-        type=_count,
+        type=count,
         help="threads reading and decoding (default: one per two cores on the CPU, one per core "
         "with a GPU; 0: each session decodes its own batches)",
     )
     local.add_argument(
         "--sessions",
-        type=_positive,
+        type=positive,
         help="onnxruntime sessions running at once (default: one per core on the CPU, one on a "
         "GPU)",
     )
     tuning = p.add_argument_group("the Ray engine (--engine ray)")
-    tuning.add_argument("--actors", type=_positive, help="inference actors (sessions)")
-    tuning.add_argument("--actor-cpus", type=_share, help="Ray CPUs each actor holds")
+    tuning.add_argument("--actors", type=positive, help="inference actors (sessions)")
+    tuning.add_argument("--actor-cpus", type=share, help="Ray CPUs each actor holds")
     tuning.add_argument(
-        "--gpus-per-actor", type=_share, help="Ray GPUs each actor holds (CUDA provider)"
+        "--gpus-per-actor", type=share, help="Ray GPUs each actor holds (CUDA provider)"
     )
     tuning.add_argument(
-        "--decode-cpus", type=_share, help="Ray CPUs per decode task (0.5); given, decode tasks"
+        "--decode-cpus", type=share, help="Ray CPUs per decode task (0.5); given, decode tasks"
     )
     tuning.add_argument(
         "--decode-in-actors",
@@ -189,10 +169,10 @@ def parser() -> argparse.ArgumentParser:
         help="each actor decodes its own images, no decode tasks (default on CPUs alone; "
         "--no-decode-in-actors, or --decode-cpus, for decode tasks)",
     )
-    tuning.add_argument("--cpus", type=_positive, help="CPUs of the local Ray (default: all)")
+    tuning.add_argument("--cpus", type=positive, help="CPUs of the local Ray (default: all)")
     limits = p.add_argument_group("the service's limits")
-    limits.add_argument("--max-pixels", type=_positive, default=MAX_PIXELS)
-    limits.add_argument("--max-bytes", type=_positive, default=MAX_BYTES)
+    limits.add_argument("--max-pixels", type=positive, default=MAX_PIXELS)
+    limits.add_argument("--max-bytes", type=positive, default=MAX_BYTES)
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the engine says")

@@ -10,7 +10,6 @@ which OUT's manifest records: another graph carrying the same card is another mo
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from batch.inputs import InputError, locate, utf8_path
 from service.core.card import ModelCard
 from service.runtime.backend import read_card
 
-__all__ = ["ModelError", "ModelFile", "card_sha256", "load_model_file"]
+__all__ = ["ModelError", "ModelFile", "load_model_file"]
 
 
 class ModelError(ValueError):
@@ -53,13 +52,6 @@ class ModelFile:
         return self.card.typicality is not None
 
 
-def card_sha256(card: ModelCard) -> str:
-    """sha256 of ``card`` as canonical JSON (sorted keys, no spaces): the same card, the same
-    checksum, however the file's metadata spaced it."""
-    canonical = json.dumps(card.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def load_model_file(target: str) -> ModelFile:
     """MODEL's bytes and card; :class:`ModelError` with a one-line reason otherwise."""
     try:
@@ -87,4 +79,4 @@ def load_model_file(target: str) -> ModelFile:
         path.unlink(missing_ok=True)
         os.rmdir(folder)
     source = location.uri(location.path)
-    return ModelFile(data, card, card_sha256(card), hashlib.sha256(data).hexdigest(), source)
+    return ModelFile(data, card, card.sha256(), hashlib.sha256(data).hexdigest(), source)

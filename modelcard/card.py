@@ -16,6 +16,7 @@ serving environment has neither torch nor onnx.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Annotated, Literal
 
@@ -348,6 +349,13 @@ class ModelCard(_Section):
     def to_json(self) -> str:
         """The card as compact JSON, its keys in the order of the fields: what export writes."""
         return self.model_dump_json()
+
+    def sha256(self) -> str:
+        """sha256 of the card as canonical JSON (sorted keys, no spaces): the same card, the
+        same checksum, however the file's metadata spaced it. What smso-embed's rows and a
+        gallery's stamp record, and what the service compares them with."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @classmethod
     def from_json(cls, text: str) -> ModelCard:
