@@ -22,7 +22,16 @@ from gallery.codes import Codec, Dtype
 from gallery.stamp import Stamp
 from gallery.store import GalleryError, Manifest, checked_path, read_array, read_manifest
 
-__all__ = ["ExactSearch", "Gallery", "GraphSearch", "Items", "Neighbour", "load", "restore"]
+__all__ = [
+    "ExactSearch",
+    "Gallery",
+    "GraphSearch",
+    "Items",
+    "Nearest",
+    "Neighbour",
+    "load",
+    "restore",
+]
 
 #: the most neighbours one query may ask for
 MAX_K = 1_000
@@ -72,6 +81,16 @@ class Found(NamedTuple):
     counts: np.ndarray
 
 
+class Nearest(NamedTuple):
+    """Each of ``Q`` queries' nearest items, best first: their rows in :class:`Items` and
+    similarities ``(Q, k')``, and how many of each row are real ``(Q,)`` (a graph may find
+    fewer than asked for; the rest of the row is padding)."""
+
+    rows: np.ndarray  # int64
+    similarities: np.ndarray  # float64, in [-1, 1]
+    counts: np.ndarray  # int64
+
+
 def _found(result: Matches | BatchMatches, queries: int, key_type: type) -> Found:
     """usearch's answer as :class:`Found` (one query's ``Matches`` has only its real ones)."""
     if isinstance(result, BatchMatches):
@@ -83,6 +102,37 @@ def _found(result: Matches | BatchMatches, queries: int, key_type: type) -> Foun
     keys: np.ndarray = np.asarray(result.keys, key_type).reshape(1, -1)
     distances = np.asarray(result.distances, np.float64).reshape(1, -1)
     return Found(keys, distances, np.array([keys.shape[1]], np.int64))
+
+
+#: bytes of XOR-ed codes one step of :func:`hamming_scan` holds
+_SCAN_BYTES = 1 << 25
+
+
+def hamming_scan(codes: np.ndarray, queries: np.ndarray, count: int) -> Found:
+    """The ``count`` nearest of ``codes`` ``(N, B)`` packed bits to each of ``queries`` ``(Q, B)``
+    by Hamming distance, ties by row: rows (as keys), distances in bits ``(Q, count)``.
+
+    ``d(a, b) = popcount(a XOR b)``, summed over the bytes (over 64-bit words where ``B`` is a
+    multiple of 8). usearch's own exact search reads a packed row of ``B`` bytes as ``B`` bits
+    (usearch 2.25: the first byte alone of a 64-bit code), so binary codes are scanned here."""
+    words = np.uint64 if codes.shape[1] % 8 == 0 else np.uint8
+    table = np.ascontiguousarray(codes).view(words)  # (N, W)
+    asked = np.ascontiguousarray(queries).view(words)  # (Q, W)
+    step = max(1, _SCAN_BYTES // max(1, table.nbytes))
+    keys = np.empty((len(asked), count), np.int64)
+    distances = np.empty((len(asked), count), np.float64)
+    for start in range(0, len(asked), step):
+        block = asked[start : start + step]
+        d = np.bitwise_count(table[None, :, :] ^ block[:, None, :]).sum(axis=2, dtype=np.int64)
+        if count < d.shape[1]:  # the count smallest, then in order (ties by row)
+            candidates = np.sort(np.argpartition(d, count - 1, axis=1)[:, :count], axis=1)
+        else:
+            candidates = np.broadcast_to(np.arange(d.shape[1]), d.shape)
+        order = np.argsort(np.take_along_axis(d, candidates, axis=1), axis=1, kind="stable")
+        nearest = np.take_along_axis(candidates, order, axis=1)
+        keys[start : start + len(block)] = nearest
+        distances[start : start + len(block)] = np.take_along_axis(d, nearest, axis=1)
+    return Found(keys, distances, np.full(len(asked), count, np.int64))
 
 
 @dataclass(frozen=True)
@@ -97,11 +147,14 @@ class ExactSearch:
         return len(self.codes)
 
     def find(self, codes: np.ndarray, count: int, threads: int, exact: bool) -> Found:
-        found = _found(
-            exact_search(self.codes, codes, count, self.metric, exact=True, threads=threads),
-            len(codes),
-            np.int64,
-        )
+        if self.metric == "hamming":
+            found = hamming_scan(self.codes, codes, count)
+        else:
+            found = _found(
+                exact_search(self.codes, codes, count, self.metric, exact=True, threads=threads),
+                len(codes),
+                np.int64,
+            )
         real = np.arange(found.keys.shape[1]) < found.counts[:, None]
         rows = np.where(real, found.keys, 0)  # usearch's keys here: the codes' row numbers
         return Found(self.keys[rows], found.distances, found.counts)
@@ -154,10 +207,9 @@ class Gallery:
 
     def nearest(
         self, embeddings: np.ndarray, k: int, exact: bool = False, threads: int = 1
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each query's ``min(k, N)`` nearest items: rows ``(Q, k')`` int64, similarities
-        ``(Q, k')`` float64 (best first) and how many of them are real ``(Q,)`` (a graph may
-        find fewer than asked for). ``exact`` scans every code even where a graph is."""
+    ) -> Nearest:
+        """Each query's ``min(k, N)`` nearest items of ``(Q, p)`` embeddings; ``exact`` scans
+        every code even where a graph is."""
         queries = np.atleast_2d(np.asarray(embeddings, np.float32))
         if queries.shape[1] != self.manifest.dimension:
             raise ValueError(
@@ -167,13 +219,13 @@ class Gallery:
         count = min(k, self.size)
         if count == 0:
             empty = np.zeros((len(queries), 0))
-            return empty.astype(np.int64), empty, np.zeros(len(queries), np.int64)
+            return Nearest(empty.astype(np.int64), empty, np.zeros(len(queries), np.int64))
         found = self.searcher.find(self.codec.encode(queries), count, threads, exact)
         keys, counts = found.keys, found.counts
         real = np.arange(keys.shape[1]) < counts[:, None]  # (Q, k'): the found ones
         rows = np.where(real, self.items.rows(np.where(real, keys, self.items.keys[0])), 0)
         distances = np.asarray(found.distances, np.float64)
-        return rows.astype(np.int64), self.codec.similarity(distances), counts
+        return Nearest(rows.astype(np.int64), self.codec.similarity(distances), counts)
 
     def search(
         self, embeddings: np.ndarray, k: int = 10, min_similarity: float | None = None

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from gallery.build import BuildOptions, Rows, build
 from gallery.codes import Dtype
-from gallery.search import load
+from gallery.search import hamming_scan, load
 from gallery.stamp import Stamp, StampMismatchError
 from gallery.store import MANIFEST, GalleryError
 from tests.gallery.test_codes import embeddings
@@ -233,3 +235,23 @@ def test_a_query_of_another_dimension_is_refused(tmp_path):
     build(tmp_path / "g", rows(embeddings(10, 16)), STAMP, CLASSES, BuildOptions())
     with pytest.raises(ValueError, match="8 values, the gallery's 16"):
         load(tmp_path / "g").search(np.zeros((1, 8), np.float32))
+
+
+def test_the_binary_scan_is_the_hamming_distance_of_every_bit():
+    """usearch's exact search reads a packed row of B bytes as B bits: the scan must not."""
+    rng = np.random.default_rng(3)
+    for bits in (64, 24):
+        codes = np.packbits(rng.standard_normal((300, bits)) > 0, axis=1)
+        found = hamming_scan(codes, codes[:40], 5)
+        unpacked = np.unpackbits(codes, axis=1)[:, :bits].astype(np.int64)
+        distances = (unpacked[:40, None, :] != unpacked[None, :, :]).sum(axis=2)
+        assert np.array_equal(found.distances, np.sort(distances, axis=1)[:, :5])
+        assert np.array_equal(found.keys[:, 0], np.arange(40))
+
+
+def test_the_gallery_imported_first_leaves_onnxruntime_importable():
+    """usearch 2.26.3 to 2.26.6 crashed onnxruntime's import (SIGSEGV) when imported before it."""
+    pytest.importorskip("onnxruntime")
+    code = "import gallery.search, gallery.build; import onnxruntime; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
