@@ -123,7 +123,8 @@ def hamming_scan(codes: np.ndarray, queries: np.ndarray, count: int) -> Found:
     distances = np.empty((len(asked), count), np.float64)
     for start in range(0, len(asked), step):
         block = asked[start : start + step]
-        d = np.bitwise_count(table[None, :, :] ^ block[:, None, :]).sum(axis=2, dtype=np.int64)
+        xor = np.bitwise_xor(table[None, :, :], block[:, None, :])  # (q, N, W)
+        d = np.bitwise_count(xor).sum(axis=2, dtype=np.int64)  # (q, N)
         if count < d.shape[1]:  # the count smallest, then in order (ties by row)
             candidates = np.sort(np.argpartition(d, count - 1, axis=1)[:, :count], axis=1)
         else:

@@ -1,0 +1,452 @@
+"""Galleries (``smso-index``, :mod:`gallery`): how good the neighbours are, what approximate search
+costs in recall, and what a gallery costs in time, disk and memory.
+
+All on Fashion-MNIST through the shipped model (``--model``), the embeddings computed as the
+service computes them (:mod:`bench.lib.model_outputs`) and cached under ``--cache``:
+
+* ``quality``: gallery = the 60,000 training images, queries = the 10,000 test images, exact
+  search: precision@10 and mAP@100 (:mod:`bench.lib.retrieval`) for each code (f32, f16, i8,
+  b1), for the shipped model and for ``--baseline`` (a first-order model exported the same
+  way), and how close to ``N(0, 1)`` each model's standardised embeddings are;
+* ``crossover``: one query at a time, exact scan against HNSW graph, at growing sizes: where
+  the graph starts to pay (``gallery.build.EXACT_BELOW``);
+* ``recall``: at each of ``--sizes`` (the training images, then augmented training images
+  through the model, :mod:`bench.lib.augment`): each code's HNSW graph against the exact f32
+  neighbours (recall@10: ANN and code together) and against the exact search of the same codes
+  (the graph alone); build time, size on disk, memory of a process that loads it (RSS), queries
+  per second on one thread;
+* ``faiss``: faiss-cpu's ``IndexHNSWFlat`` with the same graph settings on the same vectors,
+  beside usearch's f32 graph (recall, build time, size, RSS, queries/s).
+
+    python -m bench.search                                   # all, 60,000 and 1,000,000 items
+    python -m bench.search --quick                           # 5,000 items, 500 queries
+    python -m bench.search --only quality --baseline M.onnx  # or: crossover, recall, faiss
+
+Results: tables on stdout and ``bench/results/search.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.lib import report
+from bench.lib.augment import augmented
+from bench.lib.model_outputs import Outputs, outputs
+from bench.lib.payloads import fashion_mnist
+from bench.lib.retrieval import average_precision, precision, recall, self_found
+from gallery.build import BuildOptions, Rows, build
+from gallery.codes import Dtype
+from gallery.search import Gallery, GraphSearch, load
+from gallery.stamp import Stamp
+from gallery.store import Hnsw
+
+SHIPPED = Path("models/fashion-mnist-smso/model.onnx")
+SECTIONS = ("quality", "crossover", "recall", "faiss")
+CLASSES = tuple(str(i) for i in range(10))
+STAMP = Stamp("bench", "0", "0" * 64)  # the galleries here are never served
+_FIELDS = ("embeddings", "top1", "max_softmax", "typicality")
+NEVER = 10**12  # exact_below: always a scan
+ALWAYS = 0  # exact_below: always a graph
+
+
+@dataclass(frozen=True)
+class Collection:
+    """The gallery's images' outputs and true labels, and the queries'."""
+
+    items: Outputs
+    item_labels: np.ndarray  # (N,) int: the dataset's label (an augmented image: its source's)
+    queries: Outputs
+    query_labels: np.ndarray
+
+
+def collection(model: Path, size: int, queries: int, cache: Path | None) -> Collection:
+    """``size`` gallery items (the training images, then augmented ones) and ``queries`` test
+    images, through ``model``."""
+    train, train_labels = fashion_mnist("train")
+    test, test_labels = fashion_mnist("test")
+    real = min(size, len(train))
+    first = outputs(model, "train", real, lambda s, n: train[s : s + n], cache)
+    parts = [first]
+    if size > real:
+        extra = size - real
+        parts.append(
+            outputs(
+                model,
+                "augmented",
+                extra,
+                lambda s, n: augmented(train, len(train) + s, n),
+                cache,
+            )
+        )
+    items = _joined(parts)
+    labels = train_labels[np.arange(size) % len(train)]
+    asked = outputs(model, "test", queries, lambda s, n: test[s : s + n], cache)
+    return Collection(items, labels, asked, test_labels[:queries])
+
+
+def _joined(parts: Sequence[Outputs]) -> Outputs:
+    return Outputs(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+
+def _first(whole: Outputs, size: int) -> Outputs:
+    return Outputs(*(getattr(whole, f)[:size] for f in _FIELDS))
+
+
+def rows_of(items: Outputs) -> Rows:
+    size = len(items.embeddings)
+    paths = [f"train/{i:05d}.png" if i < 60_000 else f"augmented/{i:07d}.png" for i in range(size)]
+    zeros = np.zeros(size, np.int64)
+    return Rows(paths, items.embeddings, items.top1, zeros, zeros)
+
+
+def built(
+    folder: Path, rows: Rows, dtype: Dtype, exact_below: int
+) -> tuple[Gallery, dict[str, Any]]:
+    """A gallery of ``rows`` in ``folder``, loaded, and its build's seconds and bytes."""
+    options = BuildOptions(dtype=dtype, exact_below=exact_below, rebuild=True)
+    summary = build(folder, rows, STAMP, CLASSES, options)
+    return load(folder), {"build_s": summary.seconds, "bytes_on_disk": summary.bytes_on_disk}
+
+
+# --- quality ---------------------------------------------------------------------------------
+
+
+def quality(
+    model: Path, items: int, queries: int, dtypes: Sequence[Dtype], cache: Path | None
+) -> dict[str, Any]:
+    """precision@10 and mAP@100 of one model's exact neighbours, per code."""
+    data = collection(model, items, queries, cache)
+    rows = rows_of(data.items)
+    answer: dict[str, Any] = {
+        "model": str(model),
+        "dimension": int(data.items.embeddings.shape[1]),
+        "top1_accuracy": float((data.queries.top1 == data.query_labels).mean()),
+        "codes": {},
+    }
+    own = np.arange(0, len(rows), max(1, len(rows) // 1000))  # 1,000 gallery images as queries
+    with tempfile.TemporaryDirectory() as scratch:
+        for dtype in dtypes:
+            gallery, cost = built(Path(scratch) / dtype.value, rows, dtype, NEVER)
+            found = gallery.nearest(data.queries.embeddings, 100, exact=True, threads=0)
+            themselves = gallery.nearest(data.items.embeddings[own], 1, exact=True, threads=0)
+            truth = data.item_labels, data.query_labels
+            answer["codes"][dtype.value] = {
+                "precision_at_10": precision(found.rows[:, :10], *truth),
+                "map_at_100": average_precision(found.rows, *truth),
+                "self_first_at_0_999": self_found(
+                    themselves.rows, themselves.similarities, own, 0.999
+                ),
+                "bytes_per_item": gallery.codec.encode(data.items.embeddings[:1]).nbytes,
+                **cost,
+            }
+            answer["gaussian"] = gallery.codec.standardisation.check.to_json()
+    return answer
+
+
+# --- crossover -------------------------------------------------------------------------------
+
+
+def _per_query_us(gallery: Gallery, queries: np.ndarray, exact: bool) -> float:
+    """The median microseconds of one query (k = 10, one thread)."""
+    times = []
+    for query in queries:
+        start = time.perf_counter()
+        gallery.nearest(query[None], 10, exact=exact, threads=1)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e6)
+
+
+def _library_query_us(gallery: Gallery, queries: np.ndarray) -> float | None:
+    """The median microseconds of one query in usearch's graph alone (k = 10, one thread):
+    without the standardisation, the keys' rows and the paths the gallery adds."""
+    searcher = gallery.searcher
+    if not isinstance(searcher, GraphSearch):
+        return None
+    codes = gallery.codec.encode(queries)
+    times = []
+    for code in codes:
+        start = time.perf_counter()
+        searcher.index.search(code, 10, threads=1)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e6)
+
+
+def crossover(model: Path, sizes: Sequence[int], cache: Path | None) -> list[dict[str, Any]]:
+    """One query's time, exact scan against graph, at each of ``sizes`` (f32)."""
+    data = collection(model, max(sizes), 200, cache)
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for size in sizes:
+            items = _first(data.items, size)
+            graph, _ = built(Path(scratch) / f"g{size}", rows_of(items), Dtype.F32, ALWAYS)
+            results.append(
+                {
+                    "items": size,
+                    "exact_us": _per_query_us(graph, data.queries.embeddings, exact=True),
+                    "graph_us": _per_query_us(graph, data.queries.embeddings, exact=False),
+                }
+            )
+    return results
+
+
+# --- recall, footprint -----------------------------------------------------------------------
+
+_RSS = """
+import sys, numpy as np
+from pathlib import Path
+{imports}
+def rss():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmRSS'):
+            return int(line.split()[1]) * 1024
+before = rss()
+{load}
+loaded = rss()
+queries = np.load(sys.argv[2])
+{search}
+print(before, loaded, rss())
+"""
+
+#: (imports, load, search) of a gallery, the imports before the first measure of RSS
+_USEARCH = (
+    "from gallery.search import load",
+    "g = load(Path(sys.argv[1]))",
+    "g.nearest(queries, 10, threads=1)",
+)
+_FAISS = (
+    "import faiss\nfaiss.omp_set_num_threads(1)",
+    "g = faiss.read_index(sys.argv[1])",
+    "q = queries / np.linalg.norm(queries, axis=1, keepdims=True)\ng.search(q, 10)",
+)
+
+
+def resident(target: Path, queries: np.ndarray, code: tuple[str, str, str]) -> dict[str, int]:
+    """Memory of a fresh process that loads ``target`` and then searches ``queries``: bytes
+    of RSS the load added, and the search after it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        asked = Path(scratch) / "queries.npy"
+        np.save(asked, queries)
+        script = _RSS.format(imports=code[0], load=code[1], search=code[2])
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(target), str(asked)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    before, loaded, searched = (int(value) for value in out.split())
+    return {"rss_load_bytes": loaded - before, "rss_after_search_bytes": searched - before}
+
+
+def _rate(search: Callable[[], object], queries: int) -> float:
+    start = time.perf_counter()
+    search()
+    return queries / (time.perf_counter() - start)
+
+
+def recall_at(
+    data: Collection, size: int, dtypes: Sequence[Dtype], scratch: Path
+) -> dict[str, Any]:
+    """Each code's graph at ``size`` items against exact search."""
+    items = _first(data.items, size)
+    rows = rows_of(items)
+    queries = data.queries.embeddings
+    answer: dict[str, Any] = {"items": size, "queries": len(queries), "codes": {}}
+    truth: np.ndarray | None = None
+    for dtype in dtypes:
+        folder = scratch / f"{dtype.value}-{size}"
+        gallery, cost = built(folder, rows, dtype, ALWAYS)
+        exact = gallery.nearest(queries, 10, exact=True, threads=0).rows
+        if truth is None:  # f32 comes first: the exact neighbours of the embeddings
+            truth = exact
+        start = time.perf_counter()
+        found = gallery.nearest(queries, 10, threads=1)
+        rate = len(queries) / (time.perf_counter() - start)
+        answer["codes"][dtype.value] = {
+            "recall_at_10": recall(found.rows, truth),
+            "recall_at_10_of_the_codes": recall(found.rows, exact),
+            "exact_codes_recall_at_10": recall(exact, truth),
+            "queries_per_s_1_thread": rate,
+            "single_query_us": _per_query_us(gallery, queries[:200], exact=False),
+            "library_query_us": _library_query_us(gallery, queries[:200]),
+            **cost,
+            **resident(folder, queries[:1000], _USEARCH),
+        }
+        del gallery
+        # only the latest size's folders are kept: a million items' four codes on disk at once
+        # are not needed
+    answer["truth"] = truth
+    return answer
+
+
+def faiss_at(data: Collection, size: int, truth: np.ndarray, scratch: Path) -> dict[str, Any]:
+    """faiss's HNSW (flat f32, inner product of the standardised, normalised vectors, the
+    cosine usearch computes) with usearch's graph settings."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)  # as usearch's one adding thread (gallery.build.BuildOptions)
+    hnsw = Hnsw()
+    fitted = load(scratch / f"f32-{size}").codec.standardisation
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        u = fitted.apply(x)
+        return np.ascontiguousarray(u / np.linalg.norm(u, axis=1, keepdims=True), np.float32)
+
+    items = unit(data.items.embeddings[:size])
+    queries = unit(data.queries.embeddings)
+    index = faiss.IndexHNSWFlat(items.shape[1], hnsw.connectivity, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = hnsw.expansion_add
+    start = time.perf_counter()
+    index.add(items)
+    build_s = time.perf_counter() - start
+    index.hnsw.efSearch = hnsw.expansion_search
+    path = scratch / f"faiss-{size}.index"
+    faiss.write_index(index, str(path))
+    start = time.perf_counter()
+    _, found = index.search(queries, 10)
+    rate = len(queries) / (time.perf_counter() - start)
+    times = []
+    for query in queries[:200]:
+        start = time.perf_counter()
+        index.search(query[None], 10)
+        times.append(time.perf_counter() - start)
+    return {
+        "recall_at_10": recall(found, truth),
+        "queries_per_s_1_thread": rate,
+        "single_query_us": float(np.median(times) * 1e6),
+        "library_query_us": float(np.median(times) * 1e6),
+        "build_s": build_s,
+        "bytes_on_disk": path.stat().st_size,
+        **resident(path, data.queries.embeddings[:1000], _FAISS),
+    }
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def _pct(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:,.1f}"
+
+
+def print_quality(results: list[dict[str, Any]]) -> None:
+    header = ["model", "p", "code", "bytes/item", "P@10", "mAP@100", "itself first"]
+    rows = []
+    for entry in results:
+        for code, value in entry["codes"].items():
+            rows.append(
+                [
+                    Path(entry["model"]).parent.name or entry["model"],
+                    str(entry["dimension"]),
+                    code,
+                    str(value["bytes_per_item"]),
+                    _pct(value["precision_at_10"]),
+                    _pct(value["map_at_100"]),
+                    report.percent(value["self_first_at_0_999"]),
+                ]
+            )
+    print(report.markdown_table(header, rows))
+
+
+def print_recall(results: list[dict[str, Any]]) -> None:
+    header = [
+        "items", "code", "recall@10", "graph alone", "queries/s", "1 query us", "library us",
+        "build s", "disk MiB", "RSS MiB",
+    ]  # fmt: skip
+    rows = []
+    for entry in results:
+        for code, value in entry["codes"].items():
+            rows.append(
+                [
+                    f"{entry['items']:,}",
+                    code,
+                    _pct(value["recall_at_10"]),
+                    _pct(value.get("recall_at_10_of_the_codes", value["recall_at_10"])),
+                    f"{value['queries_per_s_1_thread']:,.0f}",
+                    f"{value['single_query_us']:,.0f}",
+                    f"{value['library_query_us'] or float('nan'):,.0f}",
+                    f"{value['build_s']:,.1f}",
+                    _mib(value["bytes_on_disk"]),
+                    _mib(value["rss_after_search_bytes"]),
+                ]
+            )
+    print(report.markdown_table(header, rows))
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.search", description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, default=SHIPPED)
+    p.add_argument("--baseline", type=Path, help="a second model for the quality table")
+    p.add_argument("--sizes", default="60000,1000000", help="gallery sizes for recall and faiss")
+    p.add_argument("--queries", type=int, default=10_000, help="test images as queries")
+    p.add_argument(
+        "--quality-items", type=int, default=60_000, help="training images in quality's gallery"
+    )
+    p.add_argument("--dtypes", default="f32,f16,i8,b1")
+    p.add_argument("--only", default=",".join(SECTIONS), help=", ".join(SECTIONS))
+    p.add_argument("--quick", action="store_true", help="5,000 items, 500 queries")
+    p.add_argument("--cache", type=Path, default=Path("bench/results/search-cache"))
+    p.add_argument("--out", type=Path, default=Path("bench/results/search.json"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.queries, args.quality_items = "5000", 500, 5000
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        p.error(f"--only: unknown {', '.join(sorted(unknown))}; give some of {', '.join(SECTIONS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    only = set(args.only.split(","))
+    sizes = [int(size) for size in args.sizes.split(",")]
+    asked = [Dtype(value) for value in args.dtypes.split(",")]
+    dtypes = [Dtype.F32] + [d for d in asked if d is not Dtype.F32]  # f32: the exact truth
+    results: dict[str, Any] = {"machine": report.machine(), "sizes": sizes, "queries": args.queries}
+    if "quality" in only:
+        models = [args.model] + ([args.baseline] if args.baseline else [])
+        results["quality"] = [
+            quality(m, args.quality_items, args.queries, dtypes, args.cache) for m in models
+        ]
+        print_quality(results["quality"])
+    if "crossover" in only:
+        steps = [s for s in (500, 1_000, 2_000, 5_000, 10_000, 20_000, 60_000) if s <= max(sizes)]
+        results["crossover"] = crossover(args.model, steps, args.cache)
+        print(
+            report.markdown_table(
+                ["items", "exact scan us", "graph us"],
+                [
+                    [f"{r['items']:,}", f"{r['exact_us']:,.0f}", f"{r['graph_us']:,.0f}"]
+                    for r in results["crossover"]
+                ],
+            )
+        )
+    if only & {"recall", "faiss"}:
+        data = collection(args.model, max(sizes), args.queries, args.cache)
+        results["recall"] = []
+        for size in sizes:
+            with tempfile.TemporaryDirectory() as scratch:
+                entry = recall_at(data, size, dtypes, Path(scratch))
+                truth = entry.pop("truth")
+                if "faiss" in only:
+                    entry["codes"]["faiss f32"] = faiss_at(data, size, truth, Path(scratch))
+            results["recall"].append(entry)
+            print_recall(results["recall"][-1:])
+    report.save(args.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
