@@ -1,6 +1,6 @@
 """``smso-embed``: an exported model run over a whole collection of images into Parquet, with
 the service's own decoding, onnxruntime session and answers (never torch), in one process or on
-Ray Data.
+Ray Data; ``smso-index``: what it wrote, as a gallery of nearest neighbours (:mod:`gallery`).
 
 Modules, in the order a job uses them:
 
@@ -20,7 +20,15 @@ Modules, in the order a job uses them:
 - :mod:`batch.decoding` and :mod:`batch.embedder`: the stages both engines run;
 - :mod:`batch.parts`: each chunk of images written whole, once; rows taken out of a part;
 - :mod:`batch.stages`, :mod:`batch.progress` and :mod:`batch.summary`: each stage's time, what
-  the job says while it runs and at its end.
+  the job says while it runs and at its end;
+- :mod:`batch.arg_types`: the argparse converters both commands' flags share.
 
-docs/batch.md is the user's guide: reading the tables back, the engines, a cluster, the speed.
+``smso-index``:
+
+- :mod:`batch.index_cli`: the command, its flags, its summary;
+- :mod:`batch.gallery_rows`: OUT folders' embeddings as a gallery's rows, stamp and classes;
+- :mod:`batch.duplicates`: the gallery's near-duplicate pairs, into Parquet.
+
+docs/batch.md is the user's guide: reading the tables back, the engines, a cluster, the speed;
+docs/search.md the gallery's.
 """

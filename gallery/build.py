@@ -263,7 +263,7 @@ class _Plan:
         )
         if existing.search == "exact":
             old_codes = read_array(
-                folder, existing.files["codes"], code_dtype(existing.dtype), len(items)
+                folder, existing.files["codes"], code_dtype(existing.dtype), len(items), ndim=2
             )
             codes = np.concatenate([old_codes[keep_old], added_codes])
             big = len(keys) >= options.exact_below

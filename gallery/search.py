@@ -266,6 +266,11 @@ def read_items(folder: Path, manifest: Manifest) -> Items:
     path_bytes = checked_path(folder, files["paths"]).read_bytes()
     if offsets[0] != 0 or offsets[-1] != len(path_bytes) or (np.diff(offsets) < 0).any():
         raise GalleryError(f"{folder / files['offsets'].name} does not cut the paths file")
+    try:  # every path once, so that no search meets a path it cannot give
+        path_bytes.decode()
+    except UnicodeDecodeError as error:
+        where = folder / files["paths"].name
+        raise GalleryError(f"{where} is not UTF-8 paths (byte {error.start})") from None
     return Items(
         keys=keys,
         path_bytes=path_bytes,
@@ -296,7 +301,9 @@ def load(folder: Path) -> Gallery:
     width = manifest.dtype.bytes_per_item(manifest.dimension)
     searcher: ExactSearch | GraphSearch
     if manifest.search == "exact":
-        codes = read_array(folder, manifest.files["codes"], code_dtype(manifest.dtype), len(items))
+        codes = read_array(
+            folder, manifest.files["codes"], code_dtype(manifest.dtype), len(items), ndim=2
+        )
         if codes.ndim != 2 or codes.shape[1] * codes.itemsize != width:
             raise GalleryError(f"{folder}: the codes are {codes.shape}, not {width} bytes each")
         searcher = ExactSearch(codes, items.keys, manifest.dtype.metric)

@@ -143,6 +143,31 @@ class Manifest:
             }
             classes = tuple(str(name) for name in fields["classes"])
             hnsw = Hnsw(**{key: int(value) for key, value in dict(fields["hnsw"]).items()})
+            normalized = fields.get("normalized", False)
+            if not isinstance(normalized, bool):
+                raise ValueError(f"normalized is {normalized!r}, not true or false")
+            standardisation = fields.get("standardisation")
+            if not isinstance(standardisation, dict):
+                raise ValueError("standardisation is not an object")
+            extra = fields.get("extra") or {}
+            if not isinstance(extra, dict):
+                raise ValueError("extra is not an object")
+            manifest = cls(
+                stamp=Stamp.from_json(fields.get("stamp")),
+                dtype=dtype,
+                dimension=dimension,
+                count=count,
+                classes=classes,
+                standardisation=Standardisation.from_json(standardisation, dimension),
+                normalized=normalized,
+                search=search,
+                hnsw=hnsw,
+                files=files,
+                generation=str(fields.get("generation", "")),
+                next_key=int(fields.get("next_key", count)),
+                library=str(fields.get("library", "")),
+                extra=extra,
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"a field is missing or of the wrong type ({error})") from None
         if dimension < 1 or count < 0 or search not in ("exact", "hnsw"):
@@ -150,24 +175,7 @@ class Manifest:
         for entry in files.values():
             if Path(entry.name).name != entry.name or entry.name.startswith("."):
                 raise ValueError(f"file name {entry.name!r} is not a plain name in the folder")
-        return cls(
-            stamp=Stamp.from_json(fields.get("stamp")),
-            dtype=dtype,
-            dimension=dimension,
-            count=count,
-            classes=classes,
-            standardisation=Standardisation.from_json(
-                dict(fields.get("standardisation") or {}), dimension
-            ),
-            normalized=bool(fields.get("normalized", False)),
-            search=search,
-            hnsw=hnsw,
-            files=files,
-            generation=str(fields.get("generation", "")),
-            next_key=int(fields.get("next_key", count)),
-            library=str(fields.get("library", "")),
-            extra=dict(fields.get("extra") or {}),
-        )
+        return manifest
 
 
 def new_generation() -> str:
@@ -207,22 +215,28 @@ def checked_path(folder: Path, entry: FileEntry) -> Path:
             "was replaced; build the gallery again"
         )
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 22):
+                digest.update(chunk)
+    except OSError as error:
+        raise GalleryError(f"{path} cannot be read: {error.strerror or error}") from None
     if digest.hexdigest() != entry.sha256:
         raise GalleryError(f"{path} does not match its checksum in the manifest: it was altered")
     return path
 
 
-def read_array(folder: Path, entry: FileEntry, dtype: np.dtype, rows: int) -> np.ndarray:
-    """A checked ``.npy`` file of ``rows`` rows of ``dtype``, loaded without pickle."""
+def read_array(
+    folder: Path, entry: FileEntry, dtype: np.dtype, rows: int, ndim: int = 1
+) -> np.ndarray:
+    """A checked ``.npy`` file of ``rows`` rows of ``dtype`` and ``ndim`` dimensions, loaded
+    without pickle."""
     path = checked_path(folder, entry)
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
         raise GalleryError(f"{path} is not a numpy array file: {error}") from None
-    if array.dtype != dtype or len(array) != rows:
+    if array.dtype != dtype or array.ndim != ndim or len(array) != rows:
         raise GalleryError(
             f"{path} holds {array.shape} {array.dtype}, the manifest says {rows} rows of {dtype}"
         )

@@ -4,9 +4,12 @@ The state (``service.dataplane.state.ServiceState``), the lifespan that loads th
 file, or a repository followed by ``service.models.repository``) and stops them, the middleware
 (request id and access line, drain, metrics, requests in progress, body budget, client gone),
 and the routes: ``service.http.routes`` (health, metrics, and each model's ``/classify``,
-``/embed`` and ``/metadata``), ``service.http.oip`` (the Open Inference Protocol under ``/v2``)
-and ``service.http.docs`` (the OpenAPI docs, offline). The lifespan also runs the protocol's gRPC
-side (``service.grpc.server``) on ``settings.grpc_port``, unless 0.
+``/embed`` and ``/metadata``), ``service.http.search`` (each model's ``/search`` of its gallery),
+``service.http.openai_embeddings`` (OpenAI's ``/v1/embeddings``), ``service.http.oip`` (the Open
+Inference Protocol under ``/v2``) and ``service.http.docs`` (the OpenAPI docs, offline). The
+lifespan also runs the protocol's gRPC side (``service.grpc.server``) on ``settings.grpc_port``,
+unless 0, and with ``model_control = "poll"`` follows the galleries beside the models served
+(``service.models.galleries``).
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ from service.http.drain import CloseWhenDraining
 from service.http.errors import install_error_handlers
 from service.http.inflight_limit import HoldInFlight
 from service.http.oip import build_router
+from service.http.openai_embeddings import build_openai_routes
 from service.http.request_metrics import MetricsMiddleware
 from service.http.routes import build_routes
+from service.http.search import build_search_routes
 from service.limits.bodies import BodyBudget
+from service.models.galleries import follow_galleries
 from service.models.loader import close_backend, load_model
 from service.models.repository import Repository
 from service.runtime.backend import Backend
@@ -97,8 +103,8 @@ def create_app(
             grpc_calls = " and the gRPC model calls" if settings.grpc_port else ""
             log.warning(
                 "no API key set (SMSO_API_KEY): the model routes (/classify, /embed, "
-                "/metadata, /models/..., /v2/models/...)%s are open to anyone who can "
-                "reach this server",
+                "/search, /metadata, /models/..., /v1/embeddings, /v2/models/...)%s are open "
+                "to anyone who can reach this server",
                 grpc_calls,
             )
         loading: asyncio.Task[Any]
@@ -111,6 +117,15 @@ def create_app(
             source = None if backend is not None else settings.model_path
             loading = asyncio.get_running_loop().create_task(
                 _load_only_model(state, source, backend), name="load-model"
+            )
+        following = None
+        if settings.model_control == "poll":  # new gallery generations, as the folder is
+            following = asyncio.get_running_loop().create_task(
+                follow_galleries(
+                    lambda: [model.gallery for model in state.registry.serving()],
+                    settings.repository_poll_s,
+                ),
+                name="galleries",
             )
         grpc_server = None
         try:
@@ -129,9 +144,11 @@ def create_app(
             state.draining = True
             if grpc_server is not None:  # new RPCs refused, those in flight answered
                 await grpc_server.stop(settings.request_timeout_s)
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
+            for task in (loading, following):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if state.repository is not None:  # the repository API's loads too
                 await state.repository.close()
             for model in state.registry.serving():
@@ -167,7 +184,13 @@ def create_app(
     # on SIGTERM (smso-serve's DrainingServer) keep-alive clients are told the connection closes
     app.add_middleware(CloseWhenDraining, draining=lambda: state.draining)
 
-    _add_routes(app, build_routes(), build_router(repository=settings.model_repository is not None))
+    _add_routes(
+        app,
+        build_routes(),
+        build_search_routes(),
+        build_openai_routes(),
+        build_router(repository=settings.model_repository is not None),
+    )
     if docs:
         install_docs(app)  # /docs, /redoc and / -> /docs; else all three are 404
     return app
@@ -185,7 +208,7 @@ async def _load_only_model(
 
 
 #: Where a path ends, the routes that serve images: matched first (see :func:`_add_routes`).
-HOT_ROUTES = ("/classify", "/embed", "/infer")
+HOT_ROUTES = ("/classify", "/embed", "/search", "/infer", "/v1/embeddings")
 
 
 def _add_routes(app: FastAPI, *routers: APIRouter) -> None:

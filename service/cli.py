@@ -66,15 +66,19 @@ __all__ = ["main"]
 log = logging.getLogger("service")
 
 
+#: Shorter flags some settings also answer to, beside ``--name``: ``--gallery GALLERY``.
+FLAG_ALIASES = {"gallery_path": ("--gallery",)}
+
+
 def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="smso-serve", description=__doc__.splitlines()[0])
     for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
+        flags = ["--" + name.replace("_", "-"), *FLAG_ALIASES.get(name, ())]
         env = "SMSO_" + name.upper()
         help_text = f"{field.description or name} (env {env}; default: {field.default})"
         if name == "api_key":
             help_text = f"{field.description} (env {env}; prefer the environment for secrets)"
-        parser.add_argument(flag, dest=name, default=None, help=help_text)
+        parser.add_argument(*flags, dest=name, default=None, help=help_text)
     args = parser.parse_args(argv)
     return {k: v for k, v in vars(args).items() if v is not None}
 

@@ -54,7 +54,18 @@ class Settings(BaseSettings):
         "then only /v2/repository/models/<name>/load and /unload load and unload",
     )
     repository_poll_s: float = Field(
-        5.0, gt=0, le=3600, description="with model_control 'poll': seconds between scans"
+        5.0,
+        gt=0,
+        le=3600,
+        description="with model_control 'poll': seconds between scans of the repository folder "
+        "and of the galleries (a new gallery generation is served at the next scan)",
+    )
+    gallery_path: Path | None = Field(
+        None,
+        description="a gallery folder written by smso-index from this model's smso-embed "
+        "output (flag --gallery too), searched by /search; refused, and the model served "
+        "without it, when it was built with another model or is damaged. In a repository each "
+        "version's gallery is the folder gallery/ beside its model.onnx instead",
     )
     load_timeout_s: float = Field(
         300.0,
@@ -217,8 +228,9 @@ class Settings(BaseSettings):
     )
     api_key: SecretStr | None = Field(
         None,
-        description="required on the model routes: /classify, /embed, /metadata and the Open "
-        "Inference Protocol's /v2/models/... (health checks and /metrics stay open)",
+        description="required on the model routes: /classify, /embed, /search, /metadata, "
+        "/v1/embeddings and the Open Inference Protocol's /v2/models/... (health checks and "
+        "/metrics stay open)",
     )
     docs_public: bool = Field(
         False,
@@ -253,6 +265,17 @@ class Settings(BaseSettings):
             )
         return path
 
+    @field_validator("gallery_path")
+    @classmethod
+    def _gallery_is_a_folder(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_dir():
+            problem = "is a file, not a folder" if path.exists() else "does not exist"
+            raise ValueError(
+                f"gallery {path} {problem}; give the folder smso-index wrote "
+                "(smso-index OUT -o GALLERY; SMSO_GALLERY_PATH or --gallery)"
+            )
+        return path
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         """Settings that only make sense together: a request with more images than the queue
@@ -264,6 +287,12 @@ class Settings(BaseSettings):
                 f"model file {self.model_path} {problem}; give an ONNX file written by "
                 "smso-export (SMSO_MODEL_PATH or --model-path; a folder of models is "
                 "--model-repository), or run `make onnx` for the shipped one"
+            )
+        if self.gallery_path is not None and self.model_repository is not None:
+            raise ValueError(
+                "gallery_path is the gallery of one model file (model_path), not of a "
+                "repository: put each version's gallery in a folder gallery/ beside its "
+                "model.onnx (<name>/<version>/gallery), and unset gallery_path"
             )
         if self.shared_session and self.model_repository is not None:
             raise ValueError(

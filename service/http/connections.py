@@ -199,7 +199,7 @@ class TimedHttpProtocol(HttpToolsProtocol):
         self._refused = True
         self._disarm()
         path = bytes(getattr(self, "url", b"")).decode("latin-1")  # as far as it was read
-        body = json.dumps(error_payload(path, code, message)).encode()
+        body = json.dumps(error_payload(path, code, message, status=status)).encode()
         reason = HTTPStatus(status).phrase.encode()
         head = b"HTTP/1.1 %d %s\r\n" % (status, reason)
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)

@@ -1,5 +1,7 @@
 """Every error the HTTP door returns is JSON ``{"error": {"code", "message"}}`` with its status;
-under ``/v2`` (the Open Inference Protocol) it is the protocol's ``{"error": "message"}``.
+under ``/v2`` (the Open Inference Protocol) it is the protocol's ``{"error": "message"}``, and
+under ``/v1`` (OpenAI's embeddings) the same object with OpenAI's ``type`` and ``param`` beside
+``code`` and ``message``, which OpenAI's clients read (``openai.NotFoundError``'s ``code``...).
 
 The handlers installed by :func:`install_error_handlers` render :class:`ServiceError`, FastAPI's
 validation errors (422), Starlette's HTTP errors (404, 405 naming the methods that the route
@@ -25,7 +27,13 @@ from starlette.types import Scope
 
 from service.core.errors import CLIENT_CLOSED, ServiceError, error_body
 
-__all__ = ["OIP_PREFIX", "error_payload", "error_response", "install_error_handlers"]
+__all__ = [
+    "OIP_PREFIX",
+    "OPENAI_PREFIX",
+    "error_payload",
+    "error_response",
+    "install_error_handlers",
+]
 
 log = logging.getLogger("service.errors")
 
@@ -33,15 +41,29 @@ log = logging.getLogger("service.errors")
 #: it is written (service.http.oip's router is mounted there, and errors under it are rendered as
 #: the protocol's, unknown paths included).
 OIP_PREFIX = "/v2"
+#: Routes under this prefix speak OpenAI's API (service.http.openai_embeddings): their errors
+#: carry OpenAI's fields too.
+OPENAI_PREFIX = "/v1"
 
 
-def error_payload(path: str, code: str, message: str) -> dict[str, Any]:
-    """The JSON body of an error answering ``path`` (the app's path, without its root path):
-    the protocol's ``{"error": message}`` under :data:`OIP_PREFIX`, else
-    ``{"error": {"code", "message"}}``."""
+def _openai_type(status: int) -> str:
+    """OpenAI's ``error.type`` for an answer with ``status``."""
+    if status == 401:
+        return "authentication_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_payload(path: str, code: str, message: str, *, status: int) -> dict[str, Any]:
+    """The JSON body of an error with ``status`` answering ``path`` (the app's path, without
+    its root path): the protocol's ``{"error": message}`` under :data:`OIP_PREFIX`, else
+    ``{"error": {"code", "message"}}``, with OpenAI's ``type`` and ``param`` under
+    :data:`OPENAI_PREFIX`."""
     if path.startswith(OIP_PREFIX):
         return {"error": message}
-    return error_body(code, message)
+    body = error_body(code, message)
+    if path == OPENAI_PREFIX or path.startswith(f"{OPENAI_PREFIX}/"):
+        return {"error": body["error"] | {"type": _openai_type(status), "param": None}}
+    return body
 
 
 def error_response(
@@ -49,7 +71,7 @@ def error_response(
 ) -> JSONResponse:
     """:func:`error_payload` for the request of ``scope``, as a response."""
     path = scope["path"].removeprefix(scope.get("root_path", ""))
-    return JSONResponse(error_payload(path, code, message), status, headers=headers)
+    return JSONResponse(error_payload(path, code, message, status=status), status, headers=headers)
 
 
 def _render(

@@ -1,4 +1,5 @@
-"""The images of a request: multipart parts named ``file``, or one image as the raw body.
+"""The images of a request: multipart parts named ``file``, or one image as the raw body; or, in
+``/v1/embeddings``' JSON, base64 data URIs (:func:`data_uri_upload`).
 
 A part is named by its filename. A raw body is named by ``?filename=`` or, failing that, by
 its ``Content-Disposition: inline; filename="a.png"`` header (``filename*=UTF-8''...`` too), and
@@ -9,11 +10,16 @@ Limits are enforced while reading, before anything is decoded: the request body
 (``max_request_bytes``, from ``Content-Length`` when given and counted as it streams in either
 way), each file (``max_upload_bytes``) and the number of files (``max_files``). Content types
 other than images are refused with 415; an octet-stream part or a part without a type is
-accepted and judged by its bytes.
+accepted and judged by its bytes. A data URI (``data:image/png;base64,...``, or the base64 alone)
+is held to the same limits: its media type, if any, an image's (415), its bytes
+``max_upload_bytes`` at most (413, known from its length before decoding), and valid base64
+(400 ``invalid_data_uri``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import email.message
 import logging
 import unicodedata
@@ -27,7 +33,7 @@ from starlette.types import Message
 from service.core.errors import ServiceError, too_large
 from service.dataplane.upload import Upload
 
-__all__ = ["MAX_FILENAME", "read_body", "read_uploads"]
+__all__ = ["MAX_FILENAME", "data_uri_upload", "read_body", "read_uploads"]
 
 GENERIC_TYPES = {"", "application/octet-stream"}
 # python-multipart logs a warning for every malformed body it parses: any client could fill the
@@ -201,6 +207,41 @@ async def read_uploads(
         f"content type {kind or 'none'!r} is not accepted; send multipart/form-data with parts "
         "named 'file', or one image as the body with an image/* content type",
     )
+
+
+def data_uri_upload(text: str, name: str, max_upload_bytes: int) -> Upload:
+    """The image of a base64 data URI ``data:image/png;base64,...`` (or of the base64 alone),
+    named ``name``: 415 for a media type that is not an image's, 413 over
+    ``max_upload_bytes``, 400 ``invalid_data_uri`` where it is not base64, ``empty_image``
+    for no bytes."""
+    how = "send each image as a data URI data:image/png;base64,<its bytes in base64>"
+    data = text
+    if text[:5].lower() == "data:":
+        head, comma, data = text.partition(",")
+        if not comma:
+            raise ServiceError(400, "invalid_data_uri", f"{name}: a data URI without ','; {how}")
+        media_type, *parameters = head[5:].split(";")
+        if not parameters or parameters[-1].strip().lower() != "base64":
+            raise ServiceError(
+                400, "invalid_data_uri", f"{name}: the data URI is not base64 (';base64,'); {how}"
+            )
+        _check_type(media_type[:MAX_FILENAME], name)  # as shown in a 415: bounded
+    if len(data) // 4 * 3 > max_upload_bytes + 2:  # its size, known before decoding
+        raise too_large(f"image {name!r}", max_upload_bytes)
+    try:
+        image = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ServiceError(
+            400,
+            "invalid_data_uri",
+            f"{name}: not valid base64 (A-Z, a-z, 0-9, + and /, padded with = to a multiple of "
+            f"4 characters, no spaces or line breaks); {how}",
+        ) from None
+    if len(image) > max_upload_bytes:
+        raise too_large(f"image {name!r}", max_upload_bytes)
+    if not image:
+        raise ServiceError(400, "empty_image", f"{name} holds no bytes; send an image")
+    return Upload(name, image)
 
 
 def body_filename(request: Request) -> str:

@@ -251,10 +251,15 @@ def build_router(repository: bool = False) -> APIRouter:
         response_model=list[OipIndexEntry],
         responses=oip_errors(401),
     )
-    async def repository_index(state: State) -> list[dict[str, str]]:
+    async def repository_index(state: State) -> list[dict[str, Any]]:
         """Every model the server knows: name, version, state (READY, LOADING or UNAVAILABLE;
-        an unloaded model leaves the index) and, when unavailable, why."""
-        return index_entries(state)
+        an unloaded model leaves the index) and, when unavailable, why; for a model serving,
+        its gallery as /metadata describes it (and why one was refused)."""
+        entries: list[dict[str, Any]] = []
+        for entry in index_entries(state):
+            served = state.registry.served(entry["name"])
+            entries.append(entry | ({} if served is None else served.gallery.describe()))
+        return entries
 
     control_responses = oip_errors(400, 401, 404, 422)
 

@@ -35,7 +35,17 @@ from service.runtime.outputs import BackendOutputs
 from service.telemetry.access import note_model
 from service.telemetry.metrics import exposition
 
-__all__ = ["IMAGE_BODY", "build_routes"]
+__all__ = [
+    "IMAGE_BODY",
+    "TARGETS",
+    "Named",
+    "build_routes",
+    "infer_request",
+    "infer_uploads",
+    "model_ref",
+    "only_query",
+    "typicality_of",
+]
 
 IMAGE_BODY = {
     "requestBody": {
@@ -124,7 +134,7 @@ def build_routes() -> APIRouter:
         """Prometheus metrics."""
         return Response(exposition(state.metrics), media_type=CONTENT_TYPE_LATEST)
 
-    for prefix, target in _TARGETS.items():
+    for prefix, target in TARGETS.items():
         _model_routes(router, prefix, target)
     return router
 
@@ -147,7 +157,7 @@ async def _model_version(model_name: str, model_version: str) -> tuple[str | Non
 
 #: Where each model's routes are (prefix), and how the prefix names the model (a dependency
 #: reading the path: ``(name, version)``, ``None`` for the default model or its served version).
-_TARGETS: dict[str, Callable[..., Awaitable[Named]]] = {
+TARGETS: dict[str, Callable[..., Awaitable[Named]]] = {
     "": _default_model,
     "/models/{model_name}": _named_model,
     "/models/{model_name}/versions/{model_version}": _model_version,
@@ -188,17 +198,19 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
         responses=schemas.ERROR_RESPONSES,
     )
     async def metadata(state: State, named: Named = named_by_path) -> dict[str, Any]:
-        """The model card written by smso-export: classes, input, head, p, accuracy, parity."""
+        """The model card written by smso-export: classes, input, head, p, accuracy, parity;
+        and the gallery that /search searches (null when none serves, and why one was
+        refused)."""
         model = note_model(state.registry.lookup(*named))
         card = dict(getattr(model.backend, "card_dict", model.card.model_dump()))
         if "typicality" in card:  # its arrays (kilobytes to megabytes) stay in the file
             card["typicality"] = summary(card["typicality"])
         return {
-            "model": _ref(model),
+            "model": model_ref(model),
             "providers": getattr(model.backend, "providers", []),
             "card": card,
             "typicality": model.typicality is not None,
-        }
+        } | model.gallery.describe()
 
     @router.post(
         f"{prefix}/classify",
@@ -218,7 +230,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
     ) -> JSONResponse:
         """Top-k classes of each image (softmax probabilities), one result per image in order."""
         async with state.registry.using(*named) as model:
-            uploads, outputs = await _infer(state, model, request, "/classify")
+            uploads, outputs = await infer_request(state, model, request, "/classify")
         classes = model.card.classes
         scores, order = top_classes(outputs.logits, top_k)
         results = [
@@ -229,11 +241,11 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
                     for i in order[n]
                 ],
             }
-            | _typicality(outputs, n)
+            | typicality_of(outputs, n)
             for n, upload in enumerate(uploads)
         ]
         # a Response skips FastAPI's re-validation of the payload (response_model documents it)
-        return JSONResponse({"model": _ref(model), "results": results})
+        return JSONResponse({"model": model_ref(model), "results": results})
 
     @router.post(
         f"{prefix}/embed",
@@ -253,7 +265,7 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
     ) -> JSONResponse:
         """The p-dimensional SMSO embedding of each image, one result per image in order."""
         async with state.registry.using(*named) as model:
-            uploads, outputs = await _infer(state, model, request, "/embed")
+            uploads, outputs = await infer_request(state, model, request, "/embed")
         results = []
         for n, upload in enumerate(uploads):
             vector = outputs.embedding[n].astype(np.float64)
@@ -261,13 +273,13 @@ def _model_routes(router: APIRouter, prefix: str, target: Callable[..., Awaitabl
                 vector = l2_normalised(vector)
             results.append(
                 {"filename": upload.filename, "embedding": _encoded(vector, encoding, dtype)}
-                | _typicality(outputs, n)
+                | typicality_of(outputs, n)
             )
         dim = model.card.model.embedding_dim
-        return JSONResponse({"model": _ref(model), "dim": dim, "results": results})
+        return JSONResponse({"model": model_ref(model), "dim": dim, "results": results})
 
 
-def _typicality(outputs: BackendOutputs, n: int) -> dict[str, Any]:
+def typicality_of(outputs: BackendOutputs, n: int) -> dict[str, Any]:
     """Image ``n``'s ``{"typicality": {"score", "p_value"}}`` where the model scores
     typicality, else ``{}``."""
     if outputs.typicality is None or outputs.p_value is None:
@@ -285,23 +297,36 @@ def _encoded(vector: np.ndarray, encoding: str, dtype: str) -> list[float] | str
     return base64.b64encode(values.tobytes()).decode()
 
 
-def _ref(model: LoadedModel) -> dict[str, str]:
+def model_ref(model: LoadedModel) -> dict[str, str]:
     return {"name": model.name, "version": model.version}
 
 
-async def _infer(
+async def infer_request(
     state: ServiceState, model: LoadedModel, request: Request, route: str
 ) -> tuple[list[Upload], BackendOutputs]:
-    """Read, decode and run the request's images under its deadline."""
+    """Read, decode and run the request's images (files or the body) under its deadline."""
     note_model(model)
     settings = state.settings
     deadline = time.perf_counter() + settings.request_timeout_s
     uploads = await read_uploads(
         request, settings.max_request_bytes, settings.max_upload_bytes, settings.max_files
     )
-    if len(uploads) > settings.max_files:
+    return uploads, await infer_uploads(state, model, uploads, deadline, route)
+
+
+async def infer_uploads(
+    state: ServiceState,
+    model: LoadedModel,
+    uploads: list[Upload],
+    deadline: float,
+    route: str,
+) -> BackendOutputs:
+    """Decode and run ``uploads`` through ``model`` under ``deadline`` (a
+    ``time.perf_counter()`` value): 413 beyond ``max_files``."""
+    limit = state.settings.max_files
+    if len(uploads) > limit:
         raise ServiceError(
-            413, "too_many_files", f"{len(uploads)} files; at most {settings.max_files} per request"
+            413, "too_many_files", f"{len(uploads)} files; at most {limit} per request"
         )
     images = await decode_all(state, model, uploads, deadline)
-    return uploads, await run_batched(state, model, images, deadline, route)
+    return await run_batched(state, model, images, deadline, route)

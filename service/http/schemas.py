@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ERROR_RESPONSES",
+    "SEARCH_ERRORS",
     "ClassifyResponse",
     "EmbedResponse",
+    "EmbeddingsResponse",
     "ErrorResponse",
     "OipError",
     "OipIndexEntry",
     "OipModelReady",
     "OipReady",
+    "OpenAIErrorResponse",
+    "SearchResponse",
     "Status",
     "oip_errors",
+    "openai_errors",
 ]
 
 
@@ -80,6 +85,68 @@ class EmbedResponse(BaseModel):
     results: list[EmbedResult]
 
 
+class Neighbour(BaseModel):
+    path: str = Field(
+        examples=["/data/shoes/boot-0042.png"], description="the image, as smso-embed named it"
+    )
+    similarity: float = Field(
+        examples=[0.93],
+        description="the cosine of the standardised embeddings (of their bits, for a b1 "
+        "gallery), in [-1, 1]; 1: the same embedding",
+    )
+    label: str = Field(examples=["Ankle boot"], description="its top-1 class when embedded")
+
+
+class SearchResult(BaseModel):
+    filename: str | None = Field(
+        examples=["boot.png"], description="the image's name; null for an embedding sent as JSON"
+    )
+    prediction: Prediction | None = Field(
+        description="the image's own top-1 class, as /classify answers it; null for an "
+        "embedding sent as JSON"
+    )
+    neighbours: list[Neighbour] = Field(description="the nearest gallery items, best first")
+    typicality: Typicality | None = Field(None, description=TYPICALITY)
+
+
+class GalleryRef(BaseModel):
+    generation: str = Field(examples=["3f2a9c81d0e4"], description="the build (smso-index)")
+    items: int = Field(examples=[60000])
+    dtype: str = Field(examples=["f32"], description="the stored codes: f32, f16, i8 or b1")
+
+
+class SearchResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: ModelRef
+    gallery: GalleryRef = Field(description="the gallery that answered")
+    results: list[SearchResult]
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"]
+    index: int = Field(examples=[0], description="the input's place in the request")
+    embedding: list[float] | str = Field(
+        examples=[[0.12, -1.3, 0.57]],
+        description="what /embed answers for the image: the p values, or with "
+        "encoding_format=base64 the base64 of the values as little-endian float32",
+    )
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(examples=[0], description="always 0: images, not tokens")
+    total_tokens: int = Field(examples=[0])
+
+
+class EmbeddingsResponse(BaseModel):
+    """OpenAI's embeddings answer."""
+
+    model_config = ConfigDict(protected_namespaces=())
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str = Field(examples=["fashion_mnist-small_cnn-smso"], description="the model's name")
+    usage: Usage
+
+
 class Status(BaseModel):
     status: str = Field(examples=["ready"])
 
@@ -108,6 +175,58 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+#: What /search adds to the errors of every image route.
+SEARCH_ERRORS: dict[int | str, dict[str, Any]] = ERROR_RESPONSES | {
+    400: {
+        "model": ErrorResponse,
+        "description": "undecodable image, a JSON body that does not parse or match, or an "
+        "embedding of another size than the gallery's",
+    },
+    404: {
+        "model": ErrorResponse,
+        "description": "the model (or version) is not served here, or no gallery is loaded "
+        "beside it (no_gallery: the message says why and how to give one)",
+    },
+}
+
+
+class OpenAIErrorDetail(ErrorDetail):
+    type: str = Field(
+        examples=["invalid_request_error"],
+        description="OpenAI's kind: invalid_request_error, authentication_error or server_error",
+    )
+    param: str | None = Field(None, description="always null")
+
+
+class OpenAIErrorResponse(BaseModel):
+    """An error under ``/v1``: the service's ``{"error": {"code", "message"}}`` with OpenAI's
+    ``type`` and ``param`` beside them."""
+
+    error: OpenAIErrorDetail
+
+
+#: What each status means under ``/v1`` (the body is always :class:`OpenAIErrorResponse`).
+OPENAI_STATUSES = {
+    400: "a JSON body that does not parse or match, an input that is not a base64 image, "
+    "an undecodable image, or dimensions other than the model's",
+    401: "missing or wrong API key",
+    404: "the model is not served here",
+    413: "the request, an image or the number of inputs is over the limits",
+    415: "a content type that is not JSON, or an input whose media type is not an image",
+    422: "an unknown query parameter",
+    503: "overloaded (Retry-After), the model loading (Retry-After) or failed",
+    504: "deadline passed",
+}
+
+
+def openai_errors() -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of a ``/v1`` route."""
+    return {
+        code: {"model": OpenAIErrorResponse, "description": text}
+        for code, text in OPENAI_STATUSES.items()
+    }
+
+
 class OipError(BaseModel):
     """An error under ``/v2``, as the Open Inference Protocol writes it."""
 
@@ -125,6 +244,10 @@ class OipIndexEntry(BaseModel):
     version: str = Field(examples=["2"])
     state: str = Field(examples=["READY"], description="READY, LOADING or UNAVAILABLE")
     reason: str = Field("", description="why the model is unavailable")
+    gallery: dict[str, Any] | None = Field(
+        None, description="a served model's gallery, as /metadata describes it (HTTP only)"
+    )
+    gallery_refused: str | None = Field(None, description="why its gallery was refused")
 
 
 class OipModelReady(BaseModel):

@@ -1,10 +1,11 @@
 """Loading a model into a running server, and retiring one, without failing a request.
 
 :func:`load_model` builds one :class:`~service.models.registry.LoadedModel` (onnxruntime session off
-the event loop, preprocessor, micro-batcher), warms it up (each batch-size bucket once) and only
-then makes it serve its name; the version it replaces retires (:func:`retire`) once the requests
-holding it have been answered. A model that cannot be loaded or run is marked unavailable with
-the reason, and whatever served its name before keeps serving.
+the event loop, preprocessor, micro-batcher), warms it up (each batch-size bucket once), loads
+the gallery beside it (:mod:`service.models.galleries`) and only then makes it serve its name;
+the version it replaces retires (:func:`retire`) once the requests holding it have been
+answered. A model that cannot be loaded or run is marked unavailable with the reason, and
+whatever served its name before keeps serving.
 
 Loading and warm-up have a deadline (``load_timeout_s``): both run in daemon threads of their
 own (:mod:`service.models.threads`), so that a session whose constructor never returns is given
@@ -27,6 +28,7 @@ from service.core.card import ModelCard
 from service.core.settings import Settings
 from service.imaging.images import Preprocess, Preprocessor
 from service.models.drift import DriftMonitor
+from service.models.galleries import GallerySlot, gallery_place
 from service.models.host import Host
 from service.models.registry import LoadedModel, ModelStatus
 from service.models.scoring import scored, typicality_reference
@@ -156,6 +158,18 @@ async def load_model(
             settings.drift_alarm_p,
             state.metrics.drift_reporter(name, version),
         )
+    place = gallery_place(settings, source)
+    gallery = GallerySlot(
+        place,
+        card=card,
+        model=f"model {name} version {version}",
+        report=state.metrics.gallery_reporter(name, version) if place is not None else None,
+    )
+    try:  # loaded before the model serves: its first request finds its gallery
+        await gallery.refresh()
+    except asyncio.CancelledError:
+        await _discard(state, batcher, backend, name, version)
+        raise
     model = LoadedModel(
         name=name,
         version=version,
@@ -166,6 +180,7 @@ async def load_model(
         source=source,
         typicality=typicality,
         drift=drift,
+        gallery=gallery,
     )
     previous = registry.serve(model)
     readiness, default = registry.readiness(), registry.default_name()

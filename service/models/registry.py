@@ -1,5 +1,6 @@
 """The models a server holds: each ready model is one immutable :class:`LoadedModel` (card,
-backend, preprocessor, batcher), looked up by name in the :class:`Registry`.
+backend, preprocessor, batcher, the slot of its gallery), looked up by name in the
+:class:`Registry`.
 
 Every model the server knows has a :class:`ModelEntry` (its status and, when it could not be
 loaded, why), which the repository index reports. At most one version of a model serves at a
@@ -23,6 +24,7 @@ from service.core.card import ModelCard
 from service.core.errors import ServiceError
 from service.imaging.images import Preprocess
 from service.models.drift import DriftMonitor
+from service.models.galleries import GallerySlot
 from service.runtime.backend import Backend
 
 __all__ = ["LoadedModel", "ModelEntry", "ModelStatus", "Registry"]
@@ -62,6 +64,8 @@ class LoadedModel:
     #: the card's typicality reference, when it has one and scoring is on
     typicality: Typicality | None = field(default=None, repr=False)
     drift: DriftMonitor | None = field(default=None, repr=False)
+    #: the gallery served beside it (service.models.galleries), replaced as its folder changes
+    gallery: GallerySlot = field(default_factory=GallerySlot, repr=False)
 
 
 @dataclass

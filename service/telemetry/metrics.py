@@ -39,6 +39,8 @@ __all__ = ["MULTIPROC_ENV", "BatchStats", "Metrics", "exposition"]
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: a gallery search takes tens of microseconds on a small gallery: finer buckets below 1 ms
+SEARCH_BUCKETS = (0.0001, 0.00025, 0.0005, *LATENCY_BUCKETS[:-3])
 
 
 @dataclass
@@ -218,6 +220,22 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        # the gallery served beside each model version (/search)
+        self.search = Histogram(
+            "smso_search_seconds",
+            "A search of the gallery beside the model: every query of one request, encoded and "
+            "matched (the embeddings' inference not included)",
+            MODEL,
+            buckets=SEARCH_BUCKETS,
+            registry=r,
+        )
+        self.gallery_items = Gauge(
+            "smso_gallery_items",
+            "Items in the gallery served beside the model (0: none serves)",
+            MODEL,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         #: every metric labelled by model and version, with its label names in order
         self._per_model: list[tuple[MetricWrapperBase, list[str]]] = [
             (self.images, ["route", *MODEL]),
@@ -234,6 +252,8 @@ class Metrics:
                     self.drift_p_value,
                     self.drift_window,
                     self.drift_alarm,
+                    self.search,
+                    self.gallery_items,
                 )
             ),
         ]
@@ -282,6 +302,11 @@ class Metrics:
             alarm.set(int(alarmed))
 
         return report
+
+    def gallery_reporter(self, model: str, version: str) -> Callable[[int], None]:
+        """What a model's gallery calls when it changes: the items now served (0: none)."""
+        items = self.gallery_items.labels(model, version)
+        return items.set
 
     def forget(self, model: str, version: str) -> None:
         """Drop every series of a retired model version: its gauges, counters and histograms

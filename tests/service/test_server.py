@@ -150,6 +150,7 @@ def test_a_real_api_key_is_never_repeated_in_a_message(shipped_model):
             "--max-batch-size '0': Input should be greater than or equal to 1",
         ),
         (["--port", "http"], "--port 'http': Input should be a valid integer"),
+        (["--gallery", "/nonexistent/gallery"], "gallery /nonexistent/gallery does not exist"),
         (["--providers", "NoSuchExecutionProvider"], "not available"),
         (["--workers", "2", "--providers", "NoSuchExecutionProvider"], "not available"),
     ],

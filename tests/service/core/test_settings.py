@@ -45,3 +45,21 @@ def test_kubernetes_service_links_are_not_named():
         "SMSO_PORT_8001_TCP_ADDR": "10.0.0.1",
     }
     assert unknown_variables(links) == []
+
+
+def test_a_gallery_is_a_folder_of_the_one_model_file(tmp_path):
+    from pydantic import ValidationError
+
+    from service.cli import parse_args
+
+    assert Settings(gallery_path=tmp_path).gallery_path == tmp_path
+    with pytest.raises(ValidationError, match="does not exist; give the folder smso-index"):
+        Settings(gallery_path=tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValidationError, match="is a file, not a folder"):
+        Settings(gallery_path=tmp_path / "file")
+    with pytest.raises(ValidationError, match=r"beside its model.onnx \(<name>/<version>/gallery"):
+        Settings(gallery_path=tmp_path, model_repository=tmp_path)
+    # smso-serve --gallery GALLERY, or --gallery-path as every setting's flag
+    assert parse_args(["--gallery", "g"]) == {"gallery_path": "g"}
+    assert parse_args(["--gallery-path", "g"]) == {"gallery_path": "g"}

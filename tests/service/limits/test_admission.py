@@ -10,9 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
@@ -174,7 +173,7 @@ def _slow_decoding(client: TestClient, seconds: float) -> list[str]:
     return _hold_slow_files(client, lambda: time.sleep(seconds))
 
 
-def _post(client: TestClient, name: str) -> tuple[int, httpx.Headers]:
+def _post(client: TestClient, name: str) -> tuple[int, Mapping[str, str]]:
     response = client.post("/classify", files=[("file", (name, grey(1), "image/png"))])
     return response.status_code, response.headers
 
