@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.lib import report
+from bench.lib import launch, procfs, report, wrk
 from bench.lib.augment import augmented
 from bench.lib.model_outputs import Outputs, outputs
-from bench.lib.payloads import fashion_mnist
+from bench.lib.payloads import encode, fashion_mnist, multipart_body
 from bench.lib.retrieval import average_precision, precision, recall, self_found
 from gallery.build import BuildOptions, Rows, build
 from gallery.codes import Dtype
@@ -51,7 +51,7 @@ from gallery.stamp import Stamp
 from gallery.store import Hnsw
 
 SHIPPED = Path("models/fashion-mnist-smso/model.onnx")
-SECTIONS = ("quality", "crossover", "recall", "faiss")
+SECTIONS = ("quality", "crossover", "recall", "faiss", "serve")
 CLASSES = tuple(str(i) for i in range(10))
 STAMP = Stamp("bench", "0", "0" * 64)  # the galleries here are never served
 _FIELDS = ("embeddings", "top1", "max_softmax", "typicality")
@@ -330,6 +330,106 @@ def faiss_at(data: Collection, size: int, truth: np.ndarray, scratch: Path) -> d
     }
 
 
+# --- serve ---------------------------------------------------------------------------------
+
+
+def served_gallery(model: Path, data: Collection, size: int, dtype: Dtype, cache: Path) -> Path:
+    """A gallery of the first ``size`` items stamped with ``model``'s card, kept in ``cache``
+    (built again only when the model or the size changed)."""
+    from gallery.store import GalleryError, read_manifest
+    from service.runtime.backend import read_card
+
+    stamp = Stamp.of(read_card(model))
+    folder = cache / f"gallery-{stamp.card_sha256[:12]}-{size}-{dtype.value}"
+    try:
+        manifest = read_manifest(folder)
+        if manifest.stamp == stamp and manifest.count == size:
+            return folder
+    except GalleryError:
+        pass
+    rows = rows_of(_first(data.items, size))
+    classes = tuple(str(c) for c in read_card(model).classes)
+    build(folder, rows, stamp, classes, BuildOptions(dtype=dtype, exact_below=ALWAYS, rebuild=True))
+    return folder
+
+
+def serve(
+    model: Path, size: int, dtype: Dtype, rounds: int, seconds: int, cache: Path
+) -> dict[str, Any]:
+    """``/search?k=10`` against ``/embed`` on the same image, the gallery of ``size`` items
+    served beside ``model``: wrk at 1 connection (p50) and 16 (p99, requests/s), in
+    interleaved rounds; the server's memory; a gallery image finding itself."""
+    import httpx
+
+    data = collection(model, size, 10, cache)
+    folder = served_gallery(model, data, size, dtype, cache)
+    train, _ = fashion_mnist("train")
+    query = multipart_body(encode(fashion_mnist("test")[0][0], "PNG"), "q.png", "image/png")
+    routes = {"embed": "/embed", "search": "/search?k=10"}
+    runs: dict[str, dict[int, list[wrk.WrkResult]]] = {r: {1: [], 16: []} for r in routes}
+    with launch.smso_serve("--model-path", str(model), "--gallery", str(folder)) as server:
+        memory_loaded = procfs.group_memory_mib(server.pid)
+        itself = httpx.post(
+            f"{server.base}/search?k=1",
+            files={"file": ("train-0.png", encode(train[0], "PNG"), "image/png")},
+            timeout=30,
+        ).json()["results"][0]["neighbours"][0]
+        for number in range(rounds):
+            order = list(routes) if number % 2 == 0 else list(routes)[::-1]
+            for name in order:
+                for connections in (1, 16):
+                    result = wrk.drive(server.base + routes[name], query, connections, seconds)
+                    runs[name][connections].append(result)
+        memory_after = procfs.group_memory_mib(server.pid)
+
+    def median(name: str, connections: int, field: str) -> float:
+        return float(np.median([getattr(r, field) for r in runs[name][connections]]))
+
+    differences = [
+        s.p50_ms - e.p50_ms for s, e in zip(runs["search"][1], runs["embed"][1], strict=True)
+    ]
+    return {
+        "items": size,
+        "dtype": dtype.value,
+        "rounds": rounds,
+        "seconds_per_run": seconds,
+        "self_retrieval": itself,
+        "search_minus_embed_p50_ms": float(np.median(differences)),
+        "server_memory_mib": {"loaded": memory_loaded, "after": memory_after},
+        "routes": {
+            name: {
+                "p50_ms_1_connection": median(name, 1, "p50_ms"),
+                "p99_ms_16_connections": median(name, 16, "p99_ms"),
+                "requests_per_s_16_connections": median(name, 16, "requests_per_s"),
+                "errors": sum(r.errors + r.status_errors for c in runs[name].values() for r in c),
+                "runs": {str(c): [vars(r) for r in rs] for c, rs in runs[name].items()},
+            }
+            for name in routes
+        },
+    }
+
+
+def print_serve(result: dict[str, Any]) -> None:
+    header = ["route", "p50 ms, 1 conn.", "p99 ms, 16 conn.", "requests/s, 16 conn.", "errors"]
+    rows = [
+        [
+            name,
+            f"{r['p50_ms_1_connection']:.2f}",
+            f"{r['p99_ms_16_connections']:.2f}",
+            f"{r['requests_per_s_16_connections']:,.0f}",
+            str(r["errors"]),
+        ]
+        for name, r in result["routes"].items()
+    ]
+    print(report.markdown_table(header, rows))
+    print(
+        f"{result['items']:,} items ({result['dtype']}): /search p50 - /embed p50 = "
+        f"{result['search_minus_embed_p50_ms']:+.2f} ms (median of {result['rounds']} rounds); "
+        f"a gallery image found {result['self_retrieval']['path']} first at similarity "
+        f"{result['self_retrieval']['similarity']:.6f}"
+    )
+
+
 # --- the command -----------------------------------------------------------------------------
 
 
@@ -396,12 +496,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dtypes", default="f32,f16,i8,b1")
     p.add_argument("--only", default=",".join(SECTIONS), help=", ".join(SECTIONS))
+    p.add_argument("--serve-size", type=int, help="serve's gallery (default: the largest size)")
+    p.add_argument("--serve-rounds", type=int, default=3)
+    p.add_argument("--serve-seconds", type=int, default=10, help="each wrk run")
     p.add_argument("--quick", action="store_true", help="5,000 items, 500 queries")
     p.add_argument("--cache", type=Path, default=Path("bench/results/search-cache"))
     p.add_argument("--out", type=Path, default=Path("bench/results/search.json"))
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.queries, args.quality_items = "5000", 500, 5000
+        args.serve_rounds, args.serve_seconds = 1, 3
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))}; give some of {', '.join(SECTIONS)}")
@@ -444,6 +548,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     entry["codes"]["faiss f32"] = faiss_at(data, size, truth, Path(scratch))
             results["recall"].append(entry)
             print_recall(results["recall"][-1:])
+    if "serve" in only:
+        if not wrk.available():
+            print("serve skipped: wrk is not installed (Debian: apt-get install wrk)")
+        else:
+            size = args.serve_size or max(sizes)
+            results["serve"] = serve(
+                args.model, size, Dtype.F32, args.serve_rounds, args.serve_seconds, args.cache
+            )
+            print_serve(results["serve"])
     report.save(args.out, results)
     return 0
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench import search
+from bench.lib import wrk
 from bench.lib.augment import augmented
 from bench.lib.retrieval import average_precision, precision, recall, self_found
 
@@ -52,6 +53,7 @@ def test_a_small_run_writes_every_section(tmp_path: Path):
     pytest.importorskip("faiss")
     out = tmp_path / "search.json"
     sizes = ["--sizes", "2500", "--quality-items", "2500", "--queries", "200"]
+    sizes += ["--serve-rounds", "1", "--serve-seconds", "1"]
     argv = [*sizes, "--dtypes", "f32,b1", "--cache", str(tmp_path / "cache"), "--out", str(out)]
     assert search.main(argv) == 0
     results = json.loads(out.read_text())
@@ -67,3 +69,10 @@ def test_a_small_run_writes_every_section(tmp_path: Path):
     assert codes["faiss f32"]["recall_at_10"] > 0.95
     assert codes["b1"]["recall_at_10_of_the_codes"] > codes["b1"]["recall_at_10"]
     assert all(code["rss_after_search_bytes"] > 0 for code in codes.values())
+    if not wrk.available():
+        assert "serve" not in results
+        return
+    served = results["serve"]
+    assert served["self_retrieval"]["path"] == "train/00000.png"
+    assert served["self_retrieval"]["similarity"] >= 0.999
+    assert all(route["errors"] == 0 for route in served["routes"].values())
