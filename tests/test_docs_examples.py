@@ -150,16 +150,29 @@ def test_the_docs_hold_the_examples_this_test_runs():
             assert (ROOT / "examples" / image).is_file(), f"{example.where}: {image} missing"
 
 
+def examples_gallery(folder: Path) -> Path:
+    """A gallery of examples/ through the shipped model, as README.md's commands build one."""
+    from batch.cli import main as embed
+    from batch.index_cli import main as index
+
+    out, gallery = folder / "embedded", folder / "gallery"
+    assert embed([str(DEFAULT_MODEL), str(ROOT / "examples"), "-o", str(out), "--no-progress"]) == 0
+    assert index([str(out), "-o", str(gallery)]) == 0
+    return gallery
+
+
 @pytest.fixture(scope="module")
-def servers() -> Iterator[dict[bool, str]]:
-    """{False: the shipped model's server, True: the same with SMSO_API_KEY set}, both real."""
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, str]]:
+    """{False: the shipped model's server, True: the same with SMSO_API_KEY set}, both real,
+    with a gallery of examples/ for /search."""
     if not DEFAULT_MODEL.is_file():
         pytest.fail(f"{DEFAULT_MODEL} is missing: the repository ships it (make onnx)")
+    gallery = ("--gallery", str(examples_gallery(tmp_path_factory.mktemp("search"))))
     env = os.environ | OFFLINE
     keyed = env | {"SMSO_API_KEY": API_KEY}
     with (
-        real_server(str(DEFAULT_MODEL), env=env) as (open_base, _),
-        real_server(str(DEFAULT_MODEL), env=keyed) as (keyed_base, _),
+        real_server(str(DEFAULT_MODEL), *gallery, env=env) as (open_base, _),
+        real_server(str(DEFAULT_MODEL), *gallery, env=keyed) as (keyed_base, _),
     ):
         yield {False: open_base, True: keyed_base}
 
@@ -180,10 +193,15 @@ def _check_json(example: Example, body: object) -> None:
     """What a JSON answer must hold: the example images' labels, the model's name."""
     expected = [LABELS[image] for image in example.images]
     assert isinstance(body, dict), body
-    if "results" in body:  # /classify, /embed
+    if "results" in body:  # /classify, /embed, /search
         assert len(body["results"]) == len(expected), body
         for result, label in zip(body["results"], expected, strict=True):
-            if "predictions" in result:
+            if "neighbours" in result:  # the image is in the gallery: itself first
+                assert result["prediction"]["label"] == label, result
+                first = result["neighbours"][0]
+                assert first["label"] == label, result
+                assert first["similarity"] >= 0.999, result
+            elif "predictions" in result:
                 assert result["predictions"][0]["label"] == label, result
             else:
                 assert len(result["embedding"]) == body["dim"] == 64, body
@@ -214,7 +232,11 @@ def _check_curl(example: Example, stdout: str) -> None:
 
 def _check_python(example: Example, stdout: str) -> None:
     """The tritonclient examples print the classification strings "score:index:label", best
-    first, k per image: the first of each image's k is its label."""
+    first, k per image: the first of each image's k is its label. The OpenAI client's example
+    prints the embedding's length."""
+    if "from openai import OpenAI" in example.code:
+        assert stdout.split() == ["64"], stdout
+        return
     expected = [LABELS[image] for image in example.images]
     found = re.findall(r"b'[-+.\deE]+:\d+:([^']*)'", stdout)
     assert expected, f"{example.where} sends no example image"

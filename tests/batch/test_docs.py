@@ -53,6 +53,38 @@ def test_the_readme_command_runs_as_printed(tmp_path):
     assert labels == {"boot.png": "Ankle boot", "shirt.jpg": "Shirt", "bag.webp": "Bag"}
 
 
+SEARCH = re.compile(r"<!-- search:start -->\n```bash\n(.*?)```\n<!-- search:end -->", re.DOTALL)
+PRINTED_GALLERY = "/tmp/smso-gallery"
+
+
+@pytest.mark.slow
+def test_the_readme_search_command_runs_as_printed_after_the_embed_command(tmp_path):
+    match = SEARCH.search((ROOT / "README.md").read_text())
+    assert match is not None, "README.md has no bash block between the search markers"
+    (command,) = [line for line in match.group(1).splitlines() if line.strip()]
+    assert command.startswith(f"smso-index {PRINTED_OUT} -o {PRINTED_GALLERY}")
+    out, gallery = tmp_path / "examples", tmp_path / "gallery"
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for line in [*readme_commands(), command]:
+        done = subprocess.run(
+            [
+                "bash",
+                "-c",
+                line.replace(PRINTED_OUT, str(out)).replace(PRINTED_GALLERY, str(gallery)),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+    assert "3 images of fashion_mnist-small_cnn-smso" in done.stdout
+    from gallery.search import load
+
+    assert load(gallery).size == 3
+
+
 def guide_blocks() -> list[tuple[str, str]]:
     """docs/batch.md's runnable blocks, in order: ("python" or "bash", code); the cluster's
     commands (they need a cluster) and the install line left out."""
