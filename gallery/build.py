@@ -29,6 +29,7 @@ import usearch
 from usearch.index import Index
 
 from gallery.codes import Codec, Dtype, Standardisation
+from gallery.lock import LOCK, hold
 from gallery.search import code_dtype, read_items, restore
 from gallery.stamp import Stamp, StampMismatchError
 from gallery.store import (
@@ -110,9 +111,20 @@ def build(
         raise GalleryError("the rows hold a path more than once")
     if len(rows) < 2:
         raise GalleryError(f"a gallery needs at least 2 images, the embeddings hold {len(rows)}")
+    with hold(folder):  # one build at a time (gallery.lock)
+        return _build(folder, rows, stamp, classes, options, started)
+
+
+def _build(
+    folder: Path,
+    rows: Rows,
+    stamp: Stamp,
+    classes: Sequence[str],
+    options: BuildOptions,
+    started: float,
+) -> BuildSummary:
     existing, reason = _existing(folder, stamp, rows.normalized, options)
     generation = new_generation()
-    folder.mkdir(parents=True, exist_ok=True)
     if existing is None:
         plan = _Plan.fresh(rows, options)
     else:
@@ -159,7 +171,7 @@ def _existing(
     if not folder.is_dir():
         raise GalleryError(f"{folder} is a file, not a gallery folder")
     if not (folder / MANIFEST).exists():
-        if any(folder.iterdir()):
+        if any(path.name != LOCK for path in folder.iterdir()):
             raise GalleryError(
                 f"{folder} holds files and no {MANIFEST}: not a gallery; give an empty or new "
                 "folder"

@@ -11,6 +11,7 @@ import pytest
 
 from gallery.build import BuildOptions, Rows, build
 from gallery.codes import Dtype
+from gallery.lock import LOCK, GalleryInUseError
 from gallery.search import hamming_scan, load
 from gallery.stamp import Stamp, StampMismatchError
 from gallery.store import MANIFEST, GalleryError
@@ -152,7 +153,7 @@ def test_an_update_adds_changes_and_removes_in_place(tmp_path, exact_below):
         assert answer[0].path == path
     # the folder holds only the new generation's files
     names = {p.name for p in (tmp_path / "g").iterdir()}
-    assert names == {e.name for e in gallery.manifest.files.values()} | {MANIFEST}
+    assert names == {e.name for e in gallery.manifest.files.values()} | {MANIFEST, LOCK}
 
 
 def test_a_growing_exact_gallery_becomes_a_graph(tmp_path):
@@ -255,3 +256,37 @@ def test_the_gallery_imported_first_leaves_onnxruntime_importable():
     code = "import gallery.search, gallery.build; import onnxruntime; print('ok')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_second_build_on_the_same_gallery_is_refused_while_the_first_runs(tmp_path):
+    """Two builds would delete each other's files; the lock goes with the holder's process."""
+    x = embeddings(50, 8)
+    build(tmp_path / "g", rows(x), STAMP, CLASSES, BuildOptions())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(tmp_path / "g")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            GalleryInUseError, match=rf"another smso-index \(process {holder.pid}\)"
+        ):
+            build(tmp_path / "g", rows(x, mtime=2), STAMP, CLASSES, BuildOptions())
+    finally:
+        holder.kill()
+        holder.communicate()
+    summary = build(tmp_path / "g", rows(x, mtime=2), STAMP, CLASSES, BuildOptions())
+    assert summary.changed == 50
+    assert load(tmp_path / "g").size == 50
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from pathlib import Path
+from gallery.lock import hold
+with hold(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(60)
+"""
