@@ -60,7 +60,7 @@ cd "$tmp"
 
 step "serving dependencies (GPU image: docker/install-serving.sh), fresh venv"
 PYTHON=$serving_python bash "$root/docker/install-serving.sh" "$tmp/serve-gpu"
-install_project "$tmp/serve-gpu" "$(cd "$root" && context serve service modelcard)"
+install_project "$tmp/serve-gpu" "$(cd "$root" && context serve service modelcard gallery)"
 "$tmp/serve-gpu/bin/python" -c "import service.app, service.cli, onnxruntime" \
   || fail "the service does not import in the GPU serving venv"
 "$tmp/serve-gpu/bin/smso-serve" --help >/dev/null || fail "smso-serve --help in the GPU serving venv"

@@ -30,6 +30,7 @@ RUN bash docker/install-serving.sh /opt/venv --tensorrt && bash docker/check-gpu
 COPY README.md ./
 COPY service service
 COPY modelcard modelcard
+COPY gallery gallery
 RUN pip install --quiet --no-deps . && rm -rf build ./*.egg-info
 COPY models models
 COPY docker/healthcheck.py /usr/local/bin/smso-healthcheck
