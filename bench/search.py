@@ -28,6 +28,7 @@ Results: tables on stdout and ``bench/results/search.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,7 @@ from bench.lib.augment import augmented
 from bench.lib.model_outputs import Outputs, outputs
 from bench.lib.payloads import encode, fashion_mnist, multipart_body
 from bench.lib.retrieval import average_precision, precision, recall, self_found
+from bench.lib.timing import timed_call
 from gallery.build import BuildOptions, Rows, build
 from gallery.codes import Dtype
 from gallery.search import Gallery, GraphSearch, load
@@ -156,14 +158,14 @@ def quality(
 # --- crossover -------------------------------------------------------------------------------
 
 
+def _median_us(call: Callable[[np.ndarray], object], queries: np.ndarray) -> float:
+    """The median microseconds of ``call`` on one query, each of ``queries`` in turn."""
+    return float(np.median([timed_call(functools.partial(call, q)) for q in queries]) * 1e6)
+
+
 def _per_query_us(gallery: Gallery, queries: np.ndarray, exact: bool) -> float:
     """The median microseconds of one query (k = 10, one thread)."""
-    times = []
-    for query in queries:
-        start = time.perf_counter()
-        gallery.nearest(query[None], 10, exact=exact, threads=1)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e6)
+    return _median_us(lambda q: gallery.nearest(q[None], 10, exact=exact, threads=1), queries)
 
 
 def _library_query_us(gallery: Gallery, queries: np.ndarray) -> float | None:
@@ -172,13 +174,9 @@ def _library_query_us(gallery: Gallery, queries: np.ndarray) -> float | None:
     searcher = gallery.searcher
     if not isinstance(searcher, GraphSearch):
         return None
-    codes = gallery.codec.encode(queries)
-    times = []
-    for code in codes:
-        start = time.perf_counter()
-        searcher.index.search(code, 10, threads=1)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e6)
+    return _median_us(
+        lambda c: searcher.index.search(c, 10, threads=1), gallery.codec.encode(queries)
+    )
 
 
 def crossover(model: Path, sizes: Sequence[int], cache: Path | None) -> list[dict[str, Any]]:
@@ -247,12 +245,6 @@ def resident(target: Path, queries: np.ndarray, code: tuple[str, str, str]) -> d
     return {"rss_load_bytes": loaded - before, "rss_after_search_bytes": searched - before}
 
 
-def _rate(search: Callable[[], object], queries: int) -> float:
-    start = time.perf_counter()
-    search()
-    return queries / (time.perf_counter() - start)
-
-
 def recall_at(
     data: Collection, size: int, dtypes: Sequence[Dtype], scratch: Path
 ) -> dict[str, Any]:
@@ -314,16 +306,12 @@ def faiss_at(data: Collection, size: int, truth: np.ndarray, scratch: Path) -> d
     start = time.perf_counter()
     _, found = index.search(queries, 10)
     rate = len(queries) / (time.perf_counter() - start)
-    times = []
-    for query in queries[:200]:
-        start = time.perf_counter()
-        index.search(query[None], 10)
-        times.append(time.perf_counter() - start)
+    one_query_us = _median_us(lambda q: index.search(q[None], 10), queries[:200])
     return {
         "recall_at_10": recall(found, truth),
         "queries_per_s_1_thread": rate,
-        "single_query_us": float(np.median(times) * 1e6),
-        "library_query_us": float(np.median(times) * 1e6),
+        "single_query_us": one_query_us,  # faiss's own call: the whole query
+        "library_query_us": one_query_us,
         "build_s": build_s,
         "bytes_on_disk": path.stat().st_size,
         **resident(path, data.queries.embeddings[:1000], _FAISS),
@@ -339,7 +327,8 @@ def served_gallery(model: Path, data: Collection, size: int, dtype: Dtype, cache
     from gallery.store import GalleryError, read_manifest
     from service.runtime.backend import read_card
 
-    stamp = Stamp.of(read_card(model))
+    card = read_card(model)
+    stamp = Stamp.of(card)
     folder = cache / f"gallery-{stamp.card_sha256[:12]}-{size}-{dtype.value}"
     try:
         manifest = read_manifest(folder)
@@ -348,7 +337,7 @@ def served_gallery(model: Path, data: Collection, size: int, dtype: Dtype, cache
     except GalleryError:
         pass
     rows = rows_of(_first(data.items, size))
-    classes = tuple(str(c) for c in read_card(model).classes)
+    classes = tuple(str(c) for c in card.classes)
     build(folder, rows, stamp, classes, BuildOptions(dtype=dtype, exact_below=ALWAYS, rebuild=True))
     return folder
 

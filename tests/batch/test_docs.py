@@ -31,20 +31,26 @@ def test_the_readme_section_has_one_command_on_the_examples():
     assert PRINTED_OUT in command
 
 
+def run_as_printed(line: str) -> subprocess.CompletedProcess[str]:
+    """A README command run by bash from the repository root, with this install's commands on
+    the PATH."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(
+        ["bash", "-c", line],
+        cwd=ROOT,
+        env=os.environ | {"PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.slow
 def test_the_readme_command_runs_as_printed(tmp_path):
     (command,) = readme_commands()
     out = tmp_path / "examples"
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for run in range(2):
-        done = subprocess.run(
-            ["bash", "-c", command.replace(PRINTED_OUT, str(out))],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        done = run_as_printed(command.replace(PRINTED_OUT, str(out)))
         assert done.returncode == 0, done.stderr
         assert "every image of INPUT once" in done.stdout
         assert f"{3 - 3 * run} to do" in done.stdout.splitlines()[0]
@@ -64,19 +70,9 @@ def test_the_readme_search_command_runs_as_printed_after_the_embed_command(tmp_p
     (command,) = [line for line in match.group(1).splitlines() if line.strip()]
     assert command.startswith(f"smso-index {PRINTED_OUT} -o {PRINTED_GALLERY}")
     out, gallery = tmp_path / "examples", tmp_path / "gallery"
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for line in [*readme_commands(), command]:
-        done = subprocess.run(
-            [
-                "bash",
-                "-c",
-                line.replace(PRINTED_OUT, str(out)).replace(PRINTED_GALLERY, str(gallery)),
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
+        done = run_as_printed(
+            line.replace(PRINTED_OUT, str(out)).replace(PRINTED_GALLERY, str(gallery))
         )
         assert done.returncode == 0, done.stderr
     assert "3 images of fashion_mnist-small_cnn-smso" in done.stdout
