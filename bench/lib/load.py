@@ -150,14 +150,38 @@ def _figures(ms: list[float], outcomes: Counter[str], seconds: float) -> dict[st
     }
 
 
+#: Per-round figures of a load whose latencies were not kept (``wrk``'s): merged as the
+#: median of the rounds.
+ROUND_FIGURES = (
+    *("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms"),
+    "client_cpu_ms_per_request",
+)
+
+
 def merge(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Rounds of one load as one: requests/s over their summed time, latencies over all of
-    them; and each round's requests/s (``rounds_rps``)."""
-    ms = sorted(x for r in runs for x in r["latencies_ms"])
+    them (where a load kept none, as ``wrk`` does not: each percentile the median of the
+    rounds'); and each round's requests/s (``rounds_rps``)."""
     outcomes = sum((Counter(r["outcomes"]) for r in runs), Counter[str]())
-    return _figures(ms, outcomes, sum(r["seconds"] for r in runs)) | {
-        "rounds_rps": [r["requests_per_second"] for r in runs]
+    seconds = sum(r["seconds"] for r in runs)
+    by_round = {"rounds_rps": [r.get("requests_per_second", 0.0) for r in runs]}
+    if all("latencies_ms" in r for r in runs):
+        ms = sorted(x for r in runs for x in r["latencies_ms"])
+        return _figures(ms, outcomes, seconds) | by_round
+    answered = sum(r["requests"] for r in runs)
+    merged: dict[str, Any] = {
+        "requests": answered,
+        "failures": sum(r["failures"] for r in runs),
+        "outcomes": dict(outcomes),
+        "seconds": seconds,
     }
+    if answered:
+        merged["requests_per_second"] = answered / seconds
+    for key in ROUND_FIGURES:
+        values = [r[key] for r in runs if key in r]
+        if values:
+            merged[key] = statistics.median(values)
+    return merged | by_round
 
 
 def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib import RESULTS, SHIPPED, launch, report, wrk
 from bench.lib.load import Send, drive
 from bench.lib.payloads import jpegs
 from bench.peers import compare, setups
@@ -82,7 +82,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--requests", type=int, default=800, help="per load of many clients (1 client: 1/8)"
+        "--driver",
+        choices=("wrk", "httpx"),
+        default="wrk" if wrk.available() else "httpx",
+        help="what sends the load: wrk (a C load generator, one thread; the default where it "
+        "is installed) or httpx threads of this process",
+    )
+    parser.add_argument(
+        "--seconds", type=int, default=4, help="wrk: seconds per load (1 client: half, >= 2)"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=800, help="httpx: per load of many clients (1: 1/8)"
     )
     parser.add_argument("--resnet-requests", type=int, default=160, help="the same, ResNet-18")
     parser.add_argument("--parity-images", type=int, default=16)
@@ -92,7 +102,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=RESULTS / "peers.json")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.requests, args.resnet_requests = 1, 32, 16
+        args.rounds, args.requests, args.resnet_requests, args.seconds = 1, 32, 16, 2
         args.parity_images = min(args.parity_images, 8)
     return args
 
@@ -101,6 +111,29 @@ def requests_per_load(args: argparse.Namespace, row: str) -> dict[int, int]:
     """Requests in one load, by number of clients: a load of one client has an eighth."""
     many = args.resnet_requests if row == "resnet18" else args.requests
     return {n: max(many // 8, 4) if n == 1 else max(many, n) for n in args.clients}
+
+
+def seconds_per_load(args: argparse.Namespace) -> dict[int, int]:
+    """wrk's seconds in one load, by number of clients: a load of one client has half."""
+    return {n: max(args.seconds // 2, 2) if n == 1 else args.seconds for n in args.clients}
+
+
+def loads_for(
+    args: argparse.Namespace,
+    row: str,
+    sends: dict[str, Send],
+    targets: dict[str, setups.Target],
+) -> dict[int, dict[str, compare.Load]]:
+    """Each server's load at each number of clients, from ``--driver``."""
+    if args.driver == "httpx":
+        return compare.python_loads(sends, requests_per_load(args, row))
+    return {
+        n: {
+            label: functools.partial(wrk.load, found.url, found.bodies, n, seconds)
+            for label, found in targets.items()
+        }
+        for n, seconds in seconds_per_load(args).items()
+    }
 
 
 def model_for(row: str, folder: Path) -> Path | None:
@@ -124,6 +157,7 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     """Start every setup on ``row``'s model, check parity, time them: the row's results."""
     failed: dict[str, str] = {}
     sends: dict[str, Send] = {}
+    targets: dict[str, setups.Target] = {}
     readers: dict[str, compare.Reader] = {}
     started: dict[str, float] = {}
     servers: dict[str, launch.Server] = {}
@@ -141,6 +175,7 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
                 continue
             started[setup.label] = server.ready_s
             servers[setup.label] = server
+            targets[setup.label] = setups.target(setup, server.base, row.files)
             sends[setup.label] = setups.sender(setup, server.base, row.files)
             readers[setup.label] = functools.partial(setups.top1, setup)
         answers = {
@@ -152,8 +187,7 @@ def run_row(row: Row, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         for send in sends.values():  # warm-up: first batches, connections, lazy imports
             drive(send, max(args.clients), 2 * max(args.clients))
         paused = None if args.no_pause else servers
-        requests = requests_per_load(args, row.name)
-        loads = compare.measure(sends, args.clients, requests, args.rounds, paused)
+        loads = compare.measure(loads_for(args, row.name, sends, targets), args.rounds, paused)
     ours = [label for label in sends if label.startswith("smso-serve")]
     theirs = [label for label in sends if label not in ours]
     return {
@@ -264,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.rows:
         row = Row(name, TITLES[name], model_for(name, args.models), files)
         try:
-            result = run_row(row, args, logs) if args.together else run_pairs(row, args, logs)
+            alone = args.together or not args.peers  # no peers: our setups side by side
+            result = run_row(row, args, logs) if alone else run_pairs(row, args, logs)
         except compare.ParityError as error:
             print(f"\n## {row.title}\n\n{error}", file=sys.stderr)
             payload["rows"][name] = {"title": row.title, "parity_error": str(error)}

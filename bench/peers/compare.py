@@ -11,7 +11,9 @@
 * :func:`ratios_over`: our requests/s over each peer setup's, round by round, and their median;
 * :func:`ratio_table` and :func:`latency_table`: the markdown tables printed.
 
-A server here is a name and a :data:`bench.lib.load.Send`: the tests drive fakes.
+A server here is a name and its :data:`Load` (a callable that drives it and gives the load's
+figures): ``wrk`` loads (:mod:`bench.lib.wrk`) or Python clients' (:func:`python_loads`) for
+real servers, fakes in the tests.
 """
 
 from __future__ import annotations
@@ -122,33 +124,45 @@ def check_parity(answers: Mapping[str, Sequence[int | str]]) -> dict[str, Any]:
     return {"reference": names[0], "images": len(reference), "top1": list(reference)}
 
 
+#: A load to run: its figures (:func:`bench.lib.load.summary` or :func:`bench.lib.wrk.load`).
+Load = Callable[[], dict[str, Any]]
+
+
 def measure(
-    sends: Mapping[str, Send],
-    clients: Sequence[int],
-    requests: Mapping[int, int],
+    loads: Mapping[int, Mapping[str, Load]],
     rounds: int,
     servers: Mapping[str, Driven] | None = None,
 ) -> dict[int, dict[str, list[dict[str, Any]]]]:
-    """For each number of ``clients``: ``rounds`` interleaved rounds of a load of
-    ``requests[clients]`` requests on each server (the order reversed every other round),
-    each with the other ``servers`` paused where they are given (:func:`alone`). Each server's
-    loads, by number of clients."""
+    """For each number of clients, ``loads[clients]`` (server -> its load) in ``rounds``
+    interleaved rounds (the order reversed every other round), each with the other
+    ``servers`` paused where they are given (:func:`alone`). Each server's loads, by number
+    of clients."""
     out: dict[int, dict[str, list[dict[str, Any]]]] = {}
-    for n in clients:
-        loads = loads_of(sends, n, requests[n])
+    for n, by_server in loads.items():
+        found = dict(by_server)
         if servers is not None:
-            loads = {name: alone(name, servers, load) for name, load in loads.items()}
-        out[n] = interleave(loads, rounds, alternate=True)
+            found = {name: alone(name, servers, load) for name, load in found.items()}
+        out[n] = interleave(found, rounds, alternate=True)
     return out
 
 
-#: What :func:`alone` adds to a load, summarised as the median of the rounds.
-METERED = ("server_cpu_ms_per_request", "machine_cores_busy")
+def python_loads(
+    sends: Mapping[str, Send], requests: Mapping[int, int]
+) -> dict[int, dict[str, Load]]:
+    """Each server driven by ``n`` Python client threads sending ``requests[n]`` requests, by
+    number of clients ``n`` (:func:`bench.lib.load.loads_of`)."""
+    return {n: loads_of(sends, n, count) for n, count in requests.items()}
+
+
+#: What :func:`alone` and the load generator add to a load, summarised as the median of the
+#: rounds (each round's also kept, ``<key>_by_round``: their spread).
+METERED = ("server_cpu_ms_per_request", "machine_cores_busy", "client_cpu_ms_per_request")
 
 
 def summarise(loads: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Each server's rounds as one load (:func:`bench.lib.load.merge`), without latencies;
-    with the median of the rounds' :data:`METERED` figures, where they were measured."""
+    with the median of the rounds' :data:`METERED` figures, and each round's, where they were
+    measured."""
     out = {}
     for name, runs in loads.items():
         merged = without_latencies(merge(runs))
@@ -156,6 +170,7 @@ def summarise(loads: Mapping[str, Sequence[dict[str, Any]]]) -> dict[str, dict[s
             values = [run[key] for run in runs if key in run]
             if values:
                 merged[key] = statistics.median(values)
+                merged[f"{key}_by_round"] = values
         out[name] = merged
     return out
 
@@ -187,29 +202,43 @@ def ratio_table(lines: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     return report.markdown_table(["our req/s over theirs", *theirs], rows)
 
 
+def _spread(load: Mapping[str, Any], key: str) -> str:
+    """The median of a metered figure and its range over the rounds: ``2.41 (2.30-2.55)``."""
+    if key not in load:
+        return "-"
+    values = load.get(f"{key}_by_round", [load[key]])
+    if len(values) < 2:
+        return f"{load[key]:.2f}"
+    return f"{load[key]:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def latency_table(summaries: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> str:
-    """A markdown table: each server's requests/s and p50 latency at each number of clients,
-    and its CPU per request where it was metered (``-`` where it answered nothing)."""
+    """A markdown table: each server's requests/s, p50 and p99 latency at each number of
+    clients; its CPU per answered request where it was metered (median of the rounds, their
+    range in brackets), and the load generator's where it was measured (``-`` where a
+    server answered nothing)."""
     counts = sorted(summaries)
     names = list(summaries[counts[0]])
-    metered = any(
-        "server_cpu_ms_per_request" in load for by in summaries.values() for load in by.values()
-    )
+    loads = [load for by in summaries.values() for load in by.values()]
+    metered = any("server_cpu_ms_per_request" in load for load in loads)
+    client = any("client_cpu_ms_per_request" in load for load in loads)
+    extra = (["CPU ms/req"] if metered else []) + (["client CPU ms/req"] if client else [])
     header = ["server"]
     for n in counts:
-        header += [f"{n} client{'s' * (n > 1)}: req/s", "p50 ms"]
-        header += ["CPU ms/req"] if metered else []
+        header += [f"{n} client{'s' * (n > 1)}: req/s", "p50 ms", "p99 ms", *extra]
     rows = []
     for name in names:
         line = [name]
         for n in counts:
             load = summaries[n][name]
             if "requests_per_second" not in load:
-                line += ["-", "-"] + ["-"] * metered
+                line += ["-"] * (3 + len(extra))
                 continue
             line += [f"{load['requests_per_second']:.1f}", report.format_ms(load["p50_ms"])]
+            line.append(report.format_ms(load["p99_ms"]) if "p99_ms" in load else "-")
             if metered:
-                cpu = load.get("server_cpu_ms_per_request")
-                line.append("-" if cpu is None else f"{cpu:.2f}")
+                line.append(_spread(load, "server_cpu_ms_per_request"))
+            if client:
+                line.append(_spread(load, "client_cpu_ms_per_request"))
         rows.append(line)
     return report.markdown_table(header, rows)

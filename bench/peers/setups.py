@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.lib import ROOT, launch
-from bench.lib.load import Send, multipart, post
-from bench.lib.payloads import Body
+from bench.lib.load import Send, post
+from bench.lib.payloads import Body, multipart_body
 from bench.peers import model
 
 #: The peers' interpreter unless told (``make bench-peers`` creates its environment).
@@ -240,13 +240,28 @@ def triton_body(image: bytes) -> Body:
     return Body(encoded + raw, headers)
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a server takes uploads and what it is sent: request i posts
+    ``bodies[i % len(bodies)]`` to ``url`` (driven by ``wrk`` or by Python clients)."""
+
+    url: str
+    bodies: Sequence[Body] = field(repr=False)
+
+
+def target(setup: Setup, base: str, files: Sequence[bytes]) -> Target:
+    """``files`` as the server at ``base`` takes uploads: a multipart ``file`` part on
+    ``/classify``, or for PyTriton the Open Inference Protocol's binary ``BYTES``."""
+    if not setup.ours and PEERS[setup.server].protocol == "triton":
+        return Target(f"{base}/v2/models/classifier/infer", [triton_body(f) for f in files])
+    return Target(f"{base}/classify", [multipart_body(f, f"{i}.jpg") for i, f in enumerate(files)])
+
+
 def sender(setup: Setup, base: str, files: Sequence[bytes]) -> Send:
-    """Request i sends ``files[i % len(files)]`` to the server at ``base`` as it takes uploads."""
-    if setup.ours:
-        return multipart(f"{base}/classify", files)
-    if PEERS[setup.server].protocol == "triton":
-        return post(f"{base}/v2/models/classifier/infer", [triton_body(f) for f in files])
-    return multipart(f"{base}/classify", files)
+    """Request i sends ``files[i % len(files)]`` to the server at ``base`` as it takes uploads
+    (:func:`target`), from a Python client."""
+    found = target(setup, base, files)
+    return post(found.url, found.bodies)
 
 
 def top1(setup: Setup, content: bytes) -> int:

@@ -77,7 +77,7 @@ def test_measure_interleaves_rounds_and_the_ratios_are_ours_over_theirs() -> Non
     """Fake servers: ours answers at once, the peer after 20 ms; every server is driven once a
     round at each number of clients, and ours comes out faster in every round."""
     sends = {"smso-serve": fake([0]), "Peer": fake([0], delay_s=0.02)}
-    loads = compare.measure(sends, [1, 4], {1: 4, 4: 16}, rounds=2)
+    loads = compare.measure(compare.python_loads(sends, {1: 4, 4: 16}), rounds=2)
     assert set(loads) == {1, 4}
     for n, requests in ((1, 4), (4, 16)):
         assert [load["requests"] for load in loads[n]["Peer"]] == [requests, requests]
@@ -129,7 +129,8 @@ def test_measure_pauses_every_other_server_during_each_load() -> None:
 
     names = ("smso-serve", "A", "B")
     servers = {name: Pauser(name, events) for name in names}
-    loads = compare.measure({name: send(name) for name in names}, [1], {1: 1}, 1, servers)
+    sends = {name: send(name) for name in names}
+    loads = compare.measure(compare.python_loads(sends, {1: 1}), 1, servers)
     load = loads[1]["A"][0]
     assert load["server_cpu_ms_per_request"] == pytest.approx(500 / load["requests_per_second"])
     assert load["machine_cores_busy"] == 1.5
@@ -155,9 +156,9 @@ def test_a_server_that_answered_nothing_has_no_ratio_and_dashes_in_the_tables() 
     assert cells(lines[0]) == ["our req/s over theirs", "Peer", "Dead"]
     assert cells(lines[2]) == ["16 clients: smso-serve", "1.00x", "-"]
     latency = compare.latency_table({16: {"smso-serve": ok, "Dead": none}}).splitlines()
-    assert cells(latency[0]) == ["server", "16 clients: req/s", "p50 ms"]
-    assert cells(latency[2]) == ["smso-serve", "200.0", "5.00"]
-    assert cells(latency[3]) == ["Dead", "-", "-"]
+    assert cells(latency[0]) == ["server", "16 clients: req/s", "p50 ms", "p99 ms"]
+    assert cells(latency[2]) == ["smso-serve", "200.0", "5.00", "-"]
+    assert cells(latency[3]) == ["Dead", "-", "-", "-"]
 
 
 def test_each_server_is_read_as_it_answers() -> None:
