@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: serve install data test lint format bench bench-export bench-peers bench-gpu soak model \
-  onnx fmnist-table fmnist-table-records fmnist-fair fmnist-fair-records typicality-confirm clean
+  wrk onnx fmnist-table fmnist-table-records fmnist-fair fmnist-fair-records typicality-confirm clean
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -50,7 +50,14 @@ $(FMNIST)/t10k-labels-idx1-ubyte.gz:
 
 data: $(FMNIST)/t10k-labels-idx1-ubyte.gz
 
-test: $(VENV)/.installed-dev data
+# wrk, the C load generator the serving benchmarks drive servers with (Debian's package).
+/usr/bin/wrk:
+	$(SUDO) apt-get install -y -q wrk || \
+	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q wrk; }
+
+wrk: /usr/bin/wrk
+
+test: $(VENV)/.installed-dev data wrk
 	$(BIN)/python -m pytest
 
 # tests/service in the serving environment alone, its own venv: the serving-cpu extra, pytest and
@@ -102,7 +109,7 @@ $(PEERS_VENV)/.installed-$(PEERS_ORT): bench/peers/requirements.txt
 	    "onnxruntime-gpu==$$(sed -n 's/^onnxruntime==//p' bench/peers/requirements.txt)"; fi
 	touch $@
 
-bench-peers: $(VENV)/.installed-dev $(PEERS_VENV)/.installed-$(PEERS_ORT)
+bench-peers: $(VENV)/.installed-dev $(PEERS_VENV)/.installed-$(PEERS_ORT) wrk
 	$(BIN)/python -m bench.peers $(PEERS_FLAGS)
 
 # The export benchmark: onnxruntime against PyTorch eager, bench/results/export.json.

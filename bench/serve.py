@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.lib import RESULTS, SHIPPED, launch, report
+from bench.lib import RESULTS, SHIPPED, launch, report, wrk
 from bench.lib.load import (
     Answered,
     Send,
@@ -56,12 +56,53 @@ from bench.lib.load import (
     rps,
 )
 from bench.lib.metrics import scrape, split
-from bench.lib.payloads import TOP5, infer_body, jpegs, preprocessed, tensor_bodies
+from bench.lib.payloads import (
+    TOP5,
+    Body,
+    infer_body,
+    jpegs,
+    multipart_body,
+    preprocessed,
+    tensor_bodies,
+)
 from bench.lib.procfs import group_memory_mib
 from bench.lib.resnet import resnet_model
 from bench.lib.session import open_backend, raw_session
 from bench.lib.standin import card as standin_card
 from service.runtime.backend import read_card
+
+#: A route and what it is sent: request i posts ``bodies[i % len(bodies)]`` to the URL.
+Route = tuple[str, Sequence[Body]]
+
+
+def route_rounds(
+    args: argparse.Namespace, routes: dict[str, Route], clients: int, requests: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Each of ``routes`` driven by ``clients`` concurrent clients in ``args.rounds``
+    interleaved rounds: ``wrk`` for ``args.seconds`` a load (``--driver wrk``), or
+    ``requests`` requests from Python threads (``--driver httpx``). Each route's loads."""
+    if args.driver == "wrk":
+        loads = {
+            name: functools.partial(wrk.load, url, bodies, clients, args.seconds)
+            for name, (url, bodies) in routes.items()
+        }
+        return interleave(loads, args.rounds)
+    sends = {name: post(url, bodies) for name, (url, bodies) in routes.items()}
+    return drive_rounds(sends, clients, requests, args.rounds)
+
+
+def route_load(
+    args: argparse.Namespace, route: Route, clients: int, requests: int
+) -> dict[str, Any]:
+    """One load of ``route`` (:func:`route_rounds`, one round)."""
+    if args.driver == "wrk":
+        return wrk.load(*route, clients, args.seconds)
+    return drive(post(*route), clients, requests)
+
+
+def uploads(url: str, files: Sequence[bytes]) -> Route:
+    """``files`` uploaded to ``url`` as multipart parts named ``file``."""
+    return url, [multipart_body(data, f"{i}.jpg") for i, data in enumerate(files)]
 
 
 def serve_model(model: Path, max_batch: int, grpc_port: int = 0) -> launch.Server:
@@ -121,14 +162,14 @@ def shipped_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     servers up, one driven at a time); then the protocol routes; then the raw session."""
     grpc_port = launch.free_port()
     with launch.bare() as bare, serve_model(SHIPPED, 16, grpc_port) as server:
-        sends = {
-            "bare": multipart(f"{bare.base}/upload", files),
-            "service": multipart(f"{server.base}/classify", files),
+        routes = {
+            "bare": uploads(f"{bare.base}/upload", files),
+            "service": uploads(f"{server.base}/classify", files),
         }
-        drive(sends["bare"], args.clients, args.clients)
-        drive(sends["service"], args.clients, max(args.clients, args.requests // 10))
+        drive(post(*routes["bare"]), args.clients, args.clients)
+        drive(post(*routes["service"]), args.clients, max(args.clients, args.requests // 10))
         before = scrape(f"{server.base}/metrics")
-        runs = drive_rounds(sends, args.clients, args.requests // args.rounds, args.rounds)
+        runs = route_rounds(args, routes, args.clients, args.requests // args.rounds)
         after = scrape(f"{server.base}/metrics")
         memory = server.rss_mib() | group_memory_mib(os.getpgid(server.pid))
         protocols = protocol_case(server.base, f"127.0.0.1:{grpc_port}", files, args)
@@ -162,23 +203,23 @@ def standin_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]
     per_round = args.requests // args.rounds
     results: dict[str, Any] = {}
     with launch.bare() as bare, launch.standin("--max-batch-size", "64") as server:
-        pairs = {
+        pairs: dict[str, dict[str, Route]] = {
             "/classify multipart JPEG": {
-                "bare": multipart(f"{bare.base}/upload", files),
-                "service": multipart(f"{server.base}/classify", files),
+                "bare": uploads(f"{bare.base}/upload", files),
+                "service": uploads(f"{server.base}/classify", files),
             },
             "/v2 infer, preprocessed binary FP32": {
-                "bare": post(f"{bare.base}/body", bodies),
-                "service": post(f"{server.base}/v2/models/{card.name}/infer", bodies),
+                "bare": (f"{bare.base}/body", bodies),
+                "service": (f"{server.base}/v2/models/{card.name}/infer", bodies),
             },
         }
-        for name, sends in pairs.items():
-            for send in sends.values():
-                drive(send, args.clients, args.clients)
-            runs = drive_rounds(sends, args.clients, per_round, args.rounds)
-            one_bare = drive(sends["bare"], 1, per_round // 2)
+        for name, routes in pairs.items():
+            for route in routes.values():
+                drive(post(*route), args.clients, args.clients)
+            runs = route_rounds(args, routes, args.clients, per_round)
+            one_bare = route_load(args, routes["bare"], 1, per_round // 2)
             before = scrape(f"{server.base}/metrics")
-            one = drive(sends["service"], 1, per_round // 2)
+            one = route_load(args, routes["service"], 1, per_round // 2)
             stages = split(before, scrape(f"{server.base}/metrics"), one["mean_ms"])
             results[name] = {
                 "bare": merge(runs["bare"]),
@@ -209,12 +250,14 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
         raw = raw_session(backend, (1, 4, 8, 16), 3.0, tensors, warmups=1, calls=3)
         best = functools.partial(raw_session, backend, (raw["best_batch"],), 5.0, tensors, 1, 3)
         with serve_model(model, args.clients) as server:
-            classify = multipart(f"{server.base}/classify", files)
-            drive(classify, args.clients, args.clients)
+            classify = uploads(f"{server.base}/classify", files)
+            drive(post(*classify), args.clients, args.clients)
             before = scrape(f"{server.base}/metrics")
             runs: dict[str, list[Any]] = interleave(
                 {
-                    "service": functools.partial(drive, classify, args.clients, per_round),
+                    "service": functools.partial(
+                        route_load, args, classify, args.clients, per_round
+                    ),
                     "raw": lambda: best()["images_per_second"],
                 },
                 args.rounds,
@@ -240,6 +283,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=800, help="shipped model, per load")
     parser.add_argument("--resnet-requests", type=int, default=144)
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per comparison")
+    parser.add_argument(
+        "--driver",
+        choices=("wrk", "httpx"),
+        default="wrk" if wrk.available() else "httpx",
+        help="what drives the HTTP loads against the bare endpoints and the raw session: wrk "
+        "(a C load generator, the default where it is installed) or httpx threads (the "
+        "protocol comparison, gRPC among it, always uses Python clients)",
+    )
+    parser.add_argument("--seconds", type=int, default=4, help="wrk: seconds per load")
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     parser.add_argument("--json", type=Path, default=RESULTS / "serve.json")
     return parser.parse_args(argv)

@@ -54,10 +54,11 @@ done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
     '\\nWRK-JSON {{"requests": %d, "duration_us": %d, "errors": %d, "status_errors": %d, '
-    .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d, "mean_us": %d}}\\n',
+    .. '"p50_us": %d, "p90_us": %d, "p95_us": %d, "p99_us": %d, "max_us": %d, '
+    .. '"mean_us": %d}}\\n',
     summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
-    latency.mean))
+    latency:percentile(50), latency:percentile(90), latency:percentile(95),
+    latency:percentile(99), latency.max, latency.mean))
 end
 """
 
@@ -75,6 +76,7 @@ class WrkResult:
     p99_ms: float
     max_ms: float
     mean_ms: float = float("nan")
+    p95_ms: float = float("nan")
     cpu_s: float = float("nan")  # the wrk process's user + system time
 
     @property
@@ -149,6 +151,7 @@ def drive(url: str, bodies: Body | Sequence[Body], connections: int, seconds: in
         p99_ms=fields["p99_us"] / 1e3,
         max_ms=fields["max_us"] / 1e3,
         mean_ms=fields["mean_us"] / 1e3,
+        p95_ms=fields["p95_us"] / 1e3,
         cpu_s=usage.ru_utime + usage.ru_stime,
     )
 
@@ -175,6 +178,7 @@ def figures(result: WrkResult) -> dict[str, Any]:
         "mean_ms": result.mean_ms,
         "p50_ms": result.p50_ms,
         "p90_ms": result.p90_ms,
+        "p95_ms": result.p95_ms,
         "p99_ms": result.p99_ms,
         "max_ms": result.max_ms,
         "client_cpu_ms_per_request": result.client_cpu_ms,
