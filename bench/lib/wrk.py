@@ -186,5 +186,18 @@ def figures(result: WrkResult) -> dict[str, Any]:
 
 
 def load(url: str, bodies: Body | Sequence[Body], connections: int, seconds: int) -> dict[str, Any]:
-    """:func:`drive`, as a load's figures (:func:`figures`)."""
-    return figures(drive(url, bodies, connections, seconds))
+    """:func:`drive`, as a load's figures (:func:`figures`); a server that cannot be reached
+    (it died: wrk could not connect) is a load that answered nothing, with wrk's reason in
+    ``error``, so that a comparison goes on without it."""
+    try:
+        return figures(drive(url, bodies, connections, seconds))
+    except RuntimeError as error:
+        reason = str(error)
+        return {
+            "requests": 0,
+            "failures": 1,
+            "outcomes": {"not reached": 1},
+            "seconds": float(seconds),
+            "driver": "wrk",
+            "error": reason,
+        }

@@ -307,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         payload["rows"][name] = result
         print_row(result)
+        report.save(args.json, payload)  # row by row: a later row's failure keeps this one
     report.save(args.json, payload)
     return status
 

@@ -7,6 +7,7 @@ import collections
 import http.server
 import threading
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -21,7 +22,7 @@ class Recorder(http.server.BaseHTTPRequestHandler):
     """Answers 200 to a body it was told to accept, 400 to any other; counts what it saw."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as wrk's connections are
-    seen: collections.Counter[tuple[bytes, str]] = collections.Counter()
+    seen: ClassVar[collections.Counter[tuple[bytes, str]]] = collections.Counter()
     refuse = b"refuse me"
 
     def do_POST(self) -> None:
@@ -73,9 +74,7 @@ def test_other_statuses_are_not_answers_and_the_figures_say_so(server: str) -> N
     assert figures["failures"] == refused
     assert figures["requests"] == figures["outcomes"]["2xx"]
     assert abs(figures["requests"] - refused) <= 1  # one after the other, on one connection
-    assert figures["requests_per_second"] == pytest.approx(
-        figures["requests"] / figures["seconds"]
-    )
+    assert figures["requests_per_second"] == pytest.approx(figures["requests"] / figures["seconds"])
     assert figures["client_cpu_ms_per_request"] > 0
     assert "latencies_ms" not in figures
 
@@ -102,3 +101,10 @@ def test_rounds_without_latencies_merge_as_the_median_of_theirs() -> None:
 def test_a_server_that_is_not_there_is_a_runtime_error() -> None:
     with pytest.raises(RuntimeError, match="wrk"):
         wrk.drive("http://127.0.0.1:9/none", Body(b"x", {}), connections=1, seconds=1)
+
+
+def test_a_load_on_a_server_that_is_gone_answered_nothing() -> None:
+    figures = wrk.load("http://127.0.0.1:9/none", Body(b"x", {}), connections=1, seconds=1)
+    assert figures["requests"] == 0
+    assert "requests_per_second" not in figures
+    assert "wrk" in figures["error"]
