@@ -31,7 +31,7 @@ from typing import IO, Any
 import httpx
 
 from bench.lib import ROOT
-from bench.lib.procfs import CpuMeter, group_pids, rss_mib
+from bench.lib.procfs import CpuMeter, group_pids, rss_mib, wait_idle
 
 HOST = "127.0.0.1"
 
@@ -108,6 +108,12 @@ class Server:
         for pid in group_pids(self.pid) if pids is None else pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
+
+    def settle(self) -> None:
+        """Wait until the server has finished what a load left it (requests the load
+        generator gave up on at its end, batches in flight): :func:`~bench.lib.procfs.wait_idle`.
+        A server paused mid-batch can fail on resuming (PyTriton's Triton did, on ResNet-18)."""
+        wait_idle(self.pid)
 
     def meter(self) -> CpuMeter:
         """A :class:`~bench.lib.procfs.CpuMeter` of the server's processes (its group and

@@ -66,6 +66,26 @@ def group_cpu_seconds(group: int) -> float:
     return total
 
 
+def wait_idle(
+    group: int, quiet_cores: float = 0.15, interval_s: float = 0.1, timeout_s: float = 5.0
+) -> bool:
+    """Wait until the server leading process group ``group`` is idle: its processes together
+    used under ``quiet_cores`` core-seconds a second over one ``interval_s``. False where it
+    was still busy after ``timeout_s`` (or ``/proc`` cannot be read)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        before = group_cpu_seconds(group)
+        while time.monotonic() < deadline:
+            time.sleep(interval_s)
+            now = group_cpu_seconds(group)
+            if 0 <= now - before < quiet_cores * interval_s:
+                return True
+            before = now
+    except OSError:
+        pass
+    return False
+
+
 def memory_mib(pid: int) -> dict[str, float]:
     """``Pss`` (shared pages split among the processes sharing them) and ``Rss`` of one
     process, in MiB (``/proc/PID/smaps_rollup``)."""

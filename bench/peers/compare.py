@@ -51,16 +51,21 @@ class Driven(Protocol):
 
     def resume(self) -> None: ...
 
+    def settle(self) -> None: ...
+
     def meter(self) -> Meter: ...
 
 
 def alone(
     name: str, servers: Mapping[str, Driven], load: Callable[[], dict[str, Any]]
 ) -> Callable[[], dict[str, Any]]:
-    """``load`` run with every server of ``servers`` but ``name`` paused, then resumed; its
-    result with the server's CPU per request (``server_cpu_ms_per_request``: every process
-    of the server, ms of CPU per answered request) and the machine's busy cores
-    (``machine_cores_busy``) while it ran, where they could be read."""
+    """``load`` run with every server of ``servers`` but ``name`` paused; once ``name`` has
+    settled (finished what the load left in flight, so that it is never paused mid-batch),
+    the others resumed. Its result with the server's CPU per request
+    (``server_cpu_ms_per_request``: every process of the server, ms of CPU per answered
+    request) and the machine's busy cores (``machine_cores_busy``) while it ran, where they
+    could be read (not where processes of it died meanwhile: their CPU is gone from
+    ``/proc``)."""
 
     def run() -> dict[str, Any]:
         others = [server for other, server in servers.items() if other != name]
@@ -69,11 +74,12 @@ def alone(
         try:
             with servers[name].meter() as cpu:
                 result = load()
+            servers[name].settle()
         finally:
             for server in others:
                 server.resume()
         answered = result.get("requests_per_second")
-        if cpu.result is not None and answered:
+        if cpu.result is not None and answered and cpu.result["server_cores"] >= 0:
             result["server_cpu_ms_per_request"] = 1e3 * cpu.result["server_cores"] / answered
             result["machine_cores_busy"] = cpu.result["machine_cores_busy"]
         return result

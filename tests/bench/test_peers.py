@@ -105,6 +105,9 @@ class Pauser:
     def resume(self) -> None:
         self.events.append(f"resume {self.name}")
 
+    def settle(self) -> None:
+        self.events.append(f"settle {self.name}")
+
     def meter(self) -> Pauser:
         return self
 
@@ -138,9 +141,9 @@ def test_measure_pauses_every_other_server_during_each_load() -> None:
     assert summary["server_cpu_ms_per_request"] == load["server_cpu_ms_per_request"]
     assert "CPU ms/req" in compare.latency_table({1: compare.summarise(loads[1])})
     assert events == [
-        *("pause A", "pause B", "drive smso-serve", "resume A", "resume B"),
-        *("pause smso-serve", "pause B", "drive A", "resume smso-serve", "resume B"),
-        *("pause smso-serve", "pause A", "drive B", "resume smso-serve", "resume A"),
+        *("pause A", "pause B", "drive smso-serve", "settle smso-serve", "resume A", "resume B"),
+        *("pause smso-serve", "pause B", "drive A", "settle A", "resume smso-serve", "resume B"),
+        *("pause smso-serve", "pause A", "drive B", "settle B", "resume smso-serve", "resume A"),
     ]
 
 

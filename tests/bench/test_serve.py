@@ -15,13 +15,25 @@ from tests.bench import run_script
 def test_serve_benchmark_drives_the_real_server(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
     proc = run_script(
-        "bench.serve", "--quick", "--requests", "24", "--clients", "3", "--json", str(out)
+        "bench.serve",
+        "--quick",
+        "--requests",
+        "24",
+        "--clients",
+        "3",
+        "--seconds",
+        "1",
+        "--json",
+        str(out),
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     service = report["cases"][0]["service"]
     assert service["failures"] == 0
-    assert service["requests"] == 24
+    if report["settings"]["driver"] == "httpx":  # a fixed count of requests per load
+        assert service["requests"] == 24
+    else:  # wrk: as many as 3 connections answer in 1 second a round, for 4 rounds
+        assert service["requests"] >= 3 * 4
     assert set(service["split"]) >= {"decode_ms", "queue_ms", "inference_ms", "response_ms"}
     # the CPU: nothing to pad, no device copies; the shipped model's typicality score
     assert set(service["split"]["stage_ms"]) == {"stack", "run", "score"}
