@@ -206,7 +206,13 @@ class Settings(BaseSettings):
         "and every image with cpu, are decoded by Pillow on the decode threads. Needs "
         "smso[gpu-decode]",
     )
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0: its default")
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        description="onnxruntime's threads per session; 0: with several workers each with its "
+        "own session, the usable cores over the workers (workers x threads never exceeds the "
+        "cores), else onnxruntime's default (one per core)",
+    )
     intra_op_spinning: bool = Field(
         False,
         description="let onnxruntime's threads busy-wait between operators (lower latency on "
@@ -343,6 +349,18 @@ class Settings(BaseSettings):
         processes (at least 1; ``auto`` not yet resolved counts as this one process)."""
         processes = self.workers if isinstance(self.workers, int) else 1
         return self.decode_threads or max(1, usable_cores() // 2 // processes)
+
+    @property
+    def session_threads(self) -> int:
+        """``intra_op_threads``, with 0 resolved: with ``workers`` > 1 processes each holding a
+        session, ``max(1, usable_cores // workers)``, so that workers x threads <= cores (more
+        put busy threads on a core that another session's threads need); otherwise 0,
+        onnxruntime's default (one thread per core) for the one session."""
+        if self.intra_op_threads or self.shared_session:
+            return self.intra_op_threads
+        if not isinstance(self.workers, int) or self.workers == 1:
+            return 0
+        return max(1, usable_cores() // self.workers)
 
     @property
     def engine_cache(self) -> Path:

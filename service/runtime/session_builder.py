@@ -63,7 +63,7 @@ class BackendOptions:
         """What :func:`build_session` needs of the service's settings."""
         return cls(
             providers=settings.providers,
-            threads=settings.intra_op_threads,
+            threads=settings.session_threads,
             spinning=settings.intra_op_spinning,
             max_batch=settings.max_batch_size,
             engine_cache_dir=settings.engine_cache,

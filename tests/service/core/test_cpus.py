@@ -84,3 +84,18 @@ def test_workers_accepts_a_count_or_auto(given: object, expected: object) -> Non
 def test_workers_refuses_anything_else_in_one_message(given: object) -> None:
     with pytest.raises(ValueError, match="whole number of processes from 1 to 64, or auto"):
         Settings(workers=given)
+
+
+def test_each_workers_session_gets_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """workers x onnxruntime threads never exceeds the usable cores unless asked for."""
+    import service.core.settings as settings
+
+    monkeypatch.setattr(settings, "usable_cores", lambda: 8)
+    assert Settings(workers=2).session_threads == 4
+    assert Settings(workers=3).session_threads == 2  # rounded down
+    assert Settings(workers=16).session_threads == 1  # at least one
+    assert Settings(workers=1).session_threads == 0  # one session: onnxruntime's default
+    assert Settings().session_threads == 0  # auto not resolved yet: this one process
+    assert Settings(workers=2, intra_op_threads=3).session_threads == 3  # as given
+    # one process runs every worker's batches: its one session has every core
+    assert Settings(workers=2, shared_session=True).session_threads == 0
