@@ -3,7 +3,9 @@
 For each model, in one run:
 
 * the real server (``smso-serve`` in a subprocess on loopback) is driven by ``--clients``
-  concurrent clients posting JPEG files to ``/classify`` (after a warm-up): requests and images
+  concurrent connections of ``wrk`` (a C load generator, one thread: ``--driver``, httpx
+  threads where wrk is not installed) posting JPEG files to ``/classify``, for ``--seconds``
+  a load (ResNet-50: ``--resnet-seconds``), after a warm-up: requests and images
   per second, p50 / p95 / p99 latency, and the mean time per request split into decode, queue
   wait and inference (from the server's own metrics) and the rest (HTTP, multipart parsing,
   JSON: "response");
@@ -92,12 +94,22 @@ def route_rounds(
 
 
 def route_load(
-    args: argparse.Namespace, route: Route, clients: int, requests: int
+    args: argparse.Namespace,
+    route: Route,
+    clients: int,
+    requests: int,
+    seconds: int | None = None,
+    server: launch.Server | None = None,
 ) -> dict[str, Any]:
-    """One load of ``route`` (:func:`route_rounds`, one round)."""
-    if args.driver == "wrk":
-        return wrk.load(*route, clients, args.seconds)
-    return drive(post(*route), clients, requests)
+    """One load of ``route`` (:func:`route_rounds`, one round); with wrk, for ``seconds``
+    (default ``args.seconds``), then ``server`` settled (:meth:`launch.Server.settle`: what
+    wrk left in flight finished before anything else is timed)."""
+    if args.driver != "wrk":
+        return drive(post(*route), clients, requests)
+    result = wrk.load(*route, clients, seconds or args.seconds)
+    if server is not None:
+        server.settle()
+    return result
 
 
 def uploads(url: str, files: Sequence[bytes]) -> Route:
@@ -256,7 +268,13 @@ def resnet_case(args: argparse.Namespace, files: list[bytes]) -> dict[str, Any]:
             runs: dict[str, list[Any]] = interleave(
                 {
                     "service": functools.partial(
-                        route_load, args, classify, args.clients, per_round
+                        route_load,
+                        args,
+                        classify,
+                        args.clients,
+                        per_round,
+                        args.resnet_seconds,
+                        server,
                     ),
                     "raw": lambda: best()["images_per_second"],
                 },
@@ -292,6 +310,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "protocol comparison, gRPC among it, always uses Python clients)",
     )
     parser.add_argument("--seconds", type=int, default=4, help="wrk: seconds per load")
+    parser.add_argument(
+        "--resnet-seconds",
+        type=int,
+        default=20,
+        help="wrk: seconds per load of ResNet-50 (its requests take seconds: a short load "
+        "would count the ramp-up and leave much of its work in flight)",
+    )
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     parser.add_argument("--json", type=Path, default=RESULTS / "serve.json")
     return parser.parse_args(argv)

@@ -295,3 +295,20 @@ def test_quick_run_against_litserve(tmp_path: Path) -> None:
         assert row["ratios"][n]["smso-serve"]["LitServe"]["ratio"] > 0
     assert report["versions"]["peers"]["litserve"]
     assert "our req/s over theirs" in proc.stdout
+
+
+def test_a_profile_counts_busy_samples_by_function_whatever_the_line() -> None:
+    from bench.peers.profile import aggregate
+
+    raw = "\n".join(
+        [
+            'process 1:"smso";run (/usr/lib/thread.py:58);resize (/x/images.py:10) 3',
+            'process 1:"smso";run (/usr/lib/thread.py:60);resize (/x/images.py:12) 1',
+            'process 2:"smso";handle (/y/h11_impl.py:5) 4',
+            'process 2:"smso";select (/usr/lib/selectors.py:468) 90',  # idle
+        ]
+    )
+    found = aggregate(raw)
+    assert found["samples"] == 8
+    assert found["self"] == {"resize (images.py)": 0.5, "handle (h11_impl.py)": 0.5}
+    assert found["total"]["run (thread.py)"] == 0.5
