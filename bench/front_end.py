@@ -67,7 +67,7 @@ def uvicorn_server(
     and ``settings`` (``SMSO_*``)."""
     flags = ("--workers", str(workers))
     if model is None:
-        standin = ("--latency-ms", str(STANDIN_LATENCY_MS))
+        standin: tuple[str, ...] = ("--latency-ms", str(STANDIN_LATENCY_MS))
         standin += ("--per-image-ms", str(STANDIN_PER_IMAGE_MS))
         return launch.smso_serve(
             *standin, *flags, settings=settings, log=log, module="bench.standin"

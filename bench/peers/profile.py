@@ -9,7 +9,8 @@ up, then driven by ``--connections`` for ``--seconds`` while ``py-spy record --s
 --format raw`` samples it (``--gil``: only samples holding the GIL). Printed: the load's
 requests/s and CPU ms per request (every process, from ``/proc``), and the functions with the
 most samples, as the share of all samples of busy threads (``self``: the function itself;
-``total``: with what it called). The raw stacks are written beside the JSON.
+``total``: with what it called). The raw stacks are written beside the JSON. Needs py-spy
+(``pip install py-spy``: not a dependency of the project) and ``wrk``.
 """
 
 from __future__ import annotations
@@ -65,9 +66,15 @@ def aggregate(raw: str) -> dict[str, Any]:
     }
 
 
+def py_spy() -> str | None:
+    """py-spy's executable: on the PATH, or beside this interpreter (a virtual environment's)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
 def profile(args: argparse.Namespace) -> dict[str, Any]:
     """The setup started, warmed up, driven and sampled: the load and the profile."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    exe = py_spy()
     row = Row(args.row, TITLES[args.row], model_for(args.row, args.models), jpegs(32))
     setup = Setup(args.server, args.workers, tuple(args.flags.split()) if args.flags else ())
     out = args.json.parent
@@ -75,7 +82,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     with setups.start(setup, row, args.peers_python, out / f"profile-{setup.slug}.log") as server:
         found = setups.target(setup, server.base, row.files)
         wrk.load(found.url, found.bodies, args.connections, 3)  # warm-up
-        command = [exe, "record", "--pid", str(server.pid), "--subprocesses", "--nonblocking"]
+        command = [str(exe), "record", "--pid", str(server.pid), "--subprocesses", "--nonblocking"]
         command += ["--rate", "250", "--duration", str(args.seconds + 2)]
         command += ["--format", "raw", "--output", str(raw_path)] + ["--gil"] * args.gil
         spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -107,6 +114,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if py_spy() is None or not wrk.available():
+        print("bench.peers.profile needs py-spy (pip install py-spy) and wrk", file=sys.stderr)
+        return 2
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = profile(args)
     load, found = result["load"], result["profile"]
