@@ -35,29 +35,13 @@ from bench.lib import RESULTS, SHIPPED, http_probes, launch, report, wrk
 from bench.lib.granian_app import STANDIN_ENV
 from bench.lib.payloads import jpegs, multipart_body
 from bench.peers import compare
+from bench.peers.__main__ import model_for
 from bench.peers.setups import STANDIN_LATENCY_MS, STANDIN_PER_IMAGE_MS
 from service.core.settings import Settings
 from service.telemetry.metrics import MULTIPROC_ENV
 
 ROWS = ("shipped", "resnet18", "standin")
-RESNET18 = "resnet18-smso-p2048-224"
 FRONT_ENDS = ("uvicorn", "granian")
-
-
-def model_for(row: str, folder: Path) -> Path | None:
-    """The row's model file (ResNet-18 exported into ``folder`` the first time); None for the
-    stand-in."""
-    if row == "shipped":
-        return SHIPPED
-    if row == "standin":
-        return None
-    path = folder / f"{RESNET18}.onnx"
-    if not path.exists():
-        from bench.lib.resnet import resnet_model
-
-        folder.mkdir(parents=True, exist_ok=True)
-        resnet_model(folder, RESNET18, "image_folder", 1000, backbone="resnet18")
-    return path
 
 
 def uvicorn_server(
