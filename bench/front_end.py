@@ -35,12 +35,11 @@ from bench.lib import RESULTS, SHIPPED, http_probes, launch, report, wrk
 from bench.lib.granian_app import STANDIN_ENV
 from bench.lib.payloads import jpegs, multipart_body
 from bench.peers import compare
-from bench.peers.__main__ import model_for
+from bench.peers.__main__ import ROWS, model_for, seconds_per_load
 from bench.peers.setups import STANDIN_LATENCY_MS, STANDIN_PER_IMAGE_MS
 from service.core.settings import Settings
 from service.telemetry.metrics import MULTIPROC_ENV
 
-ROWS = ("shipped", "resnet18", "standin")
 FRONT_ENDS = ("uvicorn", "granian")
 
 
@@ -114,16 +113,10 @@ def run_row(row: str, args: argparse.Namespace, files: list[bytes]) -> dict[str,
             wrk.load(f"{server.base}/classify", bodies, max(args.clients), 2)
         loads = {
             n: {
-                name: functools.partial(
-                    wrk.load,
-                    f"{server.base}/classify",
-                    bodies,
-                    n,
-                    max(args.seconds // 2, 2) if n == 1 else args.seconds,
-                )
+                name: functools.partial(wrk.load, f"{server.base}/classify", bodies, n, seconds)
                 for name, server in servers.items()
             }
-            for n in args.clients
+            for n, seconds in seconds_per_load(args).items()
         }
         measured = compare.measure(loads, args.rounds, servers)
     return {

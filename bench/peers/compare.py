@@ -56,16 +56,26 @@ class Driven(Protocol):
     def meter(self) -> Meter: ...
 
 
+def metered(result: dict[str, Any], cpu: dict[str, float] | None) -> dict[str, Any]:
+    """A load's ``result`` with what a :class:`Meter` read during it (``cpu``): the server's
+    CPU per request (``server_cpu_ms_per_request``: every process of the server, ms of CPU
+    per answered request) and the machine's busy cores (``machine_cores_busy``), where they
+    could be read (not where processes of it died meanwhile: their CPU is gone from
+    ``/proc``)."""
+    answered = result.get("requests_per_second")
+    if cpu is not None and answered and cpu["server_cores"] >= 0:
+        result["server_cpu_ms_per_request"] = 1e3 * cpu["server_cores"] / answered
+        result["machine_cores_busy"] = cpu["machine_cores_busy"]
+    return result
+
+
 def alone(
     name: str, servers: Mapping[str, Driven], load: Callable[[], dict[str, Any]]
 ) -> Callable[[], dict[str, Any]]:
     """``load`` run with every server of ``servers`` but ``name`` paused; once ``name`` has
     settled (finished what the load left in flight, so that it is never paused mid-batch),
-    the others resumed. Its result with the server's CPU per request
-    (``server_cpu_ms_per_request``: every process of the server, ms of CPU per answered
-    request) and the machine's busy cores (``machine_cores_busy``) while it ran, where they
-    could be read (not where processes of it died meanwhile: their CPU is gone from
-    ``/proc``)."""
+    the others resumed. Its result with the server's CPU per request and the machine's busy
+    cores while it ran (:func:`metered`)."""
 
     def run() -> dict[str, Any]:
         others = [server for other, server in servers.items() if other != name]
@@ -78,11 +88,7 @@ def alone(
         finally:
             for server in others:
                 server.resume()
-        answered = result.get("requests_per_second")
-        if cpu.result is not None and answered and cpu.result["server_cores"] >= 0:
-            result["server_cpu_ms_per_request"] = 1e3 * cpu.result["server_cores"] / answered
-            result["machine_cores_busy"] = cpu.result["machine_cores_busy"]
-        return result
+        return metered(result, cpu.result)
 
     return run
 

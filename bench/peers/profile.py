@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.lib import RESULTS, report, wrk
 from bench.lib.payloads import jpegs
-from bench.peers import setups
+from bench.peers import compare, setups
 from bench.peers.__main__ import ROWS, TITLES, model_for
 from bench.peers.setups import PEERS, Row, Setup
 
@@ -89,10 +89,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         with server.meter() as cpu:
             load = wrk.load(found.url, found.bodies, args.connections, args.seconds)
         spy.wait(timeout=args.seconds + 60)
-    if cpu.result is not None and load.get("requests_per_second"):
-        load["server_cpu_ms_per_request"] = (
-            1e3 * cpu.result["server_cores"] / load["requests_per_second"]
-        )
+    compare.metered(load, cpu.result)
     text = raw_path.read_text() if raw_path.exists() else ""
     return {"setup": setup.label, "row": args.row, "load": load, "profile": aggregate(text)}
 
