@@ -4,9 +4,9 @@
 
 Every other flag is ``smso-serve``'s. The backend sleeps ``latency_ms + per_image_ms * N`` per
 batch, as ResNet-50 SMSO p = 2,048 on an H100 takes, with ResNet-50's card at 224 px. With
-``--workers N`` (N > 1), N processes serve the one port (``service.http.workers.Workers``, as
-``smso-serve --workers`` runs them, ``/metrics`` combining their values), each with a stand-in
-of its own: N devices, one each.
+``--workers N`` (N > 1), N processes serve the one port (``service.http.workers.Workers``, each
+on its own listening socket, as ``smso-serve --workers`` runs them, ``/metrics`` combining their
+values), each with a stand-in of its own: N devices, one each.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from bench.lib.standin import StandinBackend
 from service.app import create_app
 from service.cli import parse_args
 from service.core.settings import Settings
+from service.http.listeners import bind_ports, worker_listeners
 from service.http.workers import Workers
 
 
@@ -44,16 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     if processes == 1:
         serve(None, settings, args.latency_ms, args.per_image_ms)
         return 0
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((settings.host, settings.port))
-    listener.set_inheritable(True)
-    work = (listener, settings, args.latency_ms, args.per_image_ms)
-    workers = Workers(serve, work, processes, sockets=[listener])
+    listeners = worker_listeners(bind_ports(settings), processes)
+    work = (settings, args.latency_ms, args.per_image_ms)
+    workers = Workers(serve, work, processes, listeners=listeners)
     try:
         workers.run()
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
     return 1 if workers.failed else 0
 
 

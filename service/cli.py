@@ -35,7 +35,7 @@ import threading
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from multiprocessing.synchronize import Event as ProcessEvent
+from multiprocessing.synchronize import Semaphore as ProcessSemaphore
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,7 @@ from service.core.settings import Settings, unknown_variables
 from service.dataplane.state import ServiceState
 from service.http.connections import ServerConfig
 from service.http.drain import DrainingServer
-from service.http.listeners import BACKLOG, base_url, bind_ports, where_to_go
+from service.http.listeners import BACKLOG, base_url, bind_ports, where_to_go, worker_listeners
 from service.http.workers import Workers, inherited
 from service.models.loader import STOPPING_S
 from service.runtime.backend import BackendOptions, OnnxBackend, read_card
@@ -398,9 +398,11 @@ def _serve_workers(
     settings: Settings, overrides: dict[str, Any], processes: int, auto: bool = False
 ) -> int:
     """``processes`` server processes (resolved from ``auto`` where ``auto``) on one port
-    (:class:`Workers`), each loading the model itself from the ``SMSO_*`` environment
-    (:func:`_serve_worker`); metrics combined through a shared folder. Exit status 1 where the
-    workers were stopped because the session host died or a worker could not start."""
+    (:class:`Workers`), each on a listening socket of its own (:func:`worker_listeners`: the
+    kernel shares the connections out), each loading the model itself from the ``SMSO_*``
+    environment (:func:`_serve_worker`); metrics combined through a shared folder. Exit status
+    1 where the workers were stopped because the session host died or a worker could not
+    start."""
     try:
         # what every worker would refuse (and only log, staying unready): one line and exit
         # status 2 here, as without --workers
@@ -408,15 +410,17 @@ def _serve_workers(
             _check_default_model(settings, read_card(settings.model_path).name)
         if TENSORRT in check_providers(settings.providers):
             prepare_engine_cache(settings.engine_cache)
-        listener = bind_ports(settings)
+        # one listening socket per worker, for the kernel to share the connections out
+        listeners = worker_listeners(bind_ports(settings), processes)
     except (CardError, OSError, ValueError) as error:
         print(f"smso-serve: error: {error}", file=sys.stderr)
         return 2
+    listener = listeners[0]  # (each names the port)
     if settings.model_repository is None and not settings.shared_session:
         try:  # (the session host runs its own, before any worker starts)
             _check_runs(settings)
         except (CardError, ValueError, ModelCannotRunError) as error:
-            listener.close()
+            _close(listeners)
             print(f"smso-serve: error: {error}", file=sys.stderr)
             return 2
     host = None
@@ -425,7 +429,7 @@ def _serve_workers(
         try:
             host = start_host(settings.model_path, BackendOptions.from_settings(settings))
         except (TimeoutError, ValueError) as error:
-            listener.close()
+            _close(listeners)
             print(f"smso-serve: error: session host: {error}", file=sys.stderr)
             return 2
         log.info("SMSO session host ready on %s", ", ".join(host.providers))
@@ -433,19 +437,21 @@ def _serve_workers(
     flags = {f"SMSO_{name.upper()}": str(value) for name, value in overrides.items()}
     flags["SMSO_WORKERS"] = str(processes)
     with inherited(flags | _arenas_for_workers() | (host.environment if host else {})):
-        # the port takes connections from here on: the kernel queues them until a worker
-        # accepts them, which it does once its model serves (service.app's serve_when_loaded)
-        listener.listen(BACKLOG)
+        # the port takes connections from here on: the kernel queues each on one worker's
+        # socket until that worker accepts it, which it does once its model serves
+        # (service.app's serve_when_loaded)
+        for sock in listeners:
+            sock.listen(BACKLOG)
         log.info(
             "SMSO service listening on %s (%d workers%s)",
             where_to_go(settings, listener),
             processes,
             ", one per usable core: --workers auto" if auto else "",
         )
-        ready, done = multiprocessing.get_context("spawn").Event(), threading.Event()
-        told = (ready, done, _ready_line(settings, listener))
+        ready, done = multiprocessing.get_context("spawn").Semaphore(0), threading.Event()
+        told = (ready, processes, done, _ready_line(settings, listener))
         threading.Thread(target=_log_once_ready, args=told, daemon=True).start()
-        workers = Workers(_serve_worker, (listener, ready), processes, sockets=[listener])
+        workers = Workers(_serve_worker, (ready,), processes, listeners=listeners)
         if host is not None:
             hung_after = 2 * settings.request_timeout_s
             watch = (host, workers, hung_after)
@@ -454,7 +460,7 @@ def _serve_workers(
             workers.run()
         finally:
             done.set()
-            listener.close()
+            _close(listeners)
             if host is not None:  # after the workers: they answered what was in flight
                 host.stop()
     if host is not None and host.died:
@@ -462,27 +468,34 @@ def _serve_workers(
     return 1 if workers.failed else 0
 
 
-def _log_once_ready(ready: ProcessEvent, done: threading.Event, line: str) -> None:
-    """The supervisor's "ready" line, once a worker has set ``ready``; nothing once ``done``
-    (the workers stopped first)."""
-    while not ready.wait(0.5):
-        if done.is_set():
-            return
+def _close(listeners: list[socket.socket]) -> None:
+    for sock in listeners:
+        sock.close()
+
+
+def _log_once_ready(ready: ProcessSemaphore, count: int, done: threading.Event, line: str) -> None:
+    """The supervisor's "ready" line, once each of the ``count`` workers has released
+    ``ready`` (a connection the kernel hands to a worker's socket waits for that worker, so the
+    port serves every client only then); nothing once ``done`` (the workers stopped first)."""
+    for _ in range(count):
+        while not ready.acquire(timeout=0.5):
+            if done.is_set():
+                return
     log.info("%s", line)
 
 
-def _serve_worker(listener: socket.socket, ready: ProcessEvent) -> None:
+def _serve_worker(listener: socket.socket, ready: ProcessSemaphore) -> None:
     """One worker process of ``--workers``: its own app from the ``SMSO_*`` environment (the
-    parent's flags, metrics folder and session host), served on the parent's listening socket
-    by the same draining server as a single process; ``ready`` set once its app is (the
-    supervisor says so). A server that cannot start exits with status 3 (uvicorn's
-    ``sys.exit``), which stops the others."""
+    parent's flags, metrics folder and session host), served on its own listening socket of
+    the parent's (:func:`worker_listeners`) by the same draining server as a single process;
+    ``ready`` released once its app is (the supervisor counts them). A server that cannot
+    start exits with status 3 (uvicorn's ``sys.exit``), which stops the others."""
     app = app_from_environment()
     state = app.state.smso
     server = _Server(
         _config(state.settings, app),
         on_drain=lambda: setattr(state, "draining", True),
-        when_ready=WhenReady(ready=lambda: _serves(state), then=ready.set),
+        when_ready=WhenReady(ready=lambda: _serves(state), then=ready.release),
         stop_signals=(signal.SIGTERM,),  # SIGINT is the supervisor's (service.http.workers)
     )
     server.run(sockets=[listener])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from service.core.settings import Settings
 
-__all__ = ["BACKLOG", "base_url", "bind_ports", "where_to_go"]
+__all__ = ["BACKLOG", "base_url", "bind_ports", "where_to_go", "worker_listeners"]
 
 #: Connections the kernel queues on the listening socket until the server accepts them
 #: (uvicorn's default, given to the server too, so that the queue is the same before it starts
@@ -70,6 +70,42 @@ def bind_ports(settings: Settings) -> socket.socket:
         raise OSError(_cannot_listen(settings, refused))
     listener.set_inheritable(True)
     return listener
+
+
+def worker_listeners(first: socket.socket, count: int) -> list[socket.socket]:
+    """``count`` sockets bound to ``first``'s address, ``first`` among them (bound, not yet
+    listening; inheritable): one for each worker process of ``--workers``.
+
+    All of them carry ``SO_REUSEPORT``, so once they listen the kernel hands each new
+    connection to one of them by a hash of the client's address and port: every worker gets
+    its share. On one shared listening socket, a worker woken for a burst of connections
+    accepts until none is left (uvicorn's event loop does), and one worker could hold all 16
+    of a load's connections while another idled. ``first`` was bound without the option
+    (:func:`bind_ports`), so a process that already held the port with it was refused then;
+    setting it after the bind lets only these sockets share the port, and a plain bind by
+    anyone else is still refused.
+
+    The trade: a worker that exits keeps its socket, held by the supervisor for the worker
+    started in its place, and the connections the kernel hashes to it meanwhile wait in its
+    queue for that one instead of going to the others. Raises ``OSError`` with one line, all
+    of them (``first`` too) closed, where the address cannot be shared."""
+    family, address = first.family, first.getsockname()[:2]
+    sockets = [first]
+    try:
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        for _ in range(count - 1):
+            sock = socket.socket(family=family)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.set_inheritable(True)
+    except OSError as error:
+        for sock in sockets:
+            sock.close()
+        reason = error.strerror or str(error)
+        raise OSError(f"cannot share port {address[1]} among {count} workers: {reason}") from None
+    return sockets
 
 
 def _bind(host: str, port: int) -> socket.socket:

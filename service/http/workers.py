@@ -1,4 +1,5 @@
-"""Several server processes on one listening socket (``smso-serve --workers N``).
+"""Several server processes on one port (``smso-serve --workers N``), each on a listening
+socket of its own (:func:`service.http.listeners.worker_listeners`).
 
 uvicorn's own supervisor (``uvicorn.run(..., workers=N)``) runs a plain ``uvicorn.Server`` in
 each worker and has no setting for another server class, so its workers could not drain as
@@ -7,9 +8,10 @@ the service needs, on :mod:`multiprocessing` alone: it starts the workers (spawn
 builds its own app and server, as the single process does) with a metrics folder they share,
 so that ``/metrics`` from any of them combines every worker's values (prometheus_client's
 multiprocess mode), starts another in place of one that exits, and on SIGTERM or SIGINT (or
-:meth:`Workers.stop`) closes its own copy of the listening socket, so that the port refuses new
-connections once the workers stop accepting instead of queueing them for nobody, sends every
-worker SIGTERM and waits for each to drain.
+:meth:`Workers.stop`) closes its own copies of the listening sockets, so that the port refuses
+new connections once the workers stop accepting instead of queueing them for nobody, sends
+every worker SIGTERM and waits for each to drain. A worker started in place of one that exited
+serves the socket its predecessor served.
 
 The workers leave SIGINT to the supervisor: a terminal's Ctrl-C reaches every process of its
 group, and a worker that acted on it as well as on the supervisor's SIGTERM would take the
@@ -29,7 +31,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -45,16 +47,20 @@ STARTUP_FAILURE = 3
 
 
 class Workers:
-    """``count`` processes running ``target(*args)``, serving on ``sockets``."""
+    """``count`` processes: worker ``i`` runs ``target(listeners[i], *args)`` where there are
+    ``listeners`` (one per worker), ``target(*args)`` where there are none."""
 
     def __init__(
         self,
         target: Callable[..., Any],
         args: tuple[Any, ...],
         count: int,
-        sockets: list[socket.socket],
+        listeners: Sequence[socket.socket] = (),
     ) -> None:
-        self.target, self.args, self.count, self.sockets = target, args, count, sockets
+        if listeners and len(listeners) != count:
+            given = len(listeners)
+            raise ValueError(f"{count} workers need {count} listening sockets, not {given}")
+        self.target, self.args, self.count, self.listeners = target, args, count, listeners
         #: a worker could not start (exit status :data:`STARTUP_FAILURE`): the others were stopped
         self.failed = False
         self._stopping = threading.Event()
@@ -82,7 +88,7 @@ class Workers:
                 handlers[sig] = signal.signal(sig, lambda *_: self.stop())
         processes: list[BaseProcess] = []
         try:
-            processes = [self._start() for _ in range(self.count)]
+            processes = [self._start(number) for number in range(self.count)]
             while not self._stopping.wait(0.5):
                 for number, process in enumerate(processes):
                     if process.exitcode is None:
@@ -97,9 +103,9 @@ class Workers:
                         process.pid,
                         process.exitcode,
                     )
-                    processes[number] = self._start()
+                    processes[number] = self._start(number)  # on the same socket
         finally:
-            for sock in self.sockets:
+            for sock in self.listeners:
                 sock.close()
             for process in processes:
                 if process.exitcode is None:
@@ -109,9 +115,11 @@ class Workers:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
 
-    def _start(self) -> BaseProcess:
+    def _start(self, number: int) -> BaseProcess:
+        """Worker ``number`` (from 0), on its listening socket where there are some."""
+        args = (self.listeners[number], *self.args) if self.listeners else self.args
         process = self._spawn.Process(
-            target=_run_worker, args=(os.getpid(), self.target, self.args), name="smso-worker"
+            target=_run_worker, args=(os.getpid(), self.target, args), name="smso-worker"
         )
         with _sigint_ignored_by_new_processes():  # ignored from the worker's first instant
             process.start()

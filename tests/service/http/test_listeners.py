@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from service.core.settings import Settings
-from service.http.listeners import bind_ports
+from service.http.listeners import bind_ports, worker_listeners
 
 
 @pytest.fixture
@@ -96,3 +96,47 @@ def test_the_bound_socket_is_not_yet_listening_and_the_grpc_port_is_let_go():
         assert _bindable(grpc)
     finally:
         listener.close()
+
+
+def _accepted(sock: socket.socket) -> int:
+    """How many connections ``sock`` has queued (accepting and closing each)."""
+    sock.setblocking(False)
+    count = 0
+    while True:
+        try:
+            connection, _ = sock.accept()
+        except BlockingIOError:
+            return count
+        connection.close()
+        count += 1
+
+
+def test_the_workers_sockets_share_the_port_and_the_kernel_shares_the_connections():
+    listeners = worker_listeners(bind_ports(Settings(host="127.0.0.1", port=0, grpc_port=0)), 2)
+    try:
+        port = listeners[0].getsockname()[1]
+        assert [sock.getsockname()[1] for sock in listeners] == [port, port]
+        assert all(sock.get_inheritable() for sock in listeners)
+        assert not _bindable(port)  # only these sockets share it
+        for sock in listeners:
+            sock.listen(128)
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+        counts = [_accepted(sock) for sock in listeners]
+        for client in clients:
+            client.close()
+        assert sum(counts) == 64
+        assert min(counts) > 0  # by a hash of each client's port: 2**-63 odds of none
+    finally:
+        for sock in listeners:
+            sock.close()
+
+
+def test_a_port_that_another_process_shares_out_is_refused(taken: list[int]):
+    """A plain bind (:func:`bind_ports`) refuses a port that others hold with
+    ``SO_REUSEPORT`` even where they let anyone share it, as another smso-serve's workers do."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        message = _refusal(port=other.getsockname()[1], grpc_port=0)
+    assert "Address already in use" in message

@@ -1,5 +1,6 @@
-"""The worker processes of ``smso-serve --workers``: kept running, replaced when one exits,
-all stopped when one cannot start, and stopped (listening socket first) on request. The
+"""The worker processes of ``smso-serve --workers``: each on its own listening socket, kept
+running, replaced when one exits, all stopped when one cannot start, and stopped (listening
+sockets first) on request. The
 workers here are the standard library's own functions, quick to spawn."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from service.core.settings import Settings
+from service.http.listeners import bind_ports, worker_listeners
 from service.http.workers import STARTUP_FAILURE, Workers
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,23 +45,45 @@ def _workers() -> list[multiprocessing.process.BaseProcess]:
     return [child for child in multiprocessing.active_children() if child.name == "smso-worker"]
 
 
-def test_stop_closes_the_socket_and_stops_every_worker():
-    listener = socket.socket()
-    workers = Workers(time.sleep, (600,), 2, sockets=[listener])
+def _socket_files(pid: int) -> set[str]:
+    """The sockets process ``pid`` holds open, as ``/proc`` names them (``socket:[inode]``)."""
+    files = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            files.add(os.readlink(fd))
+    return {name for name in files if name.startswith("socket:")}
+
+
+def test_each_worker_serves_its_own_socket_and_stop_closes_them_all():
+    listeners = worker_listeners(bind_ports(Settings(host="127.0.0.1", port=0, grpc_port=0)), 2)
+    for sock in listeners:
+        sock.listen()
+    ours = [os.readlink(f"/proc/self/fd/{sock.fileno()}") for sock in listeners]
+    workers = Workers(socket.socket.accept, (), 2, listeners=listeners)  # accept(its socket)
     thread = _running(workers)
     _until(lambda: len(_workers()) == 2, "the workers never started")
     children = _workers()
+    held = [set(ours) & _socket_files(child.pid) for child in children]  # (pid: while alive)
     workers.stop()
     thread.join(PATIENCE_S)
     assert not thread.is_alive()
-    assert listener.fileno() == -1  # closed: the port refuses new connections
+    assert sorted(held, key=sorted) == sorted(({name} for name in ours), key=sorted)
+    assert [sock.fileno() for sock in listeners] == [-1, -1]  # the port refuses connections
     assert [child.exitcode for child in children] == [-15, -15]  # SIGTERM, for them to drain
     assert not workers.failed
 
 
+def test_the_listening_sockets_are_one_per_worker():
+    with (
+        socket.socket() as one,
+        pytest.raises(ValueError, match="2 workers need 2 listening sockets, not 1"),
+    ):
+        Workers(socket.socket.accept, (), 2, listeners=[one])
+
+
 def test_a_worker_that_exits_is_replaced(caplog: pytest.LogCaptureFixture):
     caplog.set_level(logging.WARNING, "service.http.workers")
-    workers = Workers(sys.exit, (1,), 1, sockets=[])
+    workers = Workers(sys.exit, (1,), 1)
     thread = _running(workers)
     try:
         _until(lambda: len(caplog.records) >= 2, "a worker that exited was not replaced")
@@ -74,7 +99,7 @@ def test_a_worker_that_cannot_start_stops_them_all(caplog: pytest.LogCaptureFixt
     """Exit status 3 (uvicorn's for a server that failed to start) would recur in a
     replacement: the workers are stopped, none replaced, and ``failed`` says why."""
     caplog.set_level(logging.WARNING, "service.http.workers")
-    workers = Workers(sys.exit, (STARTUP_FAILURE,), count, sockets=[])
+    workers = Workers(sys.exit, (STARTUP_FAILURE,), count)
     thread = _running(workers)
     thread.join(PATIENCE_S)
     assert not thread.is_alive()
@@ -97,7 +122,7 @@ def test_a_worker_leaves_sigint_to_the_supervisor_from_its_first_instant():
     ``KeyboardInterrupt``.) The supervisor runs in a process's main thread, as smso-serve's."""
     script = (
         "import time; from service.http.workers import Workers; "
-        "Workers(time.sleep, (600,), 1, sockets=[]).run()"
+        "Workers(time.sleep, (600,), 1).run()"
     )
     supervisor = subprocess.Popen(
         [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=ROOT
