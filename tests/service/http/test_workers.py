@@ -63,7 +63,8 @@ def test_each_worker_serves_its_own_socket_and_stop_closes_them_all():
     thread = _running(workers)
     _until(lambda: len(_workers()) == 2, "the workers never started")
     children = _workers()
-    held = [set(ours) & _socket_files(child.pid) for child in children]  # (pid: while alive)
+    pids = [child.pid for child in children if child.pid is not None]  # (pid: while alive)
+    held = [set(ours) & _socket_files(pid) for pid in pids]
     workers.stop()
     thread.join(PATIENCE_S)
     assert not thread.is_alive()
