@@ -78,11 +78,11 @@ def create_app(
 
     Spans go to ``tracer_provider`` (a test's); without one, when the environment names an OTLP
     endpoint, to the app's own (``service.telemetry.tracing.otlp_provider``, shut down with it).
-    With ``serve_when_loaded`` (a worker of several on one socket) the app's start-up waits
+    With ``serve_when_loaded`` (a worker of several on one port) the app's start-up waits
     while its readiness is "loading" (its model, or its repository's first scan, being loaded
     and warmed up), so that the server takes no connection before it can serve: the
-    connections wait in the socket's queue, or go to a worker that is ready, instead of
-    meeting a 503 "loading" from this one.
+    connections the kernel hands to this worker's socket wait in its queue instead of meeting
+    a 503 "loading" from this one.
     """
     state = ServiceState(settings)
     own_provider = None
