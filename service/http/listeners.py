@@ -89,30 +89,30 @@ def worker_listeners(first: socket.socket, count: int) -> list[socket.socket]:
     started in its place, and the connections the kernel hashes to it meanwhile wait in its
     queue for that one instead of going to the others. Raises ``OSError`` with one line, all
     of them (``first`` too) closed, where the address cannot be shared."""
-    family, address = first.family, first.getsockname()[:2]
+    host, port = first.getsockname()[:2]
     sockets = [first]
     try:
         first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         for _ in range(count - 1):
-            sock = socket.socket(family=family)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind(address)
-            sock.set_inheritable(True)
+            sockets.append(_bind(host, port, shared=True))
+            sockets[-1].set_inheritable(True)
     except OSError as error:
         for sock in sockets:
             sock.close()
         reason = error.strerror or str(error)
-        raise OSError(f"cannot share port {address[1]} among {count} workers: {reason}") from None
+        raise OSError(f"cannot share port {port} among {count} workers: {reason}") from None
     return sockets
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, shared: bool = False) -> socket.socket:
+    """A socket bound to ``host:port``; ``shared``: with ``SO_REUSEPORT``, beside others that
+    have it (:func:`worker_listeners`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()

@@ -1,7 +1,7 @@
 """The worker processes of ``smso-serve --workers``: each on its own listening socket, kept
 running, replaced when one exits, all stopped when one cannot start, and stopped (listening
-sockets first) on request. The
-workers here are the standard library's own functions, quick to spawn."""
+sockets first) on request. The workers here are the standard library's own functions, quick
+to spawn."""
 
 from __future__ import annotations
 
